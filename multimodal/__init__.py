@@ -1,0 +1,70 @@
+"""multimodal: one transformer backbone for text, images and audio.
+
+Public names are imported lazily, so ``import multimodal`` stays cheap and a
+user who only wants the ViT never pays for the audio or text stacks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # backbone
+    "Attention": "multimodal.nn.attention",
+    "Block": "multimodal.nn.block",
+    "Transformer": "multimodal.nn.block",
+    "TransformerConfig": "multimodal.nn.block",
+    "KVCache": "multimodal.nn.cache",
+    # models
+    "PatchEmbed": "multimodal.models.vit",
+    "ViT": "multimodal.models.vit",
+    "ViTConfig": "multimodal.models.vit",
+    "TextDecoder": "multimodal.models.text",
+    "TextDecoderConfig": "multimodal.models.text",
+    "TextEncoder": "multimodal.models.text",
+    "TextEncoderConfig": "multimodal.models.text",
+    "ImageGPT": "multimodal.models.image_gpt",
+    "ImageGPTConfig": "multimodal.models.image_gpt",
+    "Captioner": "multimodal.models.captioner",
+    "CaptionerConfig": "multimodal.models.captioner",
+    "AudioClassifier": "multimodal.models.audio",
+    "AudioClassifierConfig": "multimodal.models.audio",
+    # tokenizers
+    "WordPieceTokenizer": "multimodal.tokenizers.text",
+    "WordTokenizer": "multimodal.tokenizers.text",
+    "CharTokenizer": "multimodal.tokenizers.text",
+    "PixelTokenizer": "multimodal.tokenizers.image",
+    "AudioFrameTokenizer": "multimodal.tokenizers.audio",
+    # weights in and out
+    "from_pretrained": "multimodal.hub",
+    "load_encoder": "multimodal.hub",
+    "apply_lora": "multimodal.nn.lora",
+    "merge_lora": "multimodal.nn.lora",
+    # presets
+    "create_model": "multimodal.registry",
+    "list_presets": "multimodal.registry",
+}
+_SUBMODULES = {"convert", "generation", "hub", "registry", "nn", "models", "tokenizers", "tasks",
+               "data"}
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'multimodal' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
