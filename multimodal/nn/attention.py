@@ -1,0 +1,237 @@
+"""Attention, from the parameter-free formula to multi-head self- and cross-attention.
+
+Shapes: B batch, N query tokens, M key tokens, H heads, D model width, d = D / H.
+
+The fast path is ``torch.nn.functional.scaled_dot_product_attention`` (flash and
+memory-efficient kernels on GPU). When the attention weights themselves are wanted,
+the explicit path ``softmax(Q K^T / sqrt(d)) V`` runs instead; both take the same
+masks and give the same result.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from multimodal.nn.cache import LayerCache
+
+
+def simple_self_attention(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Parameter-free self-attention ``Y = Softmax(X X^T) X`` (reference notes, section 2.1).
+
+    ``a_nm = exp(x_n . x_m) / sum_k exp(x_n . x_k)``: every row of the weight matrix is
+    non-negative and sums to one. Returns ``(Y, A)`` for ``x`` of shape (..., N, D).
+    """
+    weights = torch.softmax(x @ x.transpose(-2, -1), dim=-1)
+    return weights @ x, weights
+
+
+def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> Tensor:
+    """Boolean (N, M) mask, True where query n may attend key m.
+
+    Queries are the *last* N positions of the M keys (bottom-right alignment), so the
+    same mask serves a full forward (N == M) and incremental decoding with a cache
+    (N new tokens after M - N cached ones): query n sees keys m <= n + (M - N).
+    """
+    offset = num_keys - num_queries
+    q = torch.arange(num_queries, device=device)[:, None]
+    k = torch.arange(num_keys, device=device)[None, :]
+    return k <= q + offset
+
+
+def build_attention_mask(
+    batch: int,
+    num_queries: int,
+    num_keys: int,
+    *,
+    causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    device: torch.device | None = None,
+) -> Tensor | None:
+    """Combine causal, key-padding and custom masks into one boolean "may attend" mask.
+
+    ``key_padding_mask``: (B, M) bool, True where the key is padding (ignored), as in
+    ``torch.nn.MultiheadAttention``. ``attn_mask``: (N, M) or (B, N, M) bool, True where
+    attention is *allowed* (as in SDPA). Returns None when nothing is masked, else a
+    mask broadcastable to (B, 1, N, M).
+    """
+    mask: Tensor | None = None
+    if causal and not (num_queries == 1 and attn_mask is None):
+        mask = causal_mask(num_queries, num_keys, device)[None, None]
+    if attn_mask is not None:
+        if attn_mask.shape[-2:] != (num_queries, num_keys) or attn_mask.dim() not in (2, 3):
+            raise ValueError(
+                f"attn_mask must be (queries, keys) = ({num_queries}, {num_keys}) or "
+                f"(batch, queries, keys), got {tuple(attn_mask.shape)}"
+            )
+        extra = attn_mask[None, None] if attn_mask.dim() == 2 else attn_mask[:, None]
+        mask = extra if mask is None else mask & extra
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask[:, None, None, :]
+        mask = keep if mask is None else mask & keep
+    return mask
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    causal: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``Softmax(Q K^T / sqrt(d_k)) V`` over (B, H, N, d) queries and (B, H, M, d) keys.
+
+    ``mask`` is boolean, True where attention is allowed, broadcastable to (B, H, N, M).
+    ``causal=True`` without a mask uses the kernel's own causal path (requires N == M).
+    A query row whose keys are all masked attends to nothing: its output (and its
+    weights) are zero, never NaN.
+
+    With ``need_weights`` the explicit formula runs and the (B, H, N, M) weights are
+    returned; otherwise SDPA runs and the weights are None.
+    """
+    empty_rows = None
+    if mask is not None:
+        has_key = mask.any(dim=-1, keepdim=True)
+        if not bool(has_key.all()):
+            # Let empty rows attend everywhere (finite softmax), then zero them out.
+            empty_rows = ~has_key
+            mask = mask | empty_rows
+    if need_weights:
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        if causal and mask is None:
+            mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        if empty_rows is not None:
+            weights = weights.masked_fill(empty_rows, 0.0)
+        dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+        out = dropped @ v
+    else:
+        weights = None
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
+        )
+    if empty_rows is not None:
+        out = out.masked_fill(empty_rows, 0.0)
+    return out, weights
+
+
+class Attention(nn.Module):
+    """Multi-head attention ``Concat[H_1..H_H] W_o`` with ``H_h = Attn(X W_q^h, M W_k^h, M W_v^h)``.
+
+    Self-attention (``memory`` is None) projects queries, keys and values with one fused
+    ``qkv`` Linear (D -> 3D, the layout torchvision, timm and GPT-2 use). Cross-attention
+    (``cross=True``) takes queries from ``x`` and keys/values from ``memory`` of width
+    ``memory_dim``, with separate ``q`` and fused ``kv`` projections.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        attn_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
+        cross: bool = False,
+        memory_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        if dim % heads != 0:
+            raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.cross = cross
+        self.attn_dropout = attn_dropout
+        if cross:
+            self.memory_dim = memory_dim or dim
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(self.memory_dim, 2 * dim, bias=qkv_bias)
+        else:
+            self.memory_dim = dim
+            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def _split_heads(self, t: Tensor) -> Tensor:  # (B, N, D) -> (B, H, N, d)
+        b, n, _ = t.shape
+        return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values (B, H, M, d) of a cross-attention memory; cacheable."""
+        if memory.dim() != 3 or memory.shape[-1] != self.memory_dim:
+            raise ValueError(
+                f"memory must be (batch, tokens, {self.memory_dim}), got {tuple(memory.shape)}"
+            )
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        return self._split_heads(k), self._split_heads(v)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        causal: bool = False,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` (B, N, D) to itself, or to ``memory`` (B, M, D_m) if cross.
+
+        ``cache``: a per-layer :class:`~multimodal.nn.cache.LayerCache`. Self-attention
+        appends the new keys/values and attends over everything cached; cross-attention
+        projects the memory once and reuses it on later steps (``memory`` may then be None).
+        ``key_padding_mask`` (B, M) is True at padded keys (for self-attention with a
+        cache, M counts the cached tokens too).
+        """
+        b, n, _ = x.shape
+        if self.cross:
+            q = self._split_heads(self.q(x))
+            if cache is not None and cache.cross_kv is not None:
+                k, v = cache.cross_kv
+            else:
+                if memory is None:
+                    raise ValueError("cross-attention needs a memory (encoder output)")
+                k, v = self.project_memory(memory)
+                if cache is not None:
+                    cache.cross_kv = (k, v)
+            causal = False
+        else:
+            if memory is not None:
+                raise ValueError("memory was given to a self-attention layer (cross=False)")
+            qkv = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.unbind(0)
+            if cache is not None:
+                k, v = cache.append(k, v)
+        m = k.shape[-2]
+        if key_padding_mask is not None and key_padding_mask.shape != (b, m):
+            raise ValueError(
+                f"key_padding_mask must be (batch, keys) = ({b}, {m}), "
+                f"got {tuple(key_padding_mask.shape)}"
+            )
+        use_kernel_causal = causal and n == m and key_padding_mask is None and attn_mask is None
+        mask = None
+        if not use_kernel_causal:
+            mask = build_attention_mask(
+                b, n, m, causal=causal, key_padding_mask=key_padding_mask,
+                attn_mask=attn_mask, device=x.device,
+            )
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+            need_weights=need_weights,
+            causal=use_kernel_causal,
+        )
+        out = out.transpose(1, 2).reshape(b, n, self.dim)
+        return self.proj_drop(self.proj(out)), weights

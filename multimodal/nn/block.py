@@ -1,0 +1,271 @@
+"""MLP, Block and Transformer: the one layer stack every model in the package shares.
+
+Two layer orders (reference notes, "Transformer layer"):
+
+- post-norm (original Transformer, BERT): ``Z = LN(Y(X) + X)``, ``X~ = LN(MLP(Z) + Z)``
+- pre-norm (GPT-2, ViT):                 ``Z = Y(LN(X)) + X``, ``X~ = MLP(LN(Z)) + Z``
+
+where ``Y`` is multi-head self-attention. A decoder Block adds a cross-attention
+sub-layer between the two, with its own residual and norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from multimodal.nn.attention import Attention
+from multimodal.nn.cache import KVCache, LayerCache
+
+NormLayer = Callable[[int], nn.Module]
+ActLayer = Callable[[], nn.Module]
+
+ACTIVATIONS: dict[str, ActLayer] = {
+    "gelu": nn.GELU,
+    "gelu_tanh": partial(nn.GELU, approximate="tanh"),
+    "relu": nn.ReLU,
+}
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward ``fc2(act(fc1(x)))``, applied to each token alone."""
+
+    def __init__(
+        self, dim: int, hidden_dim: int, act_layer: ActLayer = nn.GELU, dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = act_layer()
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a whole residual branch per sample with probability ``p``."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - self.p)
+        return x * keep / (1.0 - self.p)
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention and MLP, each with a residual.
+
+    Layers are passed in: ``norm_layer(dim)`` builds each norm, ``act_layer()`` the MLP
+    activation. ``norm="pre"`` or ``"post"`` picks the layer order (module docstring).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        mlp_dim: int | None = None,
+        *,
+        norm: Literal["pre", "post"] = "pre",
+        norm_layer: NormLayer = nn.LayerNorm,
+        act_layer: ActLayer = nn.GELU,
+        qkv_bias: bool = True,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        cross_attention: bool = False,
+        memory_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        self.norm_first = norm == "pre"
+        attn = partial(Attention, dim, heads, qkv_bias=qkv_bias, attn_dropout=attn_dropout,
+                       proj_dropout=dropout)
+        self.norm1 = norm_layer(dim)
+        self.attn = attn()
+        self.norm_cross = norm_layer(dim) if cross_attention else None
+        self.cross_attn = attn(cross=True, memory_dim=memory_dim) if cross_attention else None
+        self.norm2 = norm_layer(dim)
+        self.mlp = MLP(dim, mlp_dim or 4 * dim, act_layer, dropout)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        causal: bool = False,
+        key_padding_mask: Tensor | None = None,
+        memory_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
+        self_kw = dict(causal=causal, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                       cache=cache, need_weights=need_weights)
+        cross_kw = dict(key_padding_mask=memory_padding_mask, cache=cache,
+                        need_weights=need_weights)
+        w_cross = None
+        if self.norm_first:
+            y, w_self = self.attn(self.norm1(x), **self_kw)
+            x = x + self.drop_path(y)
+            if self.cross_attn is not None:
+                y, w_cross = self.cross_attn(self.norm_cross(x), memory, **cross_kw)
+                x = x + self.drop_path(y)
+            x = x + self.drop_path(self.mlp(self.norm2(x)))
+        else:
+            y, w_self = self.attn(x, **self_kw)
+            x = self.norm1(x + self.drop_path(y))
+            if self.cross_attn is not None:
+                y, w_cross = self.cross_attn(x, memory, **cross_kw)
+                x = self.norm_cross(x + self.drop_path(y))
+            x = self.norm2(x + self.drop_path(self.mlp(x)))
+        return x, (w_self, w_cross)
+
+
+@dataclass
+class TransformerConfig:
+    """Width, depth and layer choices of the shared backbone."""
+
+    dim: int = 192
+    depth: int = 12
+    heads: int = 3
+    mlp_dim: int | None = None  # default 4 * dim
+    norm: Literal["pre", "post"] = "pre"
+    norm_eps: float = 1e-6
+    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
+    qkv_bias: bool = True
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    drop_path: float = 0.0  # stochastic depth, linearly increasing to this value
+    causal: bool = False
+    cross_attention: bool = False
+    memory_dim: int | None = None  # width of the cross-attention memory (default dim)
+    final_norm: bool | None = None  # default: True for pre-norm, False for post-norm
+    checkpoint_activations: bool = False  # recompute each Block in backward (saves memory)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Transformer(nn.Module):
+    """A stack of :class:`Block` plus a final norm; an encoder or a (cross-attending) decoder.
+
+    Input tokens (B, N, dim) already carry their positions: positions belong to the
+    tokenizer/model, so the stack itself is permutation-equivariant when not causal.
+    """
+
+    def __init__(self, config: TransformerConfig, norm_layer: NormLayer | None = None) -> None:
+        super().__init__()
+        if config.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, "
+                             f"got {config.activation!r}")
+        self.config = config
+        norm_layer = norm_layer or partial(nn.LayerNorm, eps=config.norm_eps)
+        rates = torch.linspace(0, config.drop_path, config.depth).tolist()
+        self.blocks = nn.ModuleList(
+            Block(
+                config.dim, config.heads, config.mlp_dim,
+                norm=config.norm, norm_layer=norm_layer,
+                act_layer=ACTIVATIONS[config.activation], qkv_bias=config.qkv_bias,
+                dropout=config.dropout, attn_dropout=config.attn_dropout, drop_path=rate,
+                cross_attention=config.cross_attention, memory_dim=config.memory_dim,
+            )
+            for rate in rates
+        )
+        final = config.final_norm if config.final_norm is not None else config.norm == "pre"
+        self.norm = norm_layer(config.dim) if final else nn.Identity()
+
+    def make_cache(self, max_len: int) -> KVCache:
+        """An empty :class:`KVCache` for up to ``max_len`` tokens."""
+        return KVCache(len(self.blocks), max_len)
+
+    def _check_inputs(
+        self, x: Tensor, memory: Tensor | None, key_padding_mask: Tensor | None,
+        memory_padding_mask: Tensor | None, cache: KVCache | None,
+    ) -> None:
+        dim = self.config.dim
+        if x.dim() != 3 or x.shape[-1] != dim:
+            raise ValueError(f"expected tokens of shape (batch, tokens, {dim}), "
+                             f"got {tuple(x.shape)}")
+        b, n, _ = x.shape
+        past = cache.length if cache is not None else 0
+        if key_padding_mask is not None:
+            want = (b, past + n)
+            if key_padding_mask.shape != want or key_padding_mask.dtype != torch.bool:
+                raise ValueError(f"key_padding_mask must be a bool tensor of shape {want}, "
+                                 f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+        if cache is not None:
+            if len(cache) != len(self.blocks):
+                raise ValueError(f"cache has {len(cache)} layers, the model {len(self.blocks)}")
+            if past + n > cache.max_len:
+                raise ValueError(f"sequence of {past + n} tokens is longer than the cache "
+                                 f"({cache.max_len})")
+        if self.config.cross_attention:
+            first_step = cache is None or cache[0].cross_kv is None
+            if memory is None and first_step:
+                raise ValueError("this Transformer has cross-attention: pass memory "
+                                 "(the encoder output, shape (batch, tokens, memory_dim))")
+            if memory is not None:
+                mdim = self.config.memory_dim or dim
+                if memory.dim() != 3 or memory.shape[0] != b or memory.shape[-1] != mdim:
+                    raise ValueError(f"memory must be ({b}, tokens, {mdim}), "
+                                     f"got {tuple(memory.shape)}")
+                if memory_padding_mask is not None and (
+                    memory_padding_mask.shape != memory.shape[:2]
+                ):
+                    raise ValueError(f"memory_padding_mask must be {tuple(memory.shape[:2])}, "
+                                     f"got {tuple(memory_padding_mask.shape)}")
+        elif memory is not None:
+            raise ValueError("memory given, but this Transformer has no cross-attention")
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        memory_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
+        """Transform tokens ``x`` (B, N, dim).
+
+        ``key_padding_mask`` (B, past + N) and ``memory_padding_mask`` (B, M) are True at
+        padding. ``attn_mask`` (N, M) or (B, N, M) is True where attention is allowed
+        (e.g. a sliding window), combined with the causal mask. With ``cache`` the new
+        tokens follow the cached ones. ``return_attention=True`` also returns
+        ``{"self": [...], "cross": [...]}``, one (B, heads, N, keys) map per layer.
+        """
+        self._check_inputs(x, memory, key_padding_mask, memory_padding_mask, cache)
+        maps: dict[str, list[Tensor]] = {"self": [], "cross": []}
+        for i, block in enumerate(self.blocks):
+            kw = dict(causal=self.config.causal, key_padding_mask=key_padding_mask,
+                      memory_padding_mask=memory_padding_mask, attn_mask=attn_mask,
+                      cache=cache[i] if cache is not None else None,
+                      need_weights=return_attention)
+            if self.config.checkpoint_activations and self.training and cache is None:
+                x, (w_self, w_cross) = checkpoint(
+                    partial(block, **kw), x, memory, use_reentrant=False
+                )
+            else:
+                x, (w_self, w_cross) = block(x, memory, **kw)
+            if return_attention:
+                maps["self"].append(w_self)
+                if w_cross is not None:
+                    maps["cross"].append(w_cross)
+        x = self.norm(x)
+        return (x, maps) if return_attention else x

@@ -1,0 +1,77 @@
+"""Key/value cache for incremental decoding: prefill once, then one token per step.
+
+Self-attention keys/values go into buffers allocated once at ``max_len`` (no
+re-allocation or concatenation per step); cross-attention keys/values are computed
+from the encoder memory on the first step and reused after that.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+class LayerCache:
+    """Cached keys/values of one Block, (B, H, T, d) each."""
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+        self.length = 0
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.cross_kv: tuple[Tensor, Tensor] | None = None
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store ``n`` new keys/values (B, H, n, d); return all cached so far."""
+        n = k.shape[-2]
+        if self.length + n > self.max_len:
+            raise ValueError(
+                f"KV cache overflow: {self.length} cached + {n} new tokens > max_len {self.max_len}"
+            )
+        if self.k is None or self.v is None:
+            b, h, _, d = k.shape
+            self.k = k.new_empty(b, h, self.max_len, d)
+            self.v = v.new_empty(b, h, self.max_len, d)
+        end = self.length + n
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search: follow each surviving beam's parent)."""
+        if self.k is not None and self.v is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+        if self.cross_kv is not None:
+            k, v = self.cross_kv
+            self.cross_kv = (k.index_select(0, index), v.index_select(0, index))
+
+
+class KVCache:
+    """One :class:`LayerCache` per Block of a :class:`~multimodal.nn.block.Transformer`.
+
+    >>> cache = model.transformer.make_cache(max_len=1024)
+    >>> logits = model(prompt, cache=cache)       # prefill
+    >>> logits = model(next_token, cache=cache)   # one step
+    """
+
+    def __init__(self, num_layers: int, max_len: int) -> None:
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        self.max_len = max_len
+        self.layers = [LayerCache(max_len) for _ in range(num_layers)]
+
+    @property
+    def length(self) -> int:
+        """Number of tokens already cached (the position of the next token)."""
+        return self.layers[0].length if self.layers else 0
+
+    def __getitem__(self, i: int) -> LayerCache:
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def reorder(self, index: Tensor) -> None:
+        for layer in self.layers:
+            layer.reorder(index)

@@ -1,0 +1,94 @@
+"""Position information added to tokens: sinusoidal, learned, 2-D sin-cos, and resampling.
+
+Sinusoidal (Vaswani et al., reference notes): for position n and channel pair i,
+``r[n, 2i] = sin(n / L^(2i/D))`` and ``r[n, 2i+1] = cos(n / L^(2i/D))`` with L = 10000.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def sinusoidal_positions(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
+    """(num_positions, dim) table ``r[n,2i] = sin(n / base^(2i/dim))``, ``r[n,2i+1] = cos(...)``."""
+    if dim % 2 != 0:
+        raise ValueError(f"sinusoidal positions need an even dim, got {dim}")
+    n = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, dim, 2, dtype=torch.float64)[None, :]
+    angle = n / base ** (two_i / dim)
+    table = torch.empty(num_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table.float()
+
+
+def sincos_2d_positions(grid_h: int, grid_w: int, dim: int, base: float = 10000.0) -> Tensor:
+    """(grid_h * grid_w, dim) fixed positions for a patch grid in raster order.
+
+    The first half of the channels encodes the row with a 1-D sinusoidal table of width
+    dim/2, the second half the column (as in MAE and "Simple ViT" baselines).
+    """
+    if dim % 4 != 0:
+        raise ValueError(f"2-D sin-cos positions need dim divisible by 4, got {dim}")
+    rows = sinusoidal_positions(grid_h, dim // 2, base)
+    cols = sinusoidal_positions(grid_w, dim // 2, base)
+    return torch.cat(
+        [rows[:, None, :].expand(grid_h, grid_w, -1), cols[None, :, :].expand(grid_h, grid_w, -1)],
+        dim=-1,
+    ).reshape(grid_h * grid_w, dim)
+
+
+def resample_grid(
+    pos: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], mode: str = "bicubic"
+) -> Tensor:
+    """Resample a learned (old_h * old_w, D) position grid to (new_h * new_w, D).
+
+    Used for images of another size (or audio of another length) than training. The
+    identity when the grid is unchanged. Interpolates in float32 and casts back.
+    """
+    old_h, old_w = old_grid
+    new_h, new_w = new_grid
+    if pos.dim() != 2 or pos.shape[0] != old_h * old_w:
+        raise ValueError(f"expected a ({old_h * old_w}, dim) grid for {old_grid}, "
+                         f"got {tuple(pos.shape)}")
+    if (old_h, old_w) == (new_h, new_w):
+        return pos
+    grid = pos.float().reshape(1, old_h, old_w, -1).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid, size=(new_h, new_w), mode=mode,
+                         align_corners=False, antialias=mode in ("bilinear", "bicubic")
+                         and (new_h < old_h or new_w < old_w))
+    return grid.permute(0, 2, 3, 1).reshape(new_h * new_w, -1).to(pos.dtype)
+
+
+class SinusoidalPositions(nn.Module):
+    """Adds the fixed sinusoidal table to (B, N, D) tokens starting at ``offset``."""
+
+    def __init__(self, max_len: int, dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer("table", sinusoidal_positions(max_len, dim, base), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        _check_length(x.shape[1] + offset, self.max_len)
+        return x + self.table[offset : offset + x.shape[1]].to(x.dtype)
+
+
+class LearnedPositions(nn.Module):
+    """A learned (max_len, D) table added to (B, N, D) tokens starting at ``offset``."""
+
+    def __init__(self, max_len: int, dim: int, init_std: float = 0.02) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.randn(max_len, dim) * init_std)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        _check_length(x.shape[1] + offset, self.max_len)
+        return x + self.weight[offset : offset + x.shape[1]].to(x.dtype)
+
+
+def _check_length(length: int, max_len: int) -> None:
+    if length > max_len:
+        raise ValueError(f"sequence of {length} tokens is longer than the position table "
+                         f"({max_len}); raise max_len in the config or truncate the input")
