@@ -20,7 +20,7 @@ _EXPORTS: dict[str, str] = {
     "TransformerConfig": "multimodal.nn.block",
     "KVCache": "multimodal.nn.cache",
     # models
-    "PatchEmbed": "multimodal.models.vit",
+    "PatchEmbed": "multimodal.tokenizers.image",
     "ViT": "multimodal.models.vit",
     "ViTConfig": "multimodal.models.vit",
     "TextDecoder": "multimodal.models.text",

@@ -70,9 +70,9 @@ class SinusoidalPositions(nn.Module):
         self.max_len = max_len
         self.register_buffer("table", sinusoidal_positions(max_len, dim, base), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        _check_length(x.shape[1] + offset, self.max_len)
-        return x + self.table[offset : offset + x.shape[1]].to(x.dtype)
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Add rows ``offset .. offset + N - 1``, or the rows ``positions`` (B, N) if given."""
+        return _add_rows(x, self.table, offset, positions, self.max_len)
 
 
 class LearnedPositions(nn.Module):
@@ -83,12 +83,32 @@ class LearnedPositions(nn.Module):
         self.max_len = max_len
         self.weight = nn.Parameter(torch.randn(max_len, dim) * init_std)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        _check_length(x.shape[1] + offset, self.max_len)
-        return x + self.weight[offset : offset + x.shape[1]].to(x.dtype)
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Add rows ``offset .. offset + N - 1``, or the rows ``positions`` (B, N) if given."""
+        return _add_rows(x, self.weight, offset, positions, self.max_len)
 
 
-def _check_length(length: int, max_len: int) -> None:
+def _add_rows(x: Tensor, table: Tensor, offset: int, positions: Tensor | None,
+              max_len: int) -> Tensor:
+    if positions is not None:
+        _check_tokens(x, table.shape[1], 0, max_len)
+        if positions.shape != x.shape[:2]:
+            raise ValueError(f"positions must be (batch, tokens) = {tuple(x.shape[:2])}, "
+                             f"got {tuple(positions.shape)}")
+        if positions.numel() and int(positions.max()) >= max_len:
+            raise ValueError(f"position {int(positions.max())} is beyond the position table "
+                             f"({max_len}); raise max_len in the config or truncate the input")
+        return x + table[positions].to(x.dtype)
+    _check_tokens(x, table.shape[1], offset, max_len)
+    return x + table[offset : offset + x.shape[1]].to(x.dtype)
+
+
+def _check_tokens(x: Tensor, dim: int, offset: int, max_len: int) -> None:
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ValueError(f"expected tokens of shape (batch, tokens, {dim}), got {tuple(x.shape)}")
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    length = x.shape[1] + offset
     if length > max_len:
         raise ValueError(f"sequence of {length} tokens is longer than the position table "
                          f"({max_len}); raise max_len in the config or truncate the input")

@@ -1,0 +1,280 @@
+"""One decoding loop for every decoder in the package (text, pixels, captions).
+
+Strategies: greedy, sampling with temperature, top-k, top-p (nucleus), and beam search
+with length normalisation; stopping at ``eos_token_id``; left-padded batches of prompts
+of different lengths; a KV cache throughout (prefill the prompt once, then one token
+per step).
+
+A *decoder* here is any module with
+``model(input_ids, attention_mask=..., cache=..., **model_kwargs) -> logits (B, N, V)``,
+``model.make_cache(max_len)`` and ``model.max_len`` (TextDecoder, ImageGPT, the
+Captioner's decoder with ``memory=`` in ``model_kwargs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from multimodal.nn.cache import KVCache
+
+
+class Decoder(Protocol):
+    max_len: int
+
+    def __call__(self, input_ids: Tensor, attention_mask: Tensor | None = ...,
+                 **kwargs: Any) -> Tensor: ...
+
+    def make_cache(self, max_len: int | None = None) -> KVCache: ...
+
+
+# --- logits processing ----------------------------------------------------------------
+
+
+def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1 (or None), got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (or None), got {top_p}")
+
+
+def process_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> Tensor:
+    """Scale by ``1 / temperature``, then keep only the top-k tokens and the smallest set
+    of most likely tokens whose probability reaches ``top_p``; the rest get ``-inf``.
+
+    Nucleus: with tokens sorted by probability ``p_(1) >= p_(2) >= ...``, token (j) is
+    kept iff ``sum_{i<j} p_(i) < top_p`` (so the most likely token is always kept).
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability mass ranked above each token
+        drop_sorted = before >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def next_token(logits: Tensor, do_sample: bool = False, temperature: float = 1.0,
+               top_k: int | None = None, top_p: float | None = None,
+               generator: torch.Generator | None = None) -> Tensor:
+    """(B, V) logits -> (B,) token ids: argmax, or a sample from the processed logits."""
+    if not do_sample:
+        return logits.argmax(dim=-1)
+    probs = process_logits(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+# --- the stepping model ---------------------------------------------------------------
+
+
+class _Stepper:
+    """Feeds a decoder one step at a time, with or without a KV cache."""
+
+    def __init__(self, model: Decoder, use_cache: bool, max_len: int,
+                 model_kwargs: dict[str, Any]) -> None:
+        self.model = model
+        self.cache = model.make_cache(max_len) if use_cache else None
+        self.kwargs = model_kwargs
+
+    def __call__(self, new_ids: Tensor, all_ids: Tensor, mask: Tensor | None) -> Tensor:
+        """Logits (B, V) for the token after ``all_ids`` (``new_ids`` are its not yet
+        cached tail)."""
+        if self.cache is None:
+            return self.model(all_ids, attention_mask=mask, **self.kwargs)[:, -1]
+        logits = self.model(new_ids, attention_mask=mask, cache=self.cache, **self.kwargs)
+        return logits[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        if self.cache is not None:
+            self.cache.reorder(index)
+        for key, value in self.kwargs.items():
+            if isinstance(value, Tensor) and value.dim() > 0:
+                self.kwargs[key] = value.index_select(0, index)
+
+
+# --- public entry point ---------------------------------------------------------------
+
+
+@torch.no_grad()
+def generate(
+    model: Decoder,
+    input_ids: Tensor,
+    max_new_tokens: int = 20,
+    *,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+    attention_mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    **model_kwargs: Any,
+) -> Tensor:
+    """Continue ``input_ids`` (B, N) by up to ``max_new_tokens`` tokens; returns (B, N + T).
+
+    - greedy (default), or ``do_sample=True`` with ``temperature``, ``top_k``, ``top_p``;
+    - ``num_beams > 1``: beam search; a finished hypothesis of T generated tokens
+      (its EOS included) and log-probability S scores ``S / T ** length_penalty``;
+    - after ``eos_token_id`` a sequence is filled with ``pad_token_id`` (default: EOS);
+    - prompts of different lengths: left-pad them and pass ``attention_mask`` (1 = token).
+    ``model_kwargs`` go to every model call (e.g. ``memory=`` for a cross-attending decoder).
+    """
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        raise ValueError("input_ids must be a (batch, tokens) integer tensor, got "
+                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: give at least one token (e.g. a BOS token)")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    check_sampling_args(temperature, top_k, top_p)
+    total = input_ids.shape[1] + max_new_tokens
+    if total > model.max_len:
+        raise ValueError(f"prompt of {input_ids.shape[1]} tokens + max_new_tokens="
+                         f"{max_new_tokens} exceeds the model's context of {model.max_len}")
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, got "
+                         f"{tuple(attention_mask.shape)}")
+    if attention_mask is not None and not bool(attention_mask[:, -1].all()):
+        raise ValueError("prompts must be left-padded: the last column of attention_mask "
+                         "must be all ones")
+    pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
+    if max_new_tokens == 0:
+        return input_ids
+    was_training = getattr(model, "training", False)
+    if was_training:
+        model.eval()
+    try:
+        if num_beams > 1:
+            if do_sample:
+                raise ValueError("beam search is deterministic: use do_sample=False with "
+                                 "num_beams > 1")
+            return _beam_search(model, input_ids, attention_mask, max_new_tokens, num_beams,
+                                length_penalty, eos_token_id, pad, use_cache, model_kwargs)
+        return _greedy_or_sample(model, input_ids, attention_mask, max_new_tokens, do_sample,
+                                 temperature, top_k, top_p, eos_token_id, pad, generator,
+                                 use_cache, model_kwargs)
+    finally:
+        if was_training:
+            model.train()
+
+
+def _greedy_or_sample(model: Decoder, ids: Tensor, mask: Tensor | None, max_new_tokens: int,
+                      do_sample: bool, temperature: float, top_k: int | None,
+                      top_p: float | None, eos: int | None, pad: int,
+                      generator: torch.Generator | None, use_cache: bool,
+                      model_kwargs: dict[str, Any]) -> Tensor:
+    step = _Stepper(model, use_cache, ids.shape[1] + max_new_tokens, dict(model_kwargs))
+    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    new = ids
+    for _ in range(max_new_tokens):
+        logits = step(new, ids, mask)
+        token = next_token(logits, do_sample, temperature, top_k, top_p, generator)
+        if eos is not None:
+            token = token.masked_fill(finished, pad)
+            finished |= token == eos
+        new = token[:, None]
+        ids = torch.cat([ids, new], dim=1)
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        if eos is not None and bool(finished.all()):
+            break
+    return ids
+
+
+def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor | None, max_new_tokens: int,
+                 num_beams: int, length_penalty: float, eos: int | None, pad: int,
+                 use_cache: bool, model_kwargs: dict[str, Any]) -> Tensor:
+    """Beam search: keep the ``num_beams`` best partial sequences (by summed
+    log-probability); a batch row stops once it holds ``num_beams`` finished hypotheses
+    that no running beam can beat under the length penalty."""
+    batch, prompt_len = input_ids.shape
+    k = num_beams
+    expand = torch.arange(batch, device=input_ids.device).repeat_interleave(k)
+    ids = input_ids.index_select(0, expand)
+    mask = mask.index_select(0, expand) if mask is not None else None
+    step = _Stepper(model, use_cache, prompt_len + max_new_tokens, dict(model_kwargs))
+    for key, value in step.kwargs.items():
+        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch:
+            step.kwargs[key] = value.index_select(0, expand)
+    scores = torch.zeros(batch, k, device=ids.device)
+    scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first
+    scores = scores.view(-1)
+    finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    new = ids
+    offsets = torch.arange(batch, device=ids.device)[:, None] * k
+    for t in range(max_new_tokens):
+        logp = F.log_softmax(step(new, ids, mask).float(), dim=-1)
+        vocab = logp.shape[-1]
+        cand = (scores[:, None] + logp).view(batch, k * vocab)
+        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
+        parents = torch.zeros(batch, k, dtype=torch.long, device=ids.device)
+        tokens = torch.full((batch, k), pad, dtype=torch.long, device=ids.device)
+        new_scores = torch.zeros(batch, k, device=ids.device)
+        for b in range(batch):
+            if done[b]:
+                parents[b] = torch.arange(k)
+                continue
+            j = 0
+            for rank, (s, idx) in enumerate(
+                    zip(top_scores[b].tolist(), top_idx[b].tolist(), strict=True)):
+                parent, token = divmod(idx, vocab)
+                if eos is not None and token == eos:
+                    if rank < k and s > float("-inf"):
+                        hyp = torch.cat([ids[b * k + parent, prompt_len:],
+                                         ids.new_tensor([eos])])
+                        finished[b].append((s / (t + 1) ** length_penalty, hyp))
+                    continue
+                parents[b, j], tokens[b, j], new_scores[b, j] = parent, token, s
+                j += 1
+                if j == k:
+                    break
+            finished[b] = sorted(finished[b], key=lambda h: -h[0])[:k]
+            if len(finished[b]) == k:
+                # best a running beam can still reach: its sum only falls, its length grows
+                best = float(new_scores[b, 0])
+                longest = max_new_tokens if length_penalty > 0 else t + 2
+                done[b] = finished[b][-1][0] >= best / longest ** length_penalty
+        flat = (offsets + parents).view(-1)
+        ids = torch.cat([ids.index_select(0, flat), tokens.view(-1, 1)], dim=1)
+        if mask is not None:
+            mask = torch.cat([mask.index_select(0, flat), mask.new_ones(len(flat), 1)], dim=1)
+        step.reorder(flat)
+        scores = new_scores.view(-1)
+        new = tokens.view(-1, 1)
+        if all(done):
+            break
+    gen_len = ids.shape[1] - prompt_len
+    best_hyps = []
+    for b in range(batch):
+        if not done[b]:
+            for j in range(k):
+                s = float(scores[b * k + j])
+                if s > float("-inf"):
+                    finished[b].append((s / gen_len ** length_penalty,
+                                        ids[b * k + j, prompt_len:]))
+        best_hyps.append(max(finished[b], key=lambda h: h[0])[1])
+    width = max(len(h) for h in best_hyps)
+    out = input_ids.new_full((batch, prompt_len + width), pad)
+    out[:, :prompt_len] = input_ids
+    for b, hyp in enumerate(best_hyps):
+        out[b, prompt_len : prompt_len + len(hyp)] = hyp
+    return out

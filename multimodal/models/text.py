@@ -1,0 +1,267 @@
+"""Text models on the shared backbone: a GPT-style decoder and a BERT-style encoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from multimodal.hub import PretrainedMixin
+from multimodal.models.vit import _init_weights
+from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.nn.cache import KVCache
+from multimodal.nn.position import LearnedPositions, SinusoidalPositions
+from multimodal.registry import register_model, register_preset
+
+
+@dataclass
+class TextDecoderConfig:
+    vocab_size: int = 8000
+    max_len: int = 256
+    dim: int = 256
+    depth: int = 6
+    heads: int = 8
+    mlp_dim: int | None = None
+    pos_embed: Literal["learned", "sinusoidal"] = "learned"
+    norm_eps: float = 1e-5
+    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu_tanh"
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    tie_embeddings: bool = True
+    cross_attention: bool = False  # attend to an encoder's output (captioning, seq2seq)
+    memory_dim: int | None = None
+    checkpoint_activations: bool = False
+
+    def transformer_config(self) -> TransformerConfig:
+        return TransformerConfig(
+            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim, norm="pre",
+            norm_eps=self.norm_eps, activation=self.activation, dropout=self.dropout,
+            attn_dropout=self.attn_dropout, causal=True, cross_attention=self.cross_attention,
+            memory_dim=self.memory_dim, checkpoint_activations=self.checkpoint_activations,
+        )
+
+
+def check_token_ids(input_ids: Tensor, vocab_size: int, name: str = "input_ids") -> None:
+    if not isinstance(input_ids, Tensor) or input_ids.dtype not in (torch.long, torch.int32):
+        got = input_ids.dtype if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise ValueError(f"{name} must be an integer tensor (batch, tokens), got {got}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"{name} must be (batch, tokens), got shape {tuple(input_ids.shape)}")
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+        raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size}): "
+                         f"min {int(input_ids.min())}, max {int(input_ids.max())}")
+
+
+def _positions(kind: str, max_len: int, dim: int) -> nn.Module:
+    if kind == "learned":
+        return LearnedPositions(max_len, dim)
+    return SinusoidalPositions(max_len, dim)
+
+
+def position_ids_from_mask(attention_mask: Tensor, past: int = 0) -> Tensor:
+    """Positions that skip left padding: ``cumsum(mask) - 1`` (0 at pads), sliced after
+    ``past`` cached tokens."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.clamp(min=0)[:, past:]
+
+
+@register_model
+class TextDecoder(PretrainedMixin, nn.Module):
+    """GPT-style language model: token + position embeddings, causal backbone, LM head
+    tied to the token embedding. ``forward`` returns next-token logits (B, N, vocab).
+
+    ``attention_mask`` (B, past + N) is 1 at real tokens, 0 at padding (left padding for
+    batched prompts of different lengths). With a :class:`KVCache` the new tokens follow
+    the cached ones. ``memory`` is the encoder output when ``cross_attention`` is on.
+    """
+
+    config_class = TextDecoderConfig
+
+    def __init__(self, config: TextDecoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embed = nn.Embedding(config.vocab_size, config.dim)
+        self.pos_embed = _positions(config.pos_embed, config.max_len, config.dim)
+        self.drop = nn.Dropout(config.dropout)
+        self.transformer = Transformer(config.transformer_config())
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.apply(_init_weights)
+        nn.init.normal_(self.tok_embed.weight, std=0.02)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_embed.weight
+
+    @property
+    def max_len(self) -> int:
+        return self.config.max_len
+
+    def make_cache(self, max_len: int | None = None) -> KVCache:
+        return self.transformer.make_cache(max_len or self.config.max_len)
+
+    def forward_features(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        memory: Tensor | None = None,
+        memory_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        position_ids: Tensor | None = None,
+        return_attention: bool = False,
+    ) -> Any:
+        check_token_ids(input_ids, self.config.vocab_size)
+        past = cache.length if cache is not None else 0
+        if attention_mask is not None:
+            if attention_mask.shape != (input_ids.shape[0], past + input_ids.shape[1]):
+                raise ValueError(
+                    f"attention_mask must be (batch, cached + new tokens) = "
+                    f"{(input_ids.shape[0], past + input_ids.shape[1])}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            if position_ids is None and not bool(attention_mask.all()):
+                position_ids = position_ids_from_mask(attention_mask, past)
+        x = self.tok_embed(input_ids)
+        x = self.pos_embed(x, offset=past, positions=position_ids)
+        padding = None if attention_mask is None or bool(attention_mask.all()) \
+            else ~attention_mask.bool()
+        return self.transformer(
+            self.drop(x), memory, key_padding_mask=padding,
+            memory_padding_mask=memory_padding_mask, cache=cache,
+            return_attention=return_attention,
+        )
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                **kwargs: Any) -> Any:
+        out = self.forward_features(input_ids, attention_mask, **kwargs)
+        if isinstance(out, tuple):
+            return self.lm_head(out[0]), out[1]
+        return self.lm_head(out)
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int = 20, **kwargs: Any) -> Tensor:
+        """Continue ``input_ids`` (B, N); see :func:`multimodal.generation.generate` for
+        ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``num_beams``,
+        ``length_penalty``, ``eos_token_id``, ``attention_mask``, ``generator``."""
+        from multimodal.generation import generate
+
+        return generate(self, input_ids, max_new_tokens=max_new_tokens, **kwargs)
+
+
+@dataclass
+class TextEncoderConfig:
+    vocab_size: int = 8000
+    max_len: int = 256
+    dim: int = 256
+    depth: int = 6
+    heads: int = 8
+    mlp_dim: int | None = None
+    norm: Literal["pre", "post"] = "pre"  # BERT itself is post-norm
+    norm_eps: float = 1e-6
+    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
+    pos_embed: Literal["learned", "sinusoidal"] = "learned"
+    type_vocab_size: int = 0  # BERT's segment embeddings (2); 0 = none
+    embed_norm: bool = False  # LayerNorm on the summed embeddings (BERT: True)
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    num_classes: int = 0  # > 0: a classification head on the [CLS] token
+    mlm_head: bool = True  # BERT's masked-LM head (dense, act, norm, tied decoder)
+    pooler: bool = False  # BERT's tanh pooler on [CLS] before the classifier
+
+    def transformer_config(self) -> TransformerConfig:
+        return TransformerConfig(
+            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim,
+            norm=self.norm, norm_eps=self.norm_eps, activation=self.activation,
+            dropout=self.dropout, attn_dropout=self.attn_dropout,
+        )
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's MLM head: ``decoder(LN(act(dense(h))))`` with the decoder tied to the
+    token embedding (plus its own bias)."""
+
+    def __init__(self, dim: int, vocab_size: int, act: nn.Module, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(dim, dim)
+        self.act = act
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.decoder = nn.Linear(dim, vocab_size)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.decoder(self.norm(self.act(self.dense(hidden))))
+
+
+@register_model
+class TextEncoder(PretrainedMixin, nn.Module):
+    """BERT-style bidirectional encoder. ``forward`` returns hidden states (B, N, dim);
+    ``mlm_logits`` the masked-LM logits; ``classify`` the [CLS] classification logits."""
+
+    config_class = TextEncoderConfig
+
+    def __init__(self, config: TextEncoderConfig) -> None:
+        super().__init__()
+        from multimodal.nn.block import ACTIVATIONS
+
+        self.config = config
+        self.tok_embed = nn.Embedding(config.vocab_size, config.dim)
+        self.pos_embed = _positions(config.pos_embed, config.max_len, config.dim)
+        self.type_embed = nn.Embedding(config.type_vocab_size, config.dim) \
+            if config.type_vocab_size else None
+        self.embed_norm = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.embed_norm \
+            else nn.Identity()
+        self.drop = nn.Dropout(config.dropout)
+        self.transformer = Transformer(config.transformer_config())
+        act = ACTIVATIONS[config.activation]()
+        self.mlm = MaskedLMHead(config.dim, config.vocab_size, act, config.norm_eps) \
+            if config.mlm_head else None
+        self.pooler = nn.Sequential(nn.Linear(config.dim, config.dim), nn.Tanh()) \
+            if config.pooler else None
+        self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes else None
+        self.apply(_init_weights)
+        nn.init.normal_(self.tok_embed.weight, std=0.02)
+        if self.mlm is not None:
+            self.mlm.decoder.weight = self.tok_embed.weight
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        return_attention: bool = False,
+    ) -> Any:
+        check_token_ids(input_ids, self.config.vocab_size)
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, "
+                             f"got {tuple(attention_mask.shape)}")
+        x = self.pos_embed(self.tok_embed(input_ids))
+        if self.type_embed is not None:
+            types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
+            x = x + self.type_embed(types)
+        x = self.drop(self.embed_norm(x))
+        padding = None if attention_mask is None or bool(attention_mask.all()) \
+            else ~attention_mask.bool()
+        return self.transformer(x, key_padding_mask=padding, return_attention=return_attention)
+
+    def mlm_logits(self, hidden: Tensor) -> Tensor:
+        if self.mlm is None:
+            raise ValueError("this TextEncoder was built with mlm_head=False")
+        return self.mlm(hidden)
+
+    def pooled(self, hidden: Tensor) -> Tensor:
+        cls = hidden[:, 0]
+        return self.pooler(cls) if self.pooler is not None else cls
+
+    def classify(self, hidden: Tensor) -> Tensor:
+        if self.head is None:
+            raise ValueError("this TextEncoder has no classification head (num_classes=0)")
+        return self.head(self.pooled(hidden))
+
+
+@register_preset("gpt_tiny")
+def gpt_tiny(**overrides: Any) -> TextDecoder:
+    return TextDecoder(TextDecoderConfig(**{"dim": 128, "depth": 4, "heads": 4, **overrides}))
+
+
+@register_preset("bert_tiny")
+def bert_tiny(**overrides: Any) -> TextEncoder:
+    return TextEncoder(TextEncoderConfig(**{"dim": 128, "depth": 4, "heads": 4, **overrides}))
