@@ -65,10 +65,16 @@ def build_attention_mask(
     if causal and not (num_queries == 1 and attn_mask is None):
         mask = causal_mask(num_queries, num_keys, device)[None, None]
     if attn_mask is not None:
-        if attn_mask.shape[-2:] != (num_queries, num_keys) or attn_mask.dim() not in (2, 3):
+        if (
+            attn_mask.dim() not in (2, 3)
+            or attn_mask.shape[-2:] != (num_queries, num_keys)
+            or (attn_mask.dim() == 3 and attn_mask.shape[0] not in (1, batch))
+            or attn_mask.dtype != torch.bool
+        ):
             raise ValueError(
-                f"attn_mask must be (queries, keys) = ({num_queries}, {num_keys}) or "
-                f"(batch, queries, keys), got {tuple(attn_mask.shape)}"
+                f"attn_mask must be a bool tensor (True = may attend) of shape (queries, keys)"
+                f" = ({num_queries}, {num_keys}) or ({batch}, {num_queries}, {num_keys}), "
+                f"got {attn_mask.dtype} {tuple(attn_mask.shape)}"
             )
         extra = attn_mask[None, None] if attn_mask.dim() == 2 else attn_mask[:, None]
         mask = extra if mask is None else mask & extra
@@ -91,13 +97,23 @@ def scaled_dot_product_attention(
     """``Softmax(Q K^T / sqrt(d_k)) V`` over (B, H, N, d) queries and (B, H, M, d) keys.
 
     ``mask`` is boolean, True where attention is allowed, broadcastable to (B, H, N, M).
-    ``causal=True`` without a mask uses the kernel's own causal path (requires N == M).
+    ``causal=True`` lets query n see keys m <= n + (M - N) (bottom-right aligned, see
+    :func:`causal_mask`), combined with ``mask`` when one is given; with no mask and
+    N == M the kernel's own causal path runs.
     A query row whose keys are all masked attends to nothing: its output (and its
     weights) are zero, never NaN.
 
     With ``need_weights`` the explicit formula runs and the (B, H, N, M) weights are
     returned; otherwise SDPA runs and the weights are None.
     """
+    if mask is not None and mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (True = may attend), got {mask.dtype}")
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    if causal and (mask is not None or num_queries != num_keys):
+        # The kernel's is_causal is top-left aligned and ignores attn_mask: build it here.
+        cm = causal_mask(num_queries, num_keys, q.device)
+        mask = cm if mask is None else mask & cm
+        causal = False
     empty_rows = None
     if mask is not None:
         has_key = mask.any(dim=-1, keepdim=True)
@@ -107,8 +123,8 @@ def scaled_dot_product_attention(
             mask = mask | empty_rows
     if need_weights:
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        if causal and mask is None:
-            mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
+        if causal:
+            mask = causal_mask(num_queries, num_keys, q.device)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
@@ -119,7 +135,7 @@ def scaled_dot_product_attention(
     else:
         weights = None
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
         )
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
@@ -195,6 +211,9 @@ class Attention(nn.Module):
         ``key_padding_mask`` (B, M) is True at padded keys (for self-attention with a
         cache, M counts the cached tokens too).
         """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected x of shape (batch, tokens, {self.dim}), "
+                             f"got {tuple(x.shape)}")
         b, n, _ = x.shape
         if self.cross:
             q = self._split_heads(self.q(x))
@@ -215,10 +234,13 @@ class Attention(nn.Module):
             if cache is not None:
                 k, v = cache.append(k, v)
         m = k.shape[-2]
-        if key_padding_mask is not None and key_padding_mask.shape != (b, m):
+        if key_padding_mask is not None and (
+            key_padding_mask.shape != (b, m) or key_padding_mask.dtype != torch.bool
+        ):
             raise ValueError(
-                f"key_padding_mask must be (batch, keys) = ({b}, {m}), "
-                f"got {tuple(key_padding_mask.shape)}"
+                f"key_padding_mask must be a bool tensor (True = padding) of shape "
+                f"(batch, keys) = ({b}, {m}), "
+                f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
             )
         use_kernel_causal = causal and n == m and key_padding_mask is None and attn_mask is None
         mask = None
