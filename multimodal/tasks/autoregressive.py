@@ -1,0 +1,150 @@
+"""Pixel-by-pixel image generation (ImageGPT): next-pixel cross-entropy and bits/dim.
+
+Loss: ``L = -1/N sum_n log p(x_n | x_<n)`` per image (nats per pixel), whose value in
+bits, ``L / ln 2``, is the bits per dimension reported for train, val and test. The
+bits/dim are those of the *tokenised* images: with ``vocab_size = 256`` grey levels the
+8-bit pixels themselves; with fewer levels, the quantised pixels (state it so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from multimodal.models.image_gpt import ImageGPT
+from multimodal.tasks.optim import adamw, warmup_cosine
+from multimodal.tokenizers.image import PixelTokenizer
+
+__all__ = ["AutoregressiveImageTask"]
+
+
+class AutoregressiveImageTask(L.LightningModule):
+    """Train an :class:`ImageGPT` on batches ``(images uint8 (B, 1, H, W), labels)`` from
+    :class:`multimodal.data.pixels.PixelDataModule`.
+
+    Grey pixels are tokenised with ``PixelTokenizer(levels=model.config.vocab_size)``
+    (256 levels: the token is the pixel value). A class-conditional model
+    (``num_classes > 0``) gets the labels as its start tokens. AdamW with warm-up +
+    cosine. At the end of ``fit`` a grid of ``num_samples`` samples is written to
+    ``samples.png`` in the run's log folder (``samples_completion.png``: the top halves of
+    validation images completed by the model).
+    """
+
+    def __init__(
+        self,
+        model: ImageGPT,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.01,
+        num_samples: int = 16,
+        sample_temperature: float = 1.0,
+        sample_top_k: int | None = None,
+        sample_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(model, ImageGPT):
+            raise ValueError(f"model must be an ImageGPT, got {type(model).__name__}")
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+        self.hparams["model_type"] = type(model).__name__
+        self.hparams["model_config"] = dataclasses.asdict(model.config)
+        self.tokenizer = PixelTokenizer(levels=model.config.vocab_size) \
+            if model.config.vocab_size <= 256 else None
+        self._val_images: Tensor | None = None
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None:
+            return
+        h, w = self.model.config.grid
+        size = getattr(dm, "image_size", None)
+        if size is not None and (size, size) != (h, w):
+            raise ValueError(f"the data gives {size}x{size} images but the model is built for "
+                             f"{h}x{w}: set the model's image_size or the data's image_size")
+        n = getattr(dm, "num_classes", None)
+        k = self.model.config.num_classes
+        if k and n is not None and n != k:
+            raise ValueError(f"the data has {n} classes but the model has {k} class tokens")
+
+    # -- steps -----------------------------------------------------------------------
+    def tokens(self, images: Tensor) -> Tensor:
+        """uint8 (B, 1, H, W) images -> (B, H*W) pixel tokens in raster order."""
+        if self.tokenizer is None:
+            raise ValueError("vocab_size > 256: pass pre-tokenised images (a palette model)")
+        return self.tokenizer.encode(images, flatten=True)
+
+    def _nll(self, batch: Any) -> Tensor:
+        """Mean next-pixel negative log-likelihood in nats."""
+        images, labels = batch
+        tokens = self.tokens(images)
+        cls = labels if self.model.config.num_classes else None
+        logits = self.model(tokens[:, :-1], class_label=cls)
+        return F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = self._nll(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/bpd", loss / math.log(2), prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self._val_images is None:
+            self._val_images = batch[0][: self.hparams.num_samples].detach()
+            self._val_labels = batch[1][: self.hparams.num_samples].detach()
+        loss = self._nll(batch)
+        self.log("val/loss", loss, prog_bar=True)
+        self.log("val/bpd", loss / math.log(2), prog_bar=True)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        loss = self._nll(batch)
+        self.log("test/loss", loss)
+        self.log("test/bpd", loss / math.log(2), prog_bar=True)
+
+    # -- samples ---------------------------------------------------------------------
+    def sample_images(self, num: int, prompt_rows: int = 0) -> Tensor:
+        """``num`` samples as uint8 (num, 1, H, W); with ``prompt_rows`` the top rows of
+        validation images are given and the rest completed."""
+        gen = torch.Generator(device=self.device).manual_seed(self.hparams.sample_seed)
+        kw: dict[str, Any] = dict(temperature=self.hparams.sample_temperature,
+                                  top_k=self.hparams.sample_top_k, generator=gen)
+        if prompt_rows and self._val_images is not None:
+            rows = self.tokens(self._val_images[:num])[:, : prompt_rows * self.model.config.grid[1]]
+            cls = self._val_labels[:num] if self.model.config.num_classes else None
+            tokens = self.model.generate(prompt=rows, class_label=cls, **kw)
+        else:
+            tokens = self.model.generate(num_images=num, **kw)
+        return self.tokenizer.decode(tokens)[:, None]
+
+    def on_fit_end(self) -> None:
+        folder = self.trainer.log_dir or self.trainer.default_root_dir
+        if not self.trainer.is_global_zero or not folder or self.tokenizer is None:
+            return
+        from torchvision.utils import make_grid, save_image
+
+        num = self.hparams.num_samples
+        nrow = max(1, int(math.sqrt(num)))
+        outputs = {"samples.png": self.sample_images(num)}
+        if self._val_images is not None:
+            half = self.model.config.grid[0] // 2
+            outputs["samples_completion.png"] = self.sample_images(num, prompt_rows=half)
+        for name, images in outputs.items():
+            path = Path(folder) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_image(make_grid(images.float() / 255.0, nrow=nrow, padding=1), str(path))
+            print(f"samples: {path}")
+
+    # -- optimisation ----------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay)
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
+                              self.hparams.min_lr_ratio)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,144 @@
+"""Supervised classification of images (ViT) or audio clips: one LightningModule."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+
+from multimodal.tasks.optim import adamw, warmup_cosine
+
+
+class ClassificationTask(L.LightningModule):
+    """Train ``model`` (any of our classifiers: ``model(inputs) -> (B, classes)`` logits)
+    with cross-entropy (optional label smoothing), AdamW and warm-up + cosine.
+
+    Batches are ``(inputs, labels)`` or a dict with a ``"label"`` entry whose other entries
+    are passed to the model as keyword arguments. Logs loss, top-1 and (with >= 5
+    classes) top-5 accuracy; at the end of ``test`` writes ``confusion_matrix.png`` to the
+    run's log folder. ``predict`` prints ``file<TAB>class<TAB>probability`` per input.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.0,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        if not hasattr(model, "config") or not dataclasses.is_dataclass(model.config):
+            raise ValueError("model must be one of multimodal's models (with a dataclass "
+                             f".config), got {type(model).__name__}")
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+        # Plain types only, so the checkpoint loads with torch.load(weights_only=True).
+        self.hparams["model_type"] = type(model).__name__
+        self.hparams["model_config"] = dataclasses.asdict(model.config)
+        self.num_classes = int(model.config.num_classes)
+        if self.num_classes < 2:
+            raise ValueError(f"a classifier needs num_classes >= 2, got {self.num_classes}")
+        self.class_names: list[str] = [str(i) for i in range(self.num_classes)]
+        self._forward = torch.compile(model) if compile else model
+        metrics = {"acc": MulticlassAccuracy(self.num_classes, top_k=1)}
+        if self.num_classes >= 5:
+            metrics["top5"] = MulticlassAccuracy(self.num_classes, top_k=5)
+        self.val_metrics = nn.ModuleDict({k: m.clone() for k, m in metrics.items()})
+        self.test_metrics = nn.ModuleDict({k: m.clone() for k, m in metrics.items()})
+        self.confusion = MulticlassConfusionMatrix(self.num_classes)
+
+    # -- data plumbing ---------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None:
+            return
+        n = getattr(dm, "num_classes", None)
+        if n is not None and n != self.num_classes:
+            raise ValueError(f"the data has {n} classes but the model's head has "
+                             f"{self.num_classes}: set model num_classes to {n}")
+        names = getattr(dm, "class_names", None)
+        if names:
+            self.class_names = list(names)
+
+    def forward(self, inputs: Any) -> Tensor:
+        return self._forward(**inputs) if isinstance(inputs, dict) else self._forward(inputs)
+
+    @staticmethod
+    def split_batch(batch: Any) -> tuple[Any, Tensor | None]:
+        if isinstance(batch, dict):
+            inputs = {k: v for k, v in batch.items() if k != "label"}
+            return inputs, batch.get("label")
+        return batch[0], batch[1]
+
+    # -- steps -------------------------------------------------------------------------
+    def _loss(self, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        inputs, labels = self.split_batch(batch)
+        logits = self(inputs)
+        loss = F.cross_entropy(logits.float(), labels,
+                               label_smoothing=self.hparams.label_smoothing)
+        return loss, logits, labels
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss, _, _ = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def _eval_step(self, batch: Any, metrics: nn.ModuleDict, prefix: str) -> None:
+        loss, logits, labels = self._loss(batch)
+        self.log(f"{prefix}/loss", loss, prog_bar=True)
+        for name, metric in metrics.items():
+            metric.update(logits, labels)
+            self.log(f"{prefix}/{name}", metric, prog_bar=name == "acc")
+        if prefix == "test":
+            self.confusion.update(logits, labels)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, self.val_metrics, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, self.test_metrics, "test")
+
+    def on_test_epoch_end(self) -> None:
+        matrix = self.confusion.compute().cpu()
+        self.confusion.reset()
+        folder = self.trainer.log_dir or self.trainer.default_root_dir
+        if self.trainer.is_global_zero and folder:
+            from multimodal.plots import plot_confusion_matrix
+
+            path = Path(folder) / "confusion_matrix.png"
+            plot_confusion_matrix(matrix, self.class_names, path)
+            print(f"confusion matrix: {path}")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> list[tuple[str, str, float]]:
+        inputs, names = batch
+        probs = self(inputs).float().softmax(dim=-1)
+        conf, idx = probs.max(dim=-1)
+        rows = [(str(n), self.class_names[i], float(c))
+                for n, i, c in zip(names, idx.tolist(), conf.tolist(), strict=True)]
+        for row in rows:
+            print(f"{row[0]}\t{row[1]}\t{row[2]:.3f}")
+        return rows
+
+    # -- optimisation ------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay)
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
+                              self.hparams.min_lr_ratio)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- checkpoints keep what predict needs -------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["class_names"] = list(self.class_names)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.class_names = list(checkpoint.get("class_names", self.class_names))
