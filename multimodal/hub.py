@@ -145,8 +145,208 @@ def _is_tied_alias(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -
 
 
 def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
-    """Rebuild any model written by ``save_pretrained`` (safetensors + JSON config)."""
+    """Rebuild any model written by ``save_pretrained`` (safetensors + JSON config), or
+    the model of a Lightning ``.ckpt`` of one of our tasks (see :func:`load_checkpoint`)."""
+    if Path(path).suffix == ".ckpt" and Path(path).is_file():
+        return load_checkpoint(path)
     model_cls, config = read_config(path)
     model = model_cls(config)
     load_state_dict_checked(model, load_safetensors(Path(path) / WEIGHTS_NAME), strict=strict)
     return model.eval()
+
+
+# ======================================================================================
+# Lightning checkpoints
+# ======================================================================================
+
+CHECKPOINT_HINT = ("expected a Lightning .ckpt of one of multimodal's tasks, whose "
+                   "hyper_parameters hold 'model_type' (the class name) and 'model_config' "
+                   "(its config as a dict)")
+
+
+def load_checkpoint(path: str | Path) -> nn.Module:
+    """Rebuild the model of a Lightning checkpoint written by one of our tasks.
+
+    The file is read with ``torch.load(weights_only=True)``: tensors and plain Python
+    values only, so a checkpoint that would run code when unpickled is refused. The model
+    is built from ``hyper_parameters["model_type"]`` / ``["model_config"]`` (the tasks
+    save them) and its weights are found in ``state_dict`` under the task's prefix
+    (``model.``).
+    """
+    import pickle
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{path} was refused: it holds objects other than tensors and plain "
+                         f"Python values, and unpickling them could execute code ({err})"
+                         ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable checkpoint ({err}); "
+                         f"{CHECKPOINT_HINT}") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise ValueError(f"{path} has no 'state_dict'; {CHECKPOINT_HINT}")
+    hparams = ckpt.get("hyper_parameters") or {}
+    kind, cfg = hparams.get("model_type"), hparams.get("model_config")
+    if not isinstance(kind, str) or not isinstance(cfg, dict):
+        raise ValueError(f"{path}: hyper_parameters have no model_type/model_config "
+                         f"(found keys {sorted(hparams)}); {CHECKPOINT_HINT}")
+    _import_models()
+    if kind not in MODEL_CLASSES:
+        raise ValueError(f"{path}: unknown model_type {kind!r}; "
+                         f"known: {', '.join(sorted(MODEL_CLASSES))}")
+    model_cls = MODEL_CLASSES[kind]
+    model = model_cls(config_from_dict(model_cls.config_class, cfg))
+    load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
+    return model.eval()
+
+
+def _submodule_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """The entries of a task's ``state_dict`` that belong to ``model``: the prefix
+    (``"model."``, or ``""`` for a bare model) under which most of its keys appear."""
+    own = set(model.state_dict())
+    counts: dict[str, int] = {}
+    for key in state:
+        cuts = [0] + [i + 1 for i, ch in enumerate(key) if ch == "."]
+        for cut in cuts:
+            if key[cut:] in own:
+                counts[key[:cut]] = counts.get(key[:cut], 0) + 1
+    if not counts:
+        return dict(state)  # nothing fits: let load_state_dict_checked list the keys
+    best = max(counts, key=lambda p: (counts[p], p == "model."))
+    return {k[len(best):]: v for k, v in state.items() if k.startswith(best)}
+
+
+# ======================================================================================
+# encoders as feature extractors
+# ======================================================================================
+
+TOKENIZER_NAME = "tokenizer.json"
+
+
+class Encoder(nn.Module):
+    """A pretrained backbone (and its tokenizer) as a frozen feature extractor.
+
+    ``encoder(images)`` -> ViT token features (B, 1 + N, dim) after the final norm;
+    ``encoder(input_ids, attention_mask)`` -> TextEncoder / TextDecoder hidden states
+    (B, L, dim). ``encoder.pool(features, attention_mask)`` -> one vector per input
+    (ViT: its pooling, class token or mean; TextEncoder: the [CLS] token; TextDecoder: the
+    last real token). ``encoder.encode(texts)`` tokenises with the tokenizer first.
+    With ``freeze`` (the default) no parameter needs gradients and the backbone stays in
+    eval mode even when a model holding the encoder is trained.
+    """
+
+    def __init__(self, backbone: nn.Module, tokenizer: Any = None, freeze: bool = True) -> None:
+        super().__init__()
+        from multimodal.models.text import TextDecoder, TextEncoder
+        from multimodal.models.vit import ViT
+
+        kinds = {ViT: "image", TextEncoder: "text", TextDecoder: "text"}
+        modality = next((m for cls, m in kinds.items() if isinstance(backbone, cls)), None)
+        if modality is None:
+            raise ValueError(f"an Encoder wraps a ViT, TextEncoder or TextDecoder, got "
+                             f"{type(backbone).__name__}")
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.modality = modality
+        self.frozen = freeze
+        if freeze:
+            self.backbone.requires_grad_(False)
+        self.eval()
+
+    def train(self, mode: bool = True) -> Encoder:
+        """A frozen encoder stays in eval mode (no dropout) inside a model being trained."""
+        super().train(mode)
+        if self.frozen:
+            self.backbone.eval()
+        return self
+
+    @property
+    def dim(self) -> int:
+        return int(self.backbone.config.dim)
+
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **kwargs: Any) -> torch.Tensor:
+        from multimodal.models.text import TextDecoder
+
+        if self.modality == "image":
+            if attention_mask is not None:
+                raise ValueError("attention_mask is for text; images take none")
+            return self.backbone.forward_features(inputs)
+        if isinstance(self.backbone, TextDecoder):
+            return self.backbone.forward_features(inputs, attention_mask, **kwargs)
+        return self.backbone(inputs, attention_mask, **kwargs)
+
+    def pool(self, features: torch.Tensor,
+             attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        from multimodal.models.text import TextDecoder
+
+        if self.modality == "image":
+            return self.backbone.forward_head(features, pre_logits=True)
+        if isinstance(self.backbone, TextDecoder):
+            if attention_mask is None:
+                return features[:, -1]
+            positions = torch.arange(features.shape[1], device=features.device)
+            last = (attention_mask.bool() * positions).argmax(dim=1)
+            return features[torch.arange(features.shape[0]), last]
+        return features[:, 0]
+
+    def encode(self, texts: list[str], max_length: int | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokenise ``texts`` and return ``(features, attention_mask)``."""
+        from multimodal.models.text import TextEncoder
+
+        if self.tokenizer is None:
+            raise ValueError("this Encoder has no tokenizer: pass token ids to forward, or "
+                             "load_encoder(model, tokenizer=...)")
+        max_length = max_length or self.backbone.config.max_len
+        batch = self.tokenizer.encode_batch(
+            texts, max_length=max_length, add_cls=isinstance(self.backbone, TextEncoder),
+            add_sep=isinstance(self.backbone, TextEncoder),
+        )
+        mask = batch["attention_mask"]
+        return self(batch["input_ids"], mask), mask
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """The backbone as by ``save_pretrained`` plus ``tokenizer.json`` when there is one."""
+        path = self.backbone.save_pretrained(path)
+        if self.tokenizer is not None:
+            self.tokenizer.save(path / TOKENIZER_NAME)
+        return path
+
+
+def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
+                 freeze: bool = True) -> Encoder:
+    """A backbone ready as a feature extractor, with its tokenizer.
+
+    ``source`` is a folder written by ``save_pretrained`` (its ``tokenizer.json`` is
+    loaded when present), a Lightning ``.ckpt`` of one of our tasks, one of our models,
+    or a torchvision / timm / transformers model (converted with
+    :func:`multimodal.convert.convert`). Classification heads are kept but unused.
+    """
+    from multimodal.models.text import TextDecoder, TextEncoder
+    from multimodal.models.vit import ViT
+
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if path.is_file() and path.suffix == ".ckpt":
+            model = load_checkpoint(path)
+        else:
+            model = from_pretrained(path)
+            if tokenizer is None and (path / TOKENIZER_NAME).is_file():
+                from multimodal.tokenizers.text import load_tokenizer
+
+                tokenizer = load_tokenizer(path / TOKENIZER_NAME)
+    elif isinstance(source, (ViT, TextEncoder, TextDecoder)):
+        model = source
+    elif isinstance(source, nn.Module):
+        from multimodal.convert import convert
+
+        model = convert(source)
+    else:
+        raise ValueError(f"load_encoder expects a folder, a .ckpt file or a model, "
+                         f"got {type(source).__name__}")
+    return Encoder(model, tokenizer, freeze=freeze)
