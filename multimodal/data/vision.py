@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from multimodal.data.sampling import EpochShuffleSampler
+
 __all__ = [
     "DATASETS",
     "FASHION_MNIST_CLASSES",
@@ -591,7 +593,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
+            sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else None,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),

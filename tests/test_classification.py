@@ -1,0 +1,142 @@
+"""Training end to end: a real learning test, the CLI, resuming, predict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torchvision
+
+import multimodal as mm
+from multimodal.cli import main as cli_main
+from multimodal.data.vision import ImageClassificationDataModule
+from multimodal.tasks import ClassificationTask
+
+DIGITS_VIT = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=48, depth=2,
+                  heads=4, mlp_dim=96, pool="mean")
+
+
+def _trainer(tmp_path: Path, **kw) -> L.Trainer:
+    opts = dict(accelerator="cpu", logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False,
+                default_root_dir=tmp_path)
+    opts.update(kw)
+    return L.Trainer(**opts)
+
+
+def test_tiny_vit_learns_digits(tmp_path):
+    """A real learning test: a few seconds of training on 8x8 digits, > 90% held out."""
+    L.seed_everything(0)
+    dm = ImageClassificationDataModule("digits", batch_size=32, val_size=0.1, augment=False)
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), lr=3e-3, weight_decay=0.01)
+    trainer = _trainer(tmp_path, max_epochs=20)
+    trainer.fit(task, dm)
+    result = trainer.test(task, dm, verbose=False)[0]
+    assert result["test/acc"] > 0.90, result
+    assert (tmp_path / "confusion_matrix.png").stat().st_size > 1000
+
+
+def _weights(task: L.LightningModule) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in task.model.state_dict().items()}
+
+
+def test_interrupted_run_resumes_to_the_same_weights(tmp_path):
+    """Stop a deterministic run after one epoch, resume from last.ckpt: the weights equal
+    those of an uninterrupted run."""
+
+    def run(root: Path, max_epochs: int, ckpt_path: str | None = None):
+        L.seed_everything(0)
+        dm = ImageClassificationDataModule("digits", batch_size=128, val_size=0.1,
+                                           augment=False, seed=3)
+        task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), lr=3e-3)
+        ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=root / "ckpt", save_last=True)
+        trainer = _trainer(root, max_epochs=max_epochs, callbacks=[ckpt],
+                           enable_checkpointing=True)
+        trainer.fit(task, dm, ckpt_path=ckpt_path)
+        return task
+
+    full = _weights(run(tmp_path / "full", 3))
+    run(tmp_path / "split", 1)
+    resumed = _weights(run(tmp_path / "split", 3, ckpt_path="last"))
+    first_only = _weights(run(tmp_path / "other", 1))
+    assert any(not torch.equal(first_only[k], full[k]) for k in full)  # training moved them
+    for k in full:
+        torch.testing.assert_close(resumed[k], full[k], atol=1e-6, rtol=1e-6)
+
+
+def _digits_config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "digits.yaml"
+    vit = "\n".join(f"          {k}: {v}" for k, v in DIGITS_VIT.items())
+    cfg.write_text(f"""
+seed_everything: 0
+model:
+  class_path: multimodal.tasks.ClassificationTask
+  init_args:
+    model:
+      class_path: multimodal.ViT
+      init_args:
+        config:
+{vit}
+    lr: 0.003
+data:
+  class_path: multimodal.data.vision.ImageClassificationDataModule
+  init_args: {{dataset: digits, batch_size: 64, val_size: 0.1, augment: false}}
+trainer:
+  accelerator: cpu
+  max_epochs: 1
+  enable_progress_bar: false
+  default_root_dir: {tmp_path / "run"}
+  logger:
+    - class_path: lightning.pytorch.loggers.CSVLogger
+      init_args: {{save_dir: {tmp_path / "run"}, name: logs}}
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {{dirpath: {tmp_path / "run" / "checkpoints"}, save_last: true}}
+""")
+    return cfg
+
+
+def test_cli_fast_dev_run(tmp_path):
+    cfg = _digits_config(tmp_path)
+    cli_main(["fit", "--config", str(cfg), "--trainer.fast_dev_run", "2"])
+
+
+def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
+    cfg = _digits_config(tmp_path)
+    cli_main(["fit", "--config", str(cfg), "--model.init_args.lr", "0.002"])
+    out = capsys.readouterr().out
+    assert "test/acc" in out  # test ran on the best checkpoint after fit
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    # the checkpoint loads with weights_only=True (no pickled objects)
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["hyper_parameters"]["model_type"] == "ViT"
+    # predict: a folder of PNGs made from real digits, one class name per file
+    from multimodal.data.vision import load_digits
+
+    digits = load_digits()
+    folder = tmp_path / "pngs"
+    folder.mkdir()
+    for i in range(3):
+        torchvision.io.write_png(digits.images[i][None], str(folder / f"img{i}.png"))
+    cli_main(["predict", "--config", str(cfg), "--ckpt_path", str(last),
+              "--data.init_args.predict_dir", str(folder)])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("img")]
+    assert [ln.split("\t")[0] for ln in lines] == ["img0.png", "img1.png", "img2.png"]
+    assert all(ln.split("\t")[1] in digits.class_names for ln in lines)
+
+
+def test_head_and_data_disagree(tmp_path):
+    dm = ImageClassificationDataModule("digits")
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**{**DIGITS_VIT, "num_classes": 7})))
+    with pytest.raises(ValueError, match="10 classes"):
+        _trainer(tmp_path, fast_dev_run=1).fit(task, dm)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed"])
+def test_bf16_mixed_runs_on_cpu(tmp_path, precision):
+    dm = ImageClassificationDataModule("digits", batch_size=32)
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)))
+    _trainer(tmp_path, fast_dev_run=2, precision=precision).fit(task, dm)
