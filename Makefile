@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 CONFIG ?= configs/vit_fashion_mnist.yaml
 PYTEST_ARGS ?=
 
-.PHONY: train test test-slow lint data install install-dev clean
+.PHONY: train test test-slow lint data data-all install install-dev clean
 
 train: install data
 	$(VENV)/bin/multimodal fit --config $(CONFIG)
@@ -15,7 +15,7 @@ train: install data
 test: install-dev
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-slow: install-dev data
+test-slow: install-dev data-all
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
 lint: install-dev
@@ -38,7 +38,10 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/bin/python
 	touch $@ $(VENV)/.installed
 
 data:
-	bash data/get.sh
+	bash data/get.sh images
+
+data-all: install
+	bash data/get.sh all
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache

@@ -42,7 +42,11 @@ _EXPORTS: dict[str, str] = {
     # weights in and out
     "from_pretrained": "multimodal.hub",
     "load_encoder": "multimodal.hub",
+    "load_checkpoint": "multimodal.hub",
     "apply_lora": "multimodal.nn.lora",
+    "save_lora": "multimodal.nn.lora",
+    "load_lora": "multimodal.nn.lora",
+    "LoRALinear": "multimodal.nn.lora",
     "merge_lora": "multimodal.nn.lora",
     # presets
     "create_model": "multimodal.registry",

@@ -31,7 +31,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multimodal.hub import load_state_dict_checked
@@ -189,8 +188,8 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
 
     ``img_size`` builds the ViT for another image size than the source's: the learned
     position grid is resampled (bicubic, the same interpolation as timm's
-    ``resample_abs_pos_embed``, see :func:`_resample_like_timm`); class-token positions
-    are kept as they are.
+    ``resample_abs_pos_embed``, see :func:`multimodal.nn.position.resample_grid`);
+    class-token positions are kept as they are.
     """
     try:
         from timm.models.vision_transformer import VisionTransformer
@@ -216,7 +215,7 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
     prefix = 1 if config.class_token else 0
     src_grid = (src_size[0] // patch[0], src_size[1] // patch[1])
     if pos.numel():
-        pos = torch.cat([pos[0, :prefix], _resample_like_timm(pos[0, prefix:], src_grid,
+        pos = torch.cat([pos[0, :prefix], resample_grid(pos[0, prefix:], src_grid,
                                                               config.grid_size)])[None]
     out: dict[str, Tensor] = {
         "pos_embed": pos,
@@ -242,21 +241,6 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
         _linear(out, "head", src.take("head.weight"), src.take("head.bias"))
     src.finish()
     return _load(ViT(config), out)
-
-
-def _resample_like_timm(pos: Tensor, old: tuple[int, int], new: tuple[int, int]) -> Tensor:
-    """Bicubic resampling of a (old_h * old_w, D) position grid as timm does it.
-
-    timm's ``resample_abs_pos_embed`` interpolates with ``antialias=True`` at every scale,
-    which in torch selects the PIL-style bicubic kernel (a = -0.5). ``resample_grid``
-    does the same when the grid shrinks, but enlarges with torch's plain bicubic
-    (a = -0.75); for enlarged grids the timm kernel is applied here so that outputs match.
-    """
-    if new[0] < old[0] or new[1] < old[1] or new == old:
-        return resample_grid(pos, old, new)
-    grid = pos.float().reshape(1, old[0], old[1], -1).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=new, mode="bicubic", align_corners=False, antialias=True)
-    return grid.permute(0, 2, 3, 1).reshape(new[0] * new[1], -1).to(pos.dtype)
 
 
 def _check_timm_features(model: nn.Module) -> None:

@@ -46,7 +46,9 @@ def resample_grid(
     """Resample a learned (old_h * old_w, D) position grid to (new_h * new_w, D).
 
     Used for images of another size (or audio of another length) than training. The
-    identity when the grid is unchanged. Interpolates in float32 and casts back.
+    identity when the grid is unchanged. Interpolates in float32 and casts back, with
+    ``antialias=True`` at every scale (the PIL-style bicubic kernel, a = -0.5), as timm's
+    ``resample_abs_pos_embed`` does, so converted timm checkpoints resize identically.
     """
     old_h, old_w = old_grid
     new_h, new_w = new_grid
@@ -57,8 +59,7 @@ def resample_grid(
         return pos
     grid = pos.float().reshape(1, old_h, old_w, -1).permute(0, 3, 1, 2)
     grid = F.interpolate(grid, size=(new_h, new_w), mode=mode,
-                         align_corners=False, antialias=mode in ("bilinear", "bicubic")
-                         and (new_h < old_h or new_w < old_w))
+                         align_corners=False, antialias=mode in ("bilinear", "bicubic"))
     return grid.permute(0, 2, 3, 1).reshape(new_h * new_w, -1).to(pos.dtype)
 
 
