@@ -159,9 +159,9 @@ def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
 # Lightning checkpoints
 # ======================================================================================
 
-CHECKPOINT_HINT = ("expected a Lightning .ckpt of one of multimodal's tasks, whose "
-                   "hyper_parameters hold 'model_type' (the class name) and 'model_config' "
-                   "(its config as a dict)")
+CHECKPOINT_HINT = ("expected a Lightning .ckpt of one of multimodal's tasks, which record "
+                   "'model_type' (the class name) and 'model_config' (its config as a dict) "
+                   "under checkpoint['multimodal_model']")
 
 
 def load_checkpoint(path: str | Path) -> nn.Module:
@@ -169,8 +169,9 @@ def load_checkpoint(path: str | Path) -> nn.Module:
 
     The file is read with ``torch.load(weights_only=True)``: tensors and plain Python
     values only, so a checkpoint that would run code when unpickled is refused. The model
-    is built from ``hyper_parameters["model_type"]`` / ``["model_config"]`` (the tasks
-    save them) and its weights are found in ``state_dict`` under the task's prefix
+    is built from ``checkpoint["multimodal_model"]`` (``model_type``, ``model_config``:
+    :class:`multimodal.tasks.base.ModelTask` writes it; older checkpoints kept them in
+    ``hyper_parameters``) and its weights are found in ``state_dict`` under the task's prefix
     (``model.``).
     """
     import pickle
@@ -189,11 +190,11 @@ def load_checkpoint(path: str | Path) -> nn.Module:
                          f"{CHECKPOINT_HINT}") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise ValueError(f"{path} has no 'state_dict'; {CHECKPOINT_HINT}")
-    hparams = ckpt.get("hyper_parameters") or {}
-    kind, cfg = hparams.get("model_type"), hparams.get("model_config")
+    about = ckpt.get("multimodal_model") or ckpt.get("hyper_parameters") or {}
+    kind, cfg = about.get("model_type"), about.get("model_config")
     if not isinstance(kind, str) or not isinstance(cfg, dict):
-        raise ValueError(f"{path}: hyper_parameters have no model_type/model_config "
-                         f"(found keys {sorted(hparams)}); {CHECKPOINT_HINT}")
+        raise ValueError(f"{path}: no model_type/model_config recorded "
+                         f"(top-level keys {sorted(ckpt)}); {CHECKPOINT_HINT}")
     _import_models()
     if kind not in MODEL_CLASSES:
         raise ValueError(f"{path}: unknown model_type {kind!r}; "

@@ -42,26 +42,43 @@ def _weights(task: L.LightningModule) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in task.model.state_dict().items()}
 
 
-def test_interrupted_run_resumes_to_the_same_weights(tmp_path):
-    """Stop a deterministic run after one epoch, resume from last.ckpt: the weights equal
-    those of an uninterrupted run."""
+class _Crash(RuntimeError):
+    pass
 
-    def run(root: Path, max_epochs: int, ckpt_path: str | None = None):
+
+class _CrashAtEpoch(L.Callback):
+    """Kill the run when ``epoch`` starts, as a pre-empted job would die."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+            raise _Crash(f"simulated crash at epoch {self.epoch}")
+
+
+def test_interrupted_run_resumes_to_the_same_weights(tmp_path):
+    """Kill a deterministic 3-epoch run after its first epoch, resume it from last.ckpt:
+    the final weights equal those of an uninterrupted run."""
+
+    def run(root: Path, ckpt_path: str | None = None, crash_at: int | None = None):
         L.seed_everything(0)
         dm = ImageClassificationDataModule("digits", batch_size=128, val_size=0.1,
                                            augment=False, seed=3)
         task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), lr=3e-3)
-        ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=root / "ckpt", save_last=True)
-        trainer = _trainer(root, max_epochs=max_epochs, callbacks=[ckpt],
-                           enable_checkpointing=True)
+        callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=root / "ckpt", save_last=True)]
+        if crash_at is not None:
+            callbacks.append(_CrashAtEpoch(crash_at))
+        trainer = _trainer(root, max_epochs=3, callbacks=callbacks, enable_checkpointing=True)
         trainer.fit(task, dm, ckpt_path=ckpt_path)
         return task
 
-    full = _weights(run(tmp_path / "full", 3))
-    run(tmp_path / "split", 1)
-    resumed = _weights(run(tmp_path / "split", 3, ckpt_path="last"))
-    first_only = _weights(run(tmp_path / "other", 1))
-    assert any(not torch.equal(first_only[k], full[k]) for k in full)  # training moved them
+    initial = _weights(ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT))))
+    full = _weights(run(tmp_path / "full"))
+    with pytest.raises(_Crash):
+        run(tmp_path / "split", crash_at=1)
+    resumed = _weights(run(tmp_path / "split", ckpt_path="last"))
+    assert any(not torch.equal(initial[k], full[k]) for k in full)  # training moved them
     for k in full:
         torch.testing.assert_close(resumed[k], full[k], atol=1e-6, rtol=1e-6)
 
@@ -112,7 +129,8 @@ def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
     assert last.is_file()
     # the checkpoint loads with weights_only=True (no pickled objects)
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
-    assert ckpt["hyper_parameters"]["model_type"] == "ViT"
+    assert ckpt["multimodal_model"]["model_type"] == "ViT"
+    assert mm.load_checkpoint(last).config.num_classes == 10
     # predict: a folder of PNGs made from real digits, one class name per file
     from multimodal.data.vision import load_digits
 

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from multimodal.tasks.base import ModelTask
 from multimodal.tasks.optim import adamw, warmup_cosine
 
 
-class ClassificationTask(L.LightningModule):
+class ClassificationTask(ModelTask):
     """Train ``model`` (any of our classifiers: ``model(inputs) -> (B, classes)`` logits)
     with cross-entropy (optional label smoothing), AdamW and warm-up + cosine.
 
     Batches are ``(inputs, labels)`` or a dict with a ``"label"`` entry whose other entries
     are passed to the model as keyword arguments. Logs loss, top-1 and (with >= 5
     classes) top-5 accuracy; at the end of ``test`` writes ``confusion_matrix.png`` to the
-    run's log folder. ``predict`` prints ``file<TAB>class<TAB>probability`` per input.
+    run's log folder. ``predict`` prints ``file<TAB>class<TAB>probability`` per input; its
+    batches are ``(inputs, filenames)`` or a dict with a ``"filename"`` list. A model with a
+    ``setup_from_data(datamodule)`` method is handed the data module in ``setup`` (the audio
+    classifier shares its feature normalisation with it).
     """
 
     def __init__(
@@ -35,15 +37,8 @@ class ClassificationTask(L.LightningModule):
         label_smoothing: float = 0.0,
         compile: bool = False,
     ) -> None:
-        super().__init__()
-        if not hasattr(model, "config") or not dataclasses.is_dataclass(model.config):
-            raise ValueError("model must be one of multimodal's models (with a dataclass "
-                             f".config), got {type(model).__name__}")
-        self.model = model
+        super().__init__(model)
         self.save_hyperparameters(ignore=["model"])
-        # Plain types only, so the checkpoint loads with torch.load(weights_only=True).
-        self.hparams["model_type"] = type(model).__name__
-        self.hparams["model_config"] = dataclasses.asdict(model.config)
         self.num_classes = int(model.config.num_classes)
         if self.num_classes < 2:
             raise ValueError(f"a classifier needs num_classes >= 2, got {self.num_classes}")
@@ -68,6 +63,9 @@ class ClassificationTask(L.LightningModule):
         names = getattr(dm, "class_names", None)
         if names:
             self.class_names = list(names)
+        hook = getattr(self.model, "setup_from_data", None)  # e.g. audio: share feature stats
+        if callable(hook):
+            hook(dm)
 
     def forward(self, inputs: Any) -> Tensor:
         return self._forward(**inputs) if isinstance(inputs, dict) else self._forward(inputs)
@@ -119,7 +117,11 @@ class ClassificationTask(L.LightningModule):
             print(f"confusion matrix: {path}")
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[tuple[str, str, float]]:
-        inputs, names = batch
+        if isinstance(batch, dict):  # {"filename": [...], **model inputs}
+            names = batch["filename"]
+            inputs = {k: v for k, v in batch.items() if k not in ("filename", "label")}
+        else:
+            inputs, names = batch
         probs = self(inputs).float().softmax(dim=-1)
         conf, idx = probs.max(dim=-1)
         rows = [(str(n), self.class_names[i], float(c))
@@ -138,6 +140,7 @@ class ClassificationTask(L.LightningModule):
 
     # -- checkpoints keep what predict needs -------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint["class_names"] = list(self.class_names)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -1,0 +1,38 @@
+"""What every task shares: it wraps one of our models and makes its checkpoints
+self-describing."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import lightning as L
+from torch import nn
+
+CHECKPOINT_KEY = "multimodal_model"
+
+
+class ModelTask(L.LightningModule):
+    """A LightningModule around ``self.model`` (one of multimodal's models).
+
+    Checkpoints carry ``checkpoint["multimodal_model"] = {"model_type", "model_config"}``
+    (plain types, so ``torch.load(weights_only=True)`` reads them and
+    :func:`multimodal.hub.load_checkpoint` rebuilds the model without the task). They are
+    kept out of ``hyper_parameters``, which LightningCLI feeds back to ``__init__`` when a
+    run is resumed or tested from a checkpoint.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        config = getattr(model, "config", None)
+        if config is None or not dataclasses.is_dataclass(config):
+            raise ValueError("model must be one of multimodal's models (with a dataclass "
+                             f".config), got {type(model).__name__}")
+        self.model = model
+
+    def model_description(self) -> dict[str, Any]:
+        return {"model_type": type(self.model).__name__,
+                "model_config": dataclasses.asdict(self.model.config)}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_KEY] = self.model_description()
