@@ -8,24 +8,23 @@ bits/dim are those of the *tokenised* images: with ``vocab_size = 256`` grey lev
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from multimodal.models.image_gpt import ImageGPT
+from multimodal.tasks.base import ModelTask
 from multimodal.tasks.optim import adamw, warmup_cosine
 from multimodal.tokenizers.image import PixelTokenizer
 
 __all__ = ["AutoregressiveImageTask"]
 
 
-class AutoregressiveImageTask(L.LightningModule):
+class AutoregressiveImageTask(ModelTask):
     """Train an :class:`ImageGPT` on batches ``(images uint8 (B, 1, H, W), labels)`` from
     :class:`multimodal.data.pixels.PixelDataModule`.
 
@@ -49,13 +48,10 @@ class AutoregressiveImageTask(L.LightningModule):
         sample_top_k: int | None = None,
         sample_seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(model)
         if not isinstance(model, ImageGPT):
             raise ValueError(f"model must be an ImageGPT, got {type(model).__name__}")
-        self.model = model
         self.save_hyperparameters(ignore=["model"])
-        self.hparams["model_type"] = type(model).__name__
-        self.hparams["model_config"] = dataclasses.asdict(model.config)
         self.tokenizer = PixelTokenizer(levels=model.config.vocab_size) \
             if model.config.vocab_size <= 256 else None
         self._val_images: Tensor | None = None

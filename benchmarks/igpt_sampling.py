@@ -1,0 +1,100 @@
+"""Sampling speed: our ImageGPT (KV cache, one decoding loop) vs Hugging Face transformers.
+
+Both models get the same configuration (width, depth, heads, MLP width, vocabulary,
+image size), random weights, and draw ``batch`` images token by token with plain
+multinomial sampling at temperature 1 (no top-k / top-p) in one process on the same
+threads. Reported: the median over ``--repeats`` runs of generated tokens per second
+(batch x pixels / seconds) for each and the ratio ours / theirs.
+
+Run:
+    PYTHONPATH=. python benchmarks/igpt_sampling.py            # 32x32 = 1024 tokens, 8 layers
+    PYTHONPATH=. python benchmarks/igpt_sampling.py --small    # 16x16 = 256 tokens, quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from multimodal.models.image_gpt import ImageGPT, ImageGPTConfig
+
+
+def hf_model(cfg: ImageGPTConfig) -> torch.nn.Module:
+    """transformers' ImageGPTForCausalImageModeling with the same shape as ``cfg``
+    (its vocabulary is our pixel tokens + 1 start-of-sequence token)."""
+    from transformers import ImageGPTConfig as HFConfig
+    from transformers import ImageGPTForCausalImageModeling
+
+    h, w = cfg.grid
+    hf_cfg = HFConfig(vocab_size=cfg.vocab_size + 1, n_positions=h * w, n_embd=cfg.dim,
+                      n_layer=cfg.depth, n_head=cfg.heads, n_inner=cfg.mlp_dim,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return ImageGPTForCausalImageModeling(hf_cfg).eval()
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="16x16 images (256 tokens)")
+    parser.add_argument("--image-size", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    size = args.image_size or (16 if args.small else 32)
+    cfg = ImageGPTConfig(image_size=size, vocab_size=args.vocab, dim=args.dim,
+                         depth=args.depth, heads=args.heads, mlp_dim=4 * args.dim)
+    ours = ImageGPT(cfg).eval().to(args.device)
+    theirs = hf_model(cfg).to(args.device)
+    n_tokens = args.batch * size * size
+    sos = torch.full((args.batch, 1), args.vocab, dtype=torch.long, device=args.device)
+
+    def run_ours() -> torch.Tensor:
+        gen = torch.Generator(device=args.device).manual_seed(0)
+        return ours.generate(num_images=args.batch, generator=gen)
+
+    @torch.no_grad()
+    def run_theirs() -> torch.Tensor:
+        out = theirs.generate(input_ids=sos, attention_mask=torch.ones_like(sos),
+                              max_new_tokens=size * size, min_new_tokens=size * size,
+                              do_sample=True, top_k=0, top_p=1.0, temperature=1.0,
+                              pad_token_id=args.vocab, use_cache=True)
+        assert out.shape == (args.batch, size * size + 1), out.shape
+        return out
+
+    t_ours = median_seconds(run_ours, args.repeats)
+    t_theirs = median_seconds(run_theirs, args.repeats)
+    print(f"ImageGPT sampling: {size}x{size} = {size * size} tokens/image, batch {args.batch}, "
+          f"dim {args.dim}, depth {args.depth}, heads {args.heads}, vocab {args.vocab}, "
+          f"{args.device}, {torch.get_num_threads()} thread(s), median of {args.repeats}")
+    print("| implementation | seconds | tokens/s |")
+    print("| --- | ---: | ---: |")
+    print(f"| multimodal ImageGPT.generate (KV cache) | {t_ours:.2f} | {n_tokens / t_ours:.0f} |")
+    print(f"| transformers ImageGPTForCausalImageModeling.generate | {t_theirs:.2f} | "
+          f"{n_tokens / t_theirs:.0f} |")
+    print(f"ratio (ours / theirs, tokens/s): {t_theirs / t_ours:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
