@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from multimodal.nn.attention import Attention
 from multimodal.nn.cache import KVCache, LayerCache
+from multimodal.nn.masks import PATTERNS, pattern_mask
 
 NormLayer = Callable[[int], nn.Module]
 ActLayer = Callable[[], nn.Module]
@@ -155,6 +156,10 @@ class TransformerConfig:
     memory_dim: int | None = None  # width of the cross-attention memory (default dim)
     final_norm: bool | None = None  # default: True for pre-norm, False for post-norm
     checkpoint_activations: bool = False  # recompute each Block in backward (saves memory)
+    # Sparse self-attention (multimodal.nn.masks): "sliding" = local window of
+    # attention_window keys, "strided" = Child et al. (2019) with stride attention_window.
+    attention_pattern: Literal["full", "sliding", "strided"] = "full"
+    attention_window: int = 256
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,6 +177,11 @@ class Transformer(nn.Module):
         if config.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, "
                              f"got {config.activation!r}")
+        if config.attention_pattern not in PATTERNS:
+            raise ValueError(f"attention_pattern must be one of {PATTERNS}, "
+                             f"got {config.attention_pattern!r}")
+        if config.attention_pattern != "full" and config.attention_window < 1:
+            raise ValueError(f"attention_window must be >= 1, got {config.attention_window}")
         self.config = config
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=config.norm_eps)
         rates = torch.linspace(0, config.drop_path, config.depth).tolist()
@@ -231,6 +241,24 @@ class Transformer(nn.Module):
         elif memory is not None:
             raise ValueError("memory given, but this Transformer has no cross-attention")
 
+    def _with_pattern(
+        self, attn_mask: Tensor | None, n: int, cache: KVCache | None, device: torch.device
+    ) -> Tensor | None:
+        """``attn_mask`` AND the config's sparse pattern over (n new, past + n) keys."""
+        cfg = self.config
+        if cfg.attention_pattern == "full":
+            return attn_mask
+        past = cache.length if cache is not None else 0
+        pattern = pattern_mask(cfg.attention_pattern, n, past + n, cfg.attention_window,
+                               cfg.causal, device)
+        if attn_mask is None:
+            return pattern
+        if attn_mask.dtype != torch.bool or attn_mask.shape[-2:] != pattern.shape:
+            raise ValueError(f"attn_mask must be a bool tensor (True = may attend) ending in "
+                             f"(queries, keys) = {tuple(pattern.shape)}, "
+                             f"got {attn_mask.dtype} {tuple(attn_mask.shape)}")
+        return attn_mask & pattern
+
     def forward(
         self,
         x: Tensor,
@@ -246,11 +274,14 @@ class Transformer(nn.Module):
 
         ``key_padding_mask`` (B, past + N) and ``memory_padding_mask`` (B, M) are True at
         padding. ``attn_mask`` (N, M) or (B, N, M) is True where attention is allowed
-        (e.g. a sliding window), combined with the causal mask. With ``cache`` the new
+        (e.g. a sliding window), combined with the causal mask and with the config's
+        ``attention_pattern`` (built here for the new tokens against past + new keys, so a
+        cache sees the same pattern as a full forward). With ``cache`` the new
         tokens follow the cached ones. ``return_attention=True`` also returns
         ``{"self": [...], "cross": [...]}``, one (B, heads, N, keys) map per layer.
         """
         self._check_inputs(x, memory, key_padding_mask, memory_padding_mask, cache)
+        attn_mask = self._with_pattern(attn_mask, x.shape[1], cache, x.device)
         maps: dict[str, list[Tensor]] = {"self": [], "cross": []}
         for i, block in enumerate(self.blocks):
             kw = dict(causal=self.config.causal, key_padding_mask=key_padding_mask,
