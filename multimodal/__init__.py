@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "ImageGPTConfig": "multimodal.models.image_gpt",
     "Captioner": "multimodal.models.captioner",
     "CaptionerConfig": "multimodal.models.captioner",
+    "Seq2Seq": "multimodal.models.seq2seq",
+    "Seq2SeqConfig": "multimodal.models.seq2seq",
     "AudioClassifier": "multimodal.models.audio",
     "AudioClassifierConfig": "multimodal.models.audio",
     # tokenizers

@@ -48,9 +48,9 @@ class AutoregressiveImageTask(ModelTask):
         sample_top_k: int | None = None,
         sample_seed: int = 0,
     ) -> None:
-        super().__init__(model)
         if not isinstance(model, ImageGPT):
             raise ValueError(f"model must be an ImageGPT, got {type(model).__name__}")
+        super().__init__(model)
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer = PixelTokenizer(levels=model.config.vocab_size) \
             if model.config.vocab_size <= 256 else None

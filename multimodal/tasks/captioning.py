@@ -1,0 +1,261 @@
+"""Image captioning with a :class:`~multimodal.models.captioner.Captioner`.
+
+Teacher forcing: a caption becomes ``[BOS] w_1 .. w_T [EOS] [PAD]..``; the decoder reads
+all but the last column and is trained to predict the next token,
+``L = -1/|T| sum_t log p(w_t | w_<t, image)``, with ``[PAD]`` targets ignored.
+
+The tokenizer is trained on the training captions only (``setup``) and travels in the
+checkpoint: word-level for the procedural scenes (their grammar has ~20 words), WordPiece
+for emoji names (open vocabulary).
+
+Metrics on val / test, from greedy (or beam) decoding:
+
+- ``bleu4``: corpus BLEU-4 (``torchmetrics.text.BLEUScore``) against the one reference;
+- ``exact_match``: the generated caption equals the reference word for word (both
+  normalised by the tokenizer);
+- ``scene_match`` (scenes only): :func:`multimodal.data.scenes.caption_matches_scene`, the
+  caption is grammatical, names exactly the scene's shapes and every stated relation
+  holds, in any naming order. Scene captions name the shapes in a random order, so this
+  is the compositional exact match (``exact_match`` would also demand the random order).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.text import BLEUScore
+
+from multimodal.models.captioner import Captioner, decode_captions
+from multimodal.tasks.base import ModelTask
+from multimodal.tasks.optim import adamw, warmup_cosine
+from multimodal.tokenizers.text import (
+    MASK_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    TextTokenizer,
+    WordPieceTokenizer,
+    WordTokenizer,
+    load_tokenizer,
+)
+
+__all__ = ["CaptioningTask", "train_caption_tokenizer"]
+
+IGNORE_INDEX = -100
+
+
+def train_caption_tokenizer(captions: list[str], kind: Literal["word", "wordpiece"],
+                            vocab_size: int) -> TextTokenizer:
+    """A tokenizer over ``captions``: every word (``"word"``) or a WordPiece vocabulary of
+    at most ``vocab_size`` entries (``"wordpiece"``)."""
+    if not captions:
+        raise ValueError("no training captions to train the tokenizer on")
+    if kind == "word":
+        tok = WordTokenizer.train(captions, vocab_size=None, lowercase=True)
+    elif kind == "wordpiece":
+        tok = WordPieceTokenizer.train(captions, vocab_size=vocab_size, min_frequency=2)
+    else:
+        raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {kind!r}")
+    if tok.vocab_size > vocab_size:
+        raise ValueError(f"the training captions hold {tok.vocab_size} distinct tokens but the "
+                         f"decoder's vocab_size is {vocab_size}: raise decoder.vocab_size")
+    return tok
+
+
+def _tokenizer_to_json(tok: TextTokenizer) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        return tok.save(Path(tmp) / "tokenizer.json").read_text(encoding="utf-8")
+
+
+def _tokenizer_from_json(text: str) -> TextTokenizer:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokenizer.json"
+        path.write_text(text, encoding="utf-8")
+        return load_tokenizer(path)
+
+
+class CaptioningTask(ModelTask):
+    """Train a :class:`Captioner` on batches ``{"images", "captions"}`` from
+    :class:`~multimodal.data.captions.CaptionDataModule` with AdamW and warm-up + cosine.
+    Logs ``{train,val,test}/loss`` and ``{val,test}/bleu4``, ``/exact_match`` (and
+    ``/scene_match`` on scenes); after test prints example captions and writes them to
+    ``captions_test.txt`` in the run's log folder.
+    """
+
+    def __init__(
+        self,
+        model: Captioner,
+        tokenizer: Literal["word", "wordpiece"] = "word",
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.0,
+        num_beams: int = 1,
+        max_new_tokens: int | None = None,
+        num_examples: int = 8,
+        input_dropout: float = 0.0,
+    ) -> None:
+        if not isinstance(model, Captioner):
+            raise ValueError(f"model must be a Captioner, got {type(model).__name__}")
+        super().__init__(model)
+        if not 0.0 <= input_dropout <= 1.0:
+            raise ValueError(f"input_dropout must be in [0, 1], got {input_dropout}")
+        if tokenizer not in ("word", "wordpiece"):
+            raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
+        self.save_hyperparameters(ignore=["model"])
+        self.tokenizer: TextTokenizer | None = None
+        self.val_bleu = BLEUScore(n_gram=4)
+        self.test_bleu = BLEUScore(n_gram=4)
+        self.examples: list[tuple[str, str]] = []
+        self._scenes: dict[str, list[Any]] = {}
+        self._scene_batch_size = 0
+
+    # -- data plumbing -----------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self.tokenizer is None:
+            if dm is None or not hasattr(dm, "train_captions"):
+                raise ValueError("CaptioningTask trains its tokenizer on the data module's "
+                                 "train_captions(): use a CaptionDataModule or set .tokenizer")
+            self.tokenizer = train_caption_tokenizer(
+                dm.train_captions(), self.hparams.tokenizer,
+                self.model.config.decoder.vocab_size)
+        if dm is not None and getattr(dm, "dataset", None) == "scenes":
+            self._prepare_scenes(dm)
+
+    def _prepare_scenes(self, dm: Any) -> None:
+        """The val / test scenes (deterministic in the data module's seed), to score
+        generated captions with ``caption_matches_scene``."""
+        from multimodal.data.scenes import SceneConfig, describe, sample_scenes
+
+        hp = dm.hparams
+        config = SceneConfig(image_size=hp.image_size, max_shapes=hp.max_shapes)
+        sizes = {"val": hp.num_val, "test": hp.num_test}
+        self._scenes = {}
+        for split, n in sizes.items():
+            scenes = sample_scenes(n, config, split, hp.seed)
+            if [describe(s) for s in scenes] == dm.captions(split):
+                self._scenes[split] = scenes
+        self._scene_batch_size = dm.batch_size
+
+    def encode_captions(self, captions: list[str]) -> Tensor:
+        """Right-padded ``[BOS] .. [EOS]`` ids (B, T); a caption longer than the decoder's
+        context is a ValueError."""
+        if self.tokenizer is None:
+            raise ValueError("the tokenizer is not trained yet: call setup() (fit/test do)")
+        seqs = self.tokenizer.encode_many(captions, add_bos=True, add_eos=True)
+        longest = max((len(s) for s in seqs), default=0)
+        if longest > self.model.max_len:
+            i = max(range(len(seqs)), key=lambda j: len(seqs[j]))
+            raise ValueError(f"caption {captions[i]!r} is {longest} tokens with [BOS]/[EOS], "
+                             f"longer than the decoder's context of {self.model.max_len}; "
+                             "raise decoder.max_len")
+        return self.tokenizer.pad(seqs)["input_ids"].to(self.device)
+
+    # -- training ----------------------------------------------------------------------
+    def drop_inputs(self, ids: Tensor) -> Tensor:
+        """Word dropout on the decoder's *inputs*: each non-special token is replaced by
+        ``[MASK]`` with probability ``input_dropout`` (targets stay intact). It weakens
+        the language prior (e.g. "blue" is never followed by "circle" in training) and
+        makes the decoder read the image instead."""
+        p = self.hparams.input_dropout
+        if p == 0.0:
+            return ids
+        drop = (torch.rand(ids.shape, device=ids.device) < p) & (ids >= len(SPECIAL_TOKENS))
+        return ids.masked_fill(drop, MASK_ID)
+
+    def loss(self, images: Tensor, ids: Tensor, inputs: Tensor | None = None) -> Tensor:
+        """Mean cross-entropy of ``ids[:, 1:]`` given ``inputs[:, :-1]`` (default ``ids``),
+        ``[PAD]`` targets ignored."""
+        inputs = ids if inputs is None else inputs
+        logits = self.model(images, inputs[:, :-1])
+        labels = ids[:, 1:].masked_fill(ids[:, 1:] == PAD_ID, IGNORE_INDEX)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                               ignore_index=IGNORE_INDEX,
+                               label_smoothing=self.hparams.label_smoothing)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        images = batch["images"]
+        ids = self.encode_captions(batch["captions"])
+        loss = self.loss(images, ids, self.drop_inputs(ids))
+        self.log("train/loss", loss, prog_bar=True, batch_size=images.shape[0])
+        return loss
+
+    # -- evaluation --------------------------------------------------------------------
+    def caption(self, images: Tensor, **generate_kwargs: Any) -> list[str]:
+        """Generated captions (strings) for a batch of normalised images."""
+        if self.tokenizer is None:
+            raise ValueError("the tokenizer is not trained yet: call setup() (fit/test do)")
+        kwargs = {"num_beams": self.hparams.num_beams,
+                  "max_new_tokens": self.hparams.max_new_tokens, **generate_kwargs}
+        ids = self.model.generate(images, **kwargs)
+        return decode_captions(ids, self.tokenizer, self.model.config.eos_token_id)
+
+    def _eval(self, batch: dict[str, Any], batch_idx: int, split: str) -> None:
+        images, refs = batch["images"], list(batch["captions"])
+        b = images.shape[0]
+        self.log(f"{split}/loss", self.loss(images, self.encode_captions(refs)),
+                 prog_bar=True, batch_size=b)
+        assert self.tokenizer is not None
+        preds = self.caption(images)
+        refs = [self.tokenizer.normalize(r) for r in refs]
+        bleu = self.val_bleu if split == "val" else self.test_bleu
+        bleu.update(preds, [[r] for r in refs])
+        self.log(f"{split}/bleu4", bleu, batch_size=b)
+        em = sum(p == r for p, r in zip(preds, refs, strict=True)) / b
+        self.log(f"{split}/exact_match", em, prog_bar=True, batch_size=b)
+        scenes = self._scenes.get(split)
+        if scenes is not None:
+            from multimodal.data.scenes import caption_matches_scene
+
+            start = batch_idx * self._scene_batch_size
+            hits = [caption_matches_scene(p, s)
+                    for p, s in zip(preds, scenes[start : start + b], strict=True)]
+            self.log(f"{split}/scene_match", sum(hits) / b, prog_bar=True, batch_size=b)
+        if split == "test" and len(self.examples) < self.hparams.num_examples:
+            self.examples.extend(zip(preds, refs, strict=True))
+            self.examples = self.examples[: self.hparams.num_examples]
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval(batch, batch_idx, "val")
+
+    def on_test_epoch_start(self) -> None:
+        self.examples = []
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval(batch, batch_idx, "test")
+
+    def on_test_epoch_end(self) -> None:
+        if not self.trainer.is_global_zero or not self.examples:
+            return
+        lines = [f"generated: {p}\nreference: {r}\n" for p, r in self.examples]
+        print("example test captions:\n" + "\n".join(lines))
+        folder = self.trainer.log_dir or self.trainer.default_root_dir
+        if folder:
+            path = Path(folder) / "captions_test.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n".join(lines), encoding="utf-8")
+
+    # -- optimisation ------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay)
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
+                              self.hparams.min_lr_ratio)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- the tokenizer travels with the checkpoint -------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = _tokenizer_to_json(self.tokenizer)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        text = checkpoint.get("tokenizer")
+        if isinstance(text, str):
+            self.tokenizer = _tokenizer_from_json(text)

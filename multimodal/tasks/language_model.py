@@ -1,0 +1,157 @@
+"""Next-token language modelling for a :class:`~multimodal.models.text.TextDecoder`.
+
+Loss: the mean next-token negative log-likelihood over the predicted positions,
+``L = -1/T sum_t log p(y_t | x_<=t)`` (targets equal to ``ignore_index`` are skipped).
+Perplexity is ``exp`` of the mean NLL over *all* held-out tokens of the epoch
+(``exp(sum NLL / number of tokens)``, not the mean of per-batch perplexities).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from multimodal.models.text import TextDecoder
+from multimodal.tasks.base import ModelTask
+from multimodal.tasks.optim import adamw, warmup_cosine
+
+__all__ = ["LanguageModelTask", "TokenNLL", "next_token_nll"]
+
+IGNORE_INDEX = -100
+
+
+def next_token_nll(logits: Tensor, targets: Tensor,
+                   ignore_index: int = IGNORE_INDEX) -> tuple[Tensor, Tensor]:
+    """Summed NLL ``-sum_t log softmax(logits_t)[y_t]`` and the number of counted tokens.
+
+    ``logits`` (B, N, V), ``targets`` (B, N) with ``ignore_index`` at skipped positions.
+    """
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"logits (B, N, V) and targets (B, N) disagree: "
+                         f"{tuple(logits.shape)} vs {tuple(targets.shape)}")
+    total = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                            ignore_index=ignore_index, reduction="sum")
+    return total, (targets != ignore_index).sum()
+
+
+class TokenNLL:
+    """Running sum of NLL and token count; ``perplexity = exp(sum / count)``."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def update(self, nll_sum: Tensor, count: Tensor) -> None:
+        self.total += float(nll_sum)
+        self.count += int(count)
+
+    @property
+    def mean(self) -> float:
+        return self.total / max(self.count, 1)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.mean)
+
+
+class LanguageModelTask(ModelTask):
+    """Train a :class:`TextDecoder` on batches ``{"input_ids": (B, N), "targets": (B, N)}``
+    (``targets[:, t]`` is the token after ``input_ids[:, t]``; an optional
+    ``attention_mask`` is passed to the model) with AdamW and warm-up + cosine decay.
+
+    Logs ``train/loss``, ``val/loss`` (mean NLL per token, nats) and ``val/ppl``
+    ``= exp(val/loss)``; likewise ``test/loss`` and ``test/ppl``.
+    """
+
+    def __init__(
+        self,
+        model: TextDecoder,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.1,
+    ) -> None:
+        if not isinstance(model, TextDecoder):
+            raise ValueError(f"model must be a TextDecoder, got {type(model).__name__}")
+        super().__init__(model)
+        if model.config.cross_attention:
+            raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "
+                             "has cross_attention=True (use Seq2SeqTask)")
+        self.save_hyperparameters(ignore=["model"])
+        self._nll = {"val": TokenNLL(), "test": TokenNLL()}
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        vocab = getattr(dm, "vocab_size", None) if dm is not None else None
+        if vocab is not None and vocab > self.model.config.vocab_size:
+            raise ValueError(f"the tokenizer has {vocab} tokens but the model's vocab_size is "
+                             f"{self.model.config.vocab_size}: set model vocab_size >= {vocab}")
+        block = getattr(dm, "block_size", None) if dm is not None else None
+        if block is not None and block > self.model.config.max_len:
+            raise ValueError(f"data block_size {block} exceeds the model's max_len "
+                             f"{self.model.config.max_len}")
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return self.model(input_ids, attention_mask=attention_mask)
+
+    def _nll_sum(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        if not isinstance(batch, dict) or "input_ids" not in batch or "targets" not in batch:
+            raise ValueError("a language-model batch is a dict with 'input_ids' and 'targets'")
+        logits = self(batch["input_ids"], batch.get("attention_mask"))
+        return next_token_nll(logits, batch["targets"])
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        total, count = self._nll_sum(batch)
+        loss = total / count.clamp(min=1)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
+        total, count = self._nll_sum(batch)
+        self._nll[split].update(total, count)
+
+    def _eval_end(self, split: str) -> None:
+        acc = self._nll[split]
+        if acc.count:
+            self.log(f"{split}/loss", acc.mean, prog_bar=True)
+            self.log(f"{split}/ppl", acc.perplexity, prog_bar=True)
+        acc.reset()
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_end("val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_end("test")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay,
+                    tuple(self.hparams.betas))
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
+                              self.hparams.min_lr_ratio)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    @torch.no_grad()
+    def evaluate(self, loader: Any) -> TokenNLL:
+        """Mean NLL / perplexity of the model over every batch of ``loader``."""
+        acc = TokenNLL()
+        was_training = self.model.training
+        self.model.eval()
+        for batch in loader:
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            acc.update(*self._nll_sum(batch))
+        self.model.train(was_training)
+        return acc
