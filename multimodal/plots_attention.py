@@ -1,0 +1,156 @@
+"""Figures for captioning: generated captions under their images, and the decoder's
+cross-attention over the image, one panel per generated token.
+
+From a trained checkpoint of :class:`~multimodal.tasks.captioning.CaptioningTask`::
+
+    python -m multimodal.plots_attention runs/caption_scenes/checkpoints/last.ckpt \\
+        --out docs/figures --name caption_scenes --split test --num 8
+
+writes ``<name>_captions.png`` and ``<name>_attention.png`` (first image of the split).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from multimodal.plots import _pyplot
+
+
+def _to_hwc(image: Tensor) -> Tensor:
+    if image.dim() != 3 or image.shape[0] not in (1, 3):
+        raise ValueError(f"expected an image (channels, H, W) with 1 or 3 channels, "
+                         f"got shape {tuple(image.shape)}")
+    return image.detach().float().clamp(0, 1).permute(1, 2, 0).cpu()
+
+
+def plot_captions(images: Tensor, captions: Sequence[str], path: str | Path,
+                  references: Sequence[str] | None = None, ncols: int = 4) -> Path:
+    """Grid of images (N, C, H, W) in [0, 1] with the generated caption under each (and
+    the reference in grey when given), saved as a PNG."""
+    if len(images) != len(captions) or len(images) == 0:
+        raise ValueError(f"need as many captions as images (at least one), got "
+                         f"{len(images)} images and {len(captions)} captions")
+    if references is not None and len(references) != len(captions):
+        raise ValueError(f"{len(captions)} captions but {len(references)} references")
+    plt = _pyplot()
+    import textwrap
+
+    n = len(images)
+    ncols = min(ncols, n)
+    nrows = (n + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.0 * ncols, 4.0 * nrows), dpi=80,
+                             squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i >= n:
+            continue
+        ax.imshow(_to_hwc(images[i]).numpy(), interpolation="nearest")
+        text = "\n".join(textwrap.wrap(captions[i], 32))
+        ax.set_title(text, fontsize=8)
+        if references is not None:
+            ref = "\n".join(textwrap.wrap("ref: " + references[i], 36))
+            ax.text(0.5, -0.04, ref, transform=ax.transAxes, ha="center", va="top",
+                    fontsize=7, color="0.4")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_cross_attention(image: Tensor, words: Sequence[str], maps: Tensor,
+                         path: str | Path, ncols: int = 6, alpha: float = 0.6) -> Path:
+    """The image, then one panel per token: its cross-attention ``maps[t]`` (rows, cols)
+    over the patch grid, upsampled to the image (nearest, so each patch is a block) and
+    laid over it. ``image`` (C, H, W) in [0, 1]; ``maps`` (T, rows, cols), T = len(words).
+    """
+    if maps.dim() != 3 or maps.shape[0] != len(words):
+        raise ValueError(f"maps must be (tokens, rows, cols) with one row per word "
+                         f"({len(words)}), got shape {tuple(maps.shape)}")
+    if len(words) == 0:
+        raise ValueError("no words to plot")
+    plt = _pyplot()
+    picture = _to_hwc(image)
+    h, w = picture.shape[:2]
+    heat = F.interpolate(maps[:, None].float().cpu(), size=(h, w), mode="nearest")[:, 0]
+    panels = len(words) + 1
+    ncols = min(ncols, panels)
+    nrows = (panels + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.0 * ncols, 2.2 * nrows), dpi=80,
+                             squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i == 0:
+            ax.imshow(picture.numpy(), interpolation="nearest")
+            ax.set_title("image", fontsize=9)
+        elif i < panels:
+            t = i - 1
+            ax.imshow(picture.numpy(), interpolation="nearest")
+            m = heat[t]
+            ax.imshow((m / m.max().clamp_min(1e-12)).numpy(), cmap="inferno", alpha=alpha,
+                      vmin=0, vmax=1, interpolation="nearest")
+            ax.set_title(words[t], fontsize=9)
+    fig.suptitle("decoder cross-attention per generated token", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _load(checkpoint: str | Path) -> tuple[torch.nn.Module, object, dict]:
+    from multimodal.hub import load_checkpoint
+    from multimodal.tasks.captioning import _tokenizer_from_json
+
+    model = load_checkpoint(checkpoint)
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt.get("tokenizer"), str):
+        raise ValueError(f"{checkpoint} holds no tokenizer: expected a CaptioningTask "
+                         "checkpoint")
+    data = {k: v for k, v in (ckpt.get("datamodule_hyper_parameters") or {}).items()
+            if not k.startswith("_")}  # drop LightningCLI's _class_path
+    return model, _tokenizer_from_json(ckpt["tokenizer"]), data
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from multimodal.data.captions import CaptionDataModule
+    from multimodal.models.captioner import cut_at_eos, decode_captions
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--out", default="docs/figures")
+    parser.add_argument("--name", default="captions")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--num", type=int, default=8)
+    parser.add_argument("--index", type=int, default=0, help="image for the attention figure")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    model, tok, data = _load(args.checkpoint)
+    dm = CaptionDataModule(**data)
+    dm.setup()
+    dataset = dm.dataset_for(args.split)
+    take = list(range(min(args.num, len(dataset))))
+    images = torch.stack([dataset[i][0] for i in take])
+    refs = [dataset[i][1] for i in take]
+    ids, maps = model.generate(images, return_attention=True)
+    captions = decode_captions(ids, tok, model.config.eos_token_id)
+    out = Path(args.out)
+    shown = dm.denormalize(images)
+    print(plot_captions(shown, captions, out / f"{args.name}_captions.png", refs))
+    row = cut_at_eos(ids[args.index : args.index + 1], model.config.eos_token_id)[0][1:]
+    words = [tok.id_to_token(i) if i < tok.vocab_size else "[UNK]" for i in row] + ["[EOS]"]
+    words = words[: maps.shape[1]]
+    print(plot_cross_attention(shown[args.index], words, maps[args.index, : len(words)],
+                               out / f"{args.name}_attention.png"))
+
+
+if __name__ == "__main__":
+    main()
