@@ -36,7 +36,7 @@ def plot_confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str],
     for i in range(n):
         for j in range(n):
             value = float(rates[i, j])
-            if value >= 0.005:
+            if round(100 * value) >= 1:
                 ax.text(j, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
                         color="white" if value > 0.5 else "black")
     fig.colorbar(im, ax=ax, fraction=0.046)
