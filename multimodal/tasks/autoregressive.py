@@ -18,7 +18,6 @@ from torch import Tensor
 
 from multimodal.models.image_gpt import ImageGPT
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.optim import adamw, warmup_cosine
 from multimodal.tokenizers.image import PixelTokenizer
 
 __all__ = ["AutoregressiveImageTask"]
@@ -137,10 +136,3 @@ class AutoregressiveImageTask(ModelTask):
             save_image(make_grid(images.float() / 255.0, nrow=nrow, padding=1), str(path))
             print(f"samples: {path}")
 
-    # -- optimisation ----------------------------------------------------------------
-    def configure_optimizers(self) -> dict[str, Any]:
-        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches)
-        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
-                              self.hparams.min_lr_ratio)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -9,6 +9,8 @@ from typing import Any
 import lightning as L
 from torch import nn
 
+from multimodal.tasks.optim import adamw, warmup_cosine
+
 CHECKPOINT_KEY = "multimodal_model"
 
 
@@ -36,3 +38,14 @@ class ModelTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[CHECKPOINT_KEY] = self.model_description()
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        """AdamW (weight decay on matrices only) with linear warm-up over
+        ``warmup_fraction`` of the steps, then cosine decay to ``min_lr_ratio`` x ``lr``;
+        reads ``lr``, ``weight_decay``, ``warmup_fraction``, ``min_lr_ratio`` and optional
+        ``betas`` from the task's hyper-parameters."""
+        hp = self.hparams
+        opt = adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.get("betas", (0.9, 0.999))))
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = warmup_cosine(opt, int(hp.warmup_fraction * total), total, hp.min_lr_ratio)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -32,7 +32,6 @@ from torchmetrics.text import BLEUScore
 
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.optim import adamw, warmup_cosine
 from multimodal.tokenizers.text import (
     MASK_ID,
     PAD_ID,
@@ -240,14 +239,6 @@ class CaptioningTask(ModelTask):
             path = Path(folder) / "captions_test.txt"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("\n".join(lines), encoding="utf-8")
-
-    # -- optimisation ------------------------------------------------------------------
-    def configure_optimizers(self) -> dict[str, Any]:
-        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches)
-        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
-                              self.hparams.min_lr_ratio)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # -- the tokenizer travels with the checkpoint -------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -11,7 +11,6 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.optim import adamw, warmup_cosine
 
 
 class ClassificationTask(ModelTask):
@@ -129,14 +128,6 @@ class ClassificationTask(ModelTask):
         for row in rows:
             print(f"{row[0]}\t{row[1]}\t{row[2]:.3f}")
         return rows
-
-    # -- optimisation ------------------------------------------------------------------
-    def configure_optimizers(self) -> dict[str, Any]:
-        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches)
-        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
-                              self.hparams.min_lr_ratio)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # -- checkpoints keep what predict needs -------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

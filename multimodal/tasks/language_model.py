@@ -17,7 +17,6 @@ from torch import Tensor
 
 from multimodal.models.text import TextDecoder
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.optim import adamw, warmup_cosine
 
 __all__ = ["LanguageModelTask", "TokenNLL", "next_token_nll"]
 
@@ -135,14 +134,6 @@ class LanguageModelTask(ModelTask):
 
     def on_test_epoch_end(self) -> None:
         self._eval_end("test")
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay,
-                    tuple(self.hparams.betas))
-        total = int(self.trainer.estimated_stepping_batches)
-        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
-                              self.hparams.min_lr_ratio)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     @torch.no_grad()
     def evaluate(self, loader: Any) -> TokenNLL:

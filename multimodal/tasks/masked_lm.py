@@ -21,7 +21,6 @@ from multimodal.hub import from_pretrained
 from multimodal.models.text import TextEncoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask
-from multimodal.tasks.optim import adamw, warmup_cosine
 from multimodal.tokenizers.text import MASK_ID, SPECIAL_TOKENS
 
 __all__ = ["MaskedLMTask", "SequenceClassificationTask", "load_encoder_weights",
@@ -142,13 +141,6 @@ class MaskedLMTask(ModelTask):
         if self.hparams.save_dir and self.trainer.is_global_zero:
             path = self.model.save_pretrained(self.hparams.save_dir)
             print(f"encoder saved to {path}")
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches)
-        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
-                              self.hparams.min_lr_ratio)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
 def load_encoder_weights(model: TextEncoder, path: str | Path) -> list[str]:

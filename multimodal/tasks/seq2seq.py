@@ -10,15 +10,12 @@ reference exactly (every token up to and including ``[EOS]``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from multimodal.models.seq2seq import Seq2Seq
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.optim import adamw, warmup_cosine
 from multimodal.tokenizers.text import EOS_ID, PAD_ID
 
 __all__ = ["Seq2SeqTask", "exact_match"]
@@ -100,9 +97,3 @@ class Seq2SeqTask(ModelTask):
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._eval(batch, "test")
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        opt = adamw(self.model, self.hparams.lr, self.hparams.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches)
-        sched = warmup_cosine(opt, int(self.hparams.warmup_fraction * total), total,
-                              self.hparams.min_lr_ratio)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
