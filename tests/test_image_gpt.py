@@ -215,4 +215,4 @@ def test_pixel_data_and_task_loss_is_mean_nll_per_pixel() -> None:
         ll = model.log_likelihood(tokens, class_label=labels)
     assert torch.equal(tokens, images.flatten(1).long() * 16 // 256)
     torch.testing.assert_close(nll, -ll.mean() / 64)
-    torch.testing.assert_close(task.hparams.model_config["vocab_size"], 16)
+    assert task.model_description()["model_config"]["vocab_size"] == 16
