@@ -27,6 +27,17 @@ def register_preset(name: str) -> Callable[[Callable[..., nn.Module]], Callable[
     return wrap
 
 
+def register_config_preset(name: str, model_cls: Callable[[Any], nn.Module],
+                           config_cls: Callable[..., Any], **defaults: Any) -> None:
+    """Register ``name`` as ``model_cls(config_cls(**{**defaults, **overrides}))``."""
+
+    def factory(**overrides: Any) -> nn.Module:
+        return model_cls(config_cls(**{**defaults, **overrides}))
+
+    factory.__name__ = name
+    register_preset(name)(factory)
+
+
 def register_model(cls: type[nn.Module]) -> type[nn.Module]:
     """Class decorator: make ``cls`` loadable by :func:`multimodal.from_pretrained`."""
     MODEL_CLASSES[cls.__name__] = cls

@@ -34,8 +34,8 @@ index), defined for any length. ``pos_embed="learned"``: a learned table coverin
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -44,8 +44,9 @@ from torch import Tensor, nn
 
 from multimodal.hub import PretrainedMixin
 from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.nn.init import init_weights
 from multimodal.nn.position import sincos_2d_positions, sinusoidal_positions
-from multimodal.registry import register_model, register_preset
+from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.audio import (
     AudioFeatureConfig,
     AudioFrameTokenizer,
@@ -178,7 +179,7 @@ class AudioClassifier(PretrainedMixin, nn.Module):
         self.transformer = Transformer(config.transformer_config())
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
-        self.apply(_init_weights)
+        self.apply(partial(init_weights, conv_fan_in=True))
 
     # -- token geometry ----------------------------------------------------------------
     @property
@@ -371,27 +372,8 @@ def stretch_time(table: Tensor, length: int) -> Tensor:
     return out[0].t().reshape(length, *table.shape[1:]).to(table.dtype)
 
 
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Conv2d):
-        fan_in = module.in_channels * math.prod(module.kernel_size)
-        nn.init.trunc_normal_(module.weight, std=1 / math.sqrt(fan_in))
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
-
-
 def _audio_preset(name: str, **defaults: object) -> None:
-    @register_preset(name)
-    def factory(**overrides: object) -> AudioClassifier:
-        return AudioClassifier(AudioClassifierConfig(**{**defaults, **overrides}))
-
-    factory.__name__ = name
+    register_config_preset(name, AudioClassifier, AudioClassifierConfig, **defaults)
 
 
 # A small frame-stacking encoder that trains on a CPU in minutes (spoken words, ~1 s clips).

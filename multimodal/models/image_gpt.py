@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multimodal.hub import PretrainedMixin
-from multimodal.models.vit import _init_weights
 from multimodal.nn.block import Transformer, TransformerConfig
 from multimodal.nn.cache import KVCache
+from multimodal.nn.init import init_weights
 from multimodal.nn.position import LearnedPositions
 from multimodal.registry import register_model, register_preset
 from multimodal.tokenizers.image import _pair
@@ -113,7 +113,7 @@ class ImageGPT(PretrainedMixin, nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.transformer = Transformer(config.transformer_config())
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        self.apply(_init_weights)
+        self.apply(init_weights)
         nn.init.normal_(self.tok_embed.weight, std=0.02)
         nn.init.normal_(self.start_token, std=0.02)
 

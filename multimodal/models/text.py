@@ -9,9 +9,9 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.hub import PretrainedMixin
-from multimodal.models.vit import _init_weights
 from multimodal.nn.block import Transformer, TransformerConfig
 from multimodal.nn.cache import KVCache
+from multimodal.nn.init import init_weights
 from multimodal.nn.position import LearnedPositions, SinusoidalPositions
 from multimodal.registry import register_model, register_preset
 
@@ -87,7 +87,7 @@ class TextDecoder(PretrainedMixin, nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.transformer = Transformer(config.transformer_config())
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        self.apply(_init_weights)
+        self.apply(init_weights)
         nn.init.normal_(self.tok_embed.weight, std=0.02)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_embed.weight
@@ -217,7 +217,7 @@ class TextEncoder(PretrainedMixin, nn.Module):
         self.pooler = nn.Sequential(nn.Linear(config.dim, config.dim), nn.Tanh()) \
             if config.pooler else None
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes else None
-        self.apply(_init_weights)
+        self.apply(init_weights)
         nn.init.normal_(self.tok_embed.weight, std=0.02)
         if self.mlm is not None:
             self.mlm.decoder.weight = self.tok_embed.weight

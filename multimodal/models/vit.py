@@ -10,8 +10,9 @@ from torch import Tensor, nn
 
 from multimodal.hub import PretrainedMixin
 from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.nn.init import init_weights
 from multimodal.nn.position import resample_grid, sincos_2d_positions
-from multimodal.registry import register_model, register_preset
+from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.image import PatchEmbed, _pair, check_images
 
 
@@ -94,7 +95,7 @@ class ViT(PretrainedMixin, nn.Module):
         self.transformer = Transformer(config.transformer_config())
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     # -- positions ---------------------------------------------------------------------
     def _positions(self, grid: tuple[int, int], x: Tensor) -> Tensor:
@@ -152,22 +153,8 @@ class ViT(PretrainedMixin, nn.Module):
         return self.forward_head(self.forward_features(images))
 
 
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
-
-
 def _vit_preset(name: str, **defaults: object) -> None:
-    @register_preset(name)
-    def factory(**overrides: object) -> ViT:
-        return ViT(ViTConfig(**{**defaults, **overrides}))
-
-    factory.__name__ = name
+    register_config_preset(name, ViT, ViTConfig, **defaults)
 
 
 _vit_preset("vit_tiny_patch16_224", dim=192, depth=12, heads=3)
