@@ -144,7 +144,8 @@ def main() -> None:
     trainer = L.Trainer(max_steps=steps, max_time={"minutes": 1.5 * args.minutes + 1},
                         accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        val_check_interval=min(500, steps), limit_val_batches=20,
+                        val_check_interval=min(500, steps), check_val_every_n_epoch=None,
+                        limit_val_batches=20,
                         gradient_clip_val=1.0)
     t1 = time.perf_counter()
     trainer.fit(task, datamodule=dm)
