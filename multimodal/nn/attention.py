@@ -242,18 +242,13 @@ class Attention(nn.Module):
                 f"(batch, keys) = ({b}, {m}), "
                 f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
             )
-        use_kernel_causal = causal and n == m and key_padding_mask is None and attn_mask is None
-        mask = None
-        if not use_kernel_causal:
-            mask = build_attention_mask(
-                b, n, m, causal=causal, key_padding_mask=key_padding_mask,
-                attn_mask=attn_mask, device=x.device,
-            )
+        mask = build_attention_mask(b, n, m, key_padding_mask=key_padding_mask,
+                                    attn_mask=attn_mask, device=x.device)
         out, weights = scaled_dot_product_attention(
             q, k, v, mask,
             dropout_p=self.attn_dropout if self.training else 0.0,
             need_weights=need_weights,
-            causal=use_kernel_causal,
+            causal=causal and n > 1,  # one new query after the cache sees every key
         )
         out = out.transpose(1, 2).reshape(b, n, self.dim)
         return self.proj_drop(self.proj(out)), weights
