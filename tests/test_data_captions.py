@@ -366,6 +366,22 @@ def test_datamodule_scenes_batches() -> None:
     assert sum(len(b["captions"]) for b in dm.test_dataloader()) == 20
 
 
+def test_datamodule_scene_options_reach_the_scenes() -> None:
+    dm = CaptionDataModule(dataset="scenes", image_size=32, num_train=40, num_val=8,
+                           num_test=8, min_shapes=2, max_shapes=3, order="left_to_right")
+    for split in ("train", "val", "test"):
+        scenes = dm.scenes(split)
+        assert [describe(s) for s in scenes] == dm.captions(split)
+        assert all(2 <= len(s.shapes) <= 3 for s in scenes)
+        assert all([x.x for x in s.shapes] == sorted(x.x for x in s.shapes) for s in scenes)
+        # the images are the scenes drawn: re-render and compare pixel for pixel
+        config = dm.scene_config()
+        assert torch.equal(dm.raw_images(split)[0], torch.from_numpy(
+            render_scene(scenes[0], config)))
+    with pytest.raises(ValueError, match="order"):
+        CaptionDataModule(num_train=4, num_val=2, num_test=2, order="by_colour")
+
+
 def test_datamodule_emoji_on_fake_package(tmp_path: Path) -> None:
     _fake_package(tmp_path, n_extra=8)
     dm = CaptionDataModule(dataset="emoji", image_size=16, batch_size=4, root=str(tmp_path),

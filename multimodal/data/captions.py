@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.emoji import find_package_dir, load_emoji
-from multimodal.data.scenes import SceneConfig, generate_scenes
+from multimodal.data.scenes import Scene, SceneConfig, describe, render_scenes, sample_scenes
 
 DATASETS = ("scenes", "emoji")
 SPLITS = ("train", "val", "test")
@@ -61,7 +61,9 @@ class CaptionDataModule(L.LightningDataModule):
     """Captioned images from ``dataset`` = "scenes" (generated, held-out colour-shape pairs
     in test) or "emoji" (local copy made by ``bash data/get_emoji.sh``).
 
-    ``num_train`` / ``num_val`` / ``num_test`` and ``max_shapes`` apply to scenes;
+    ``num_train`` / ``num_val`` / ``num_test``, ``min_shapes`` / ``max_shapes`` and ``order``
+    (how a caption orders the shapes: "random" or "left_to_right", see
+    :class:`~multimodal.data.scenes.SceneConfig`) apply to scenes;
     ``val_fraction`` / ``test_fraction`` and ``root`` to emoji (split by emoji).
     """
 
@@ -73,6 +75,8 @@ class CaptionDataModule(L.LightningDataModule):
         num_val: int = 1000,
         num_test: int = 1000,
         max_shapes: int = 3,
+        min_shapes: int = 1,
+        order: str = "random",
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         batch_size: int = 64,
@@ -95,7 +99,10 @@ class CaptionDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self._splits: dict[str, tuple[torch.Tensor, list[str]]] | None = None
         self._stats: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._scenes: dict[str, list[Scene]] = {}
         self.metadata: dict[str, list[Any]] = {}
+        if dataset == "scenes":
+            self.scene_config()  # a bad scene option fails here, not at the first batch
 
     # ------------------------------------------------------------------ data
 
@@ -104,9 +111,11 @@ class CaptionDataModule(L.LightningDataModule):
             return self._splits
         hp = self.hparams
         if self.dataset == "scenes":
-            config = SceneConfig(image_size=hp.image_size, max_shapes=hp.max_shapes)
+            config = self.scene_config()
             sizes = {"train": hp.num_train, "val": hp.num_val, "test": hp.num_test}
-            self._splits = {s: generate_scenes(n, config, s, hp.seed) for s, n in sizes.items()}
+            self._scenes = {s: sample_scenes(n, config, s, hp.seed) for s, n in sizes.items()}
+            self._splits = {s: (render_scenes(scenes, config), [describe(x) for x in scenes])
+                            for s, scenes in self._scenes.items()}
         else:
             root = Path(hp.root) if hp.root is not None else None
             data = load_emoji(root, hp.image_size, hp.val_fraction, hp.test_fraction, hp.seed)
@@ -117,6 +126,24 @@ class CaptionDataModule(L.LightningDataModule):
                              "val/test fractions")
         self._stats = channel_stats(self._splits["train"][0])
         return self._splits
+
+    def scene_config(self) -> SceneConfig:
+        """How this module samples scenes (dataset "scenes" only)."""
+        if self.dataset != "scenes":
+            raise ValueError(f"dataset {self.dataset!r} has no scene config")
+        hp = self.hparams
+        return SceneConfig(image_size=hp.image_size, min_shapes=hp.min_shapes,
+                           max_shapes=hp.max_shapes, order=hp.order)
+
+    def scenes(self, split: str) -> list[Scene]:
+        """The scenes behind a split's images and captions, in the same order (to score a
+        generated caption against the truth with ``caption_matches_scene``)."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self._load()
+        if self.dataset != "scenes":
+            raise ValueError(f"dataset {self.dataset!r} has no scenes")
+        return list(self._scenes[split])
 
     def prepare_data(self) -> None:
         if self.dataset == "emoji":  # fail early, with the recipe, when the copy is missing

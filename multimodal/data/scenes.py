@@ -416,8 +416,13 @@ def generate_scenes(n: int, config: SceneConfig | None = None, split: str = "tra
     """``n`` scenes of ``split`` as (images uint8 tensor (N, 3, H, W), captions)."""
     config = config or SceneConfig()
     scenes = sample_scenes(n, config, split, seed)
-    size = config.image_size
-    images = np.zeros((n, 3, size, size), dtype=np.uint8)
+    return render_scenes(scenes, config), [describe(s) for s in scenes]
+
+
+def render_scenes(scenes: list[Scene], config: SceneConfig | None = None) -> torch.Tensor:
+    """Images of ``scenes`` as one uint8 tensor (N, 3, H, W)."""
+    size = scenes[0].image_size if scenes else (config or SceneConfig()).image_size
+    images = np.zeros((len(scenes), 3, size, size), dtype=np.uint8)
     for i, scene in enumerate(scenes):
         images[i] = render_scene(scene, config)
-    return torch.from_numpy(images), [describe(s) for s in scenes]
+    return torch.from_numpy(images)

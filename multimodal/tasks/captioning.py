@@ -128,18 +128,9 @@ class CaptioningTask(ModelTask):
             self._prepare_scenes(dm)
 
     def _prepare_scenes(self, dm: Any) -> None:
-        """The val / test scenes (deterministic in the data module's seed), to score
-        generated captions with ``caption_matches_scene``."""
-        from multimodal.data.scenes import SceneConfig, describe, sample_scenes
-
-        hp = dm.hparams
-        config = SceneConfig(image_size=hp.image_size, max_shapes=hp.max_shapes)
-        sizes = {"val": hp.num_val, "test": hp.num_test}
-        self._scenes = {}
-        for split, n in sizes.items():
-            scenes = sample_scenes(n, config, split, hp.seed)
-            if [describe(s) for s in scenes] == dm.captions(split):
-                self._scenes[split] = scenes
+        """The val / test scenes behind the data module's captions, to score generated
+        captions with ``caption_matches_scene``."""
+        self._scenes = {split: dm.scenes(split) for split in ("val", "test")}
         self._scene_batch_size = dm.batch_size
 
     def encode_captions(self, captions: list[str]) -> Tensor:
