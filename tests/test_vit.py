@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import multimodal as mm
-from multimodal.tokenizers.image import PatchEmbed, patchify, unpatchify
+from multimodal.tokenizers.image import ConvStem, PatchEmbed, patchify, unpatchify
 
 
 def tiny(**kw) -> mm.ViT:
@@ -35,6 +35,28 @@ def test_patch_embed_is_a_linear_map_of_each_patch():
     w = embed.proj.weight.permute(0, 2, 3, 1).reshape(16, -1)
     expected = patchify(images, 4) @ w.T + embed.proj.bias
     torch.testing.assert_close(embed(images), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_conv_stem_grid_and_translation_equivariance():
+    stem = ConvStem(4, 3, 32).eval()
+    assert [m.stride for m in stem.proj if isinstance(m, torch.nn.Conv2d)] == [
+        (2, 2), (2, 2), (1, 1)]
+    images = torch.zeros(1, 3, 32, 32)
+    images[..., 8:20, 8:16] = torch.randn(3, 12, 8)
+    tokens = stem(images)
+    assert tokens.shape == (1, 8 * 8, 32) and stem.grid_size(32, 32) == (8, 8)
+    # moving the picture by one patch (4 px) right and down moves every token by one grid
+    # cell: the convolutions are translation-equivariant (checked away from the border)
+    shifted = stem(torch.roll(images, shifts=(4, 4), dims=(2, 3)))
+    grid, moved = tokens.view(8, 8, 32), shifted.view(8, 8, 32)
+    torch.testing.assert_close(moved[2:7, 2:7], grid[1:6, 1:6], atol=1e-5, rtol=1e-5)
+    for bad in (3, 6, (4, 8)):
+        with pytest.raises(ValueError, match="power-of-two"):
+            ConvStem(bad, 3, 32)
+    vit = tiny(stem="conv", patch_size=4, pool="mean")
+    assert vit(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+    with pytest.raises(ValueError, match="stem"):
+        mm.ViTConfig(stem="resnet")
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])

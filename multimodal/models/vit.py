@@ -13,7 +13,7 @@ from multimodal.nn.block import Transformer, TransformerConfig
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import resample_grid, sincos_2d_positions
 from multimodal.registry import register_config_preset, register_model
-from multimodal.tokenizers.image import PatchEmbed, _pair, check_images
+from multimodal.tokenizers.image import ConvStem, PatchEmbed, _pair, check_images
 
 
 @dataclass
@@ -29,6 +29,7 @@ class ViTConfig:
     pool: Literal["cls", "mean"] = "cls"
     class_token: bool = True
     pos_embed: Literal["learned", "sincos"] = "learned"
+    stem: Literal["patch", "conv"] = "patch"  # linear patches, or ConvStem (3x3 convs)
     dynamic_size: bool = True  # other image sizes: resample positions, else error
     dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -42,6 +43,8 @@ class ViTConfig:
     def __post_init__(self) -> None:
         if self.pool == "cls" and not self.class_token:
             raise ValueError("pool='cls' needs class_token=True")
+        if self.stem not in ("patch", "conv"):
+            raise ValueError(f"stem must be 'patch' or 'conv', got {self.stem!r}")
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
         h, w = _pair(self.image_size)
@@ -80,7 +83,10 @@ class ViT(PretrainedMixin, nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.config = config
-        self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, config.dim)
+        if config.stem == "patch":
+            self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, config.dim)
+        else:
+            self.patch_embed = ConvStem(config.patch_size, config.in_channels, config.dim)
         self.num_prefix_tokens = 1 if config.class_token else 0
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim)) if config.class_token \
             else None

@@ -69,7 +69,43 @@ class PatchEmbed(nn.Module):
         return self.proj(images).flatten(2).transpose(1, 2)
 
 
-__all__ = ["PatchEmbed", "check_images", "patchify", "unpatchify"]
+class ConvStem(nn.Module):
+    """A convolutional patch embedding ("early convolutions", Xiao et al. 2021): the same
+    (B, C, H, W) -> (B, N, D) map and grid as :class:`PatchEmbed`, but through
+    log2(p) 3x3 stride-2 convolutions (BatchNorm, ReLU), channels doubling from
+    ``dim / 2**log2(p)`` up to ``dim / 2``, then a 1x1 convolution to ``dim``. Local,
+    translation-equivariant features make shapes easier to read than one linear map of
+    each patch. Square, power-of-two patches only."""
+
+    def __init__(self, patch_size: int | tuple[int, int] = 16, in_channels: int = 3,
+                 dim: int = 768) -> None:
+        super().__init__()
+        ph, pw = _pair(patch_size)
+        if ph != pw or ph < 2 or ph & (ph - 1):
+            raise ValueError(f"ConvStem needs a square power-of-two patch size >= 2, got "
+                             f"{ph}x{pw}")
+        self.patch_size = (ph, pw)
+        self.in_channels = in_channels
+        steps = ph.bit_length() - 1
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for i in range(steps):
+            out = max(dim >> (steps - i), 8)
+            layers += [nn.Conv2d(channels, out, 3, stride=2, padding=1, bias=False),
+                       nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
+            channels = out
+        layers.append(nn.Conv2d(channels, dim, kernel_size=1))
+        self.proj = nn.Sequential(*layers)
+
+    def grid_size(self, height: int, width: int) -> tuple[int, int]:
+        return height // self.patch_size[0], width // self.patch_size[1]
+
+    def forward(self, images: Tensor) -> Tensor:
+        check_images(images, self.in_channels, self.patch_size)
+        return self.proj(images).flatten(2).transpose(1, 2)
+
+
+__all__ = ["ConvStem", "PatchEmbed", "check_images", "patchify", "unpatchify"]
 
 
 
