@@ -216,3 +216,47 @@ def test_pixel_data_and_task_loss_is_mean_nll_per_pixel() -> None:
     assert torch.equal(tokens, images.flatten(1).long() * 16 // 256)
     torch.testing.assert_close(nll, -ll.mean() / 64)
     assert task.model_description()["model_config"]["vocab_size"] == 16
+
+
+def test_fit_writes_sample_grids_and_completes_prompts_from_across_val(tmp_path) -> None:
+    pytest.importorskip("sklearn")
+    import lightning as L
+
+    from multimodal.data.pixels import PixelDataModule
+    from multimodal.tasks.autoregressive import AutoregressiveImageTask
+
+    dm = PixelDataModule("digits", batch_size=8)
+    task = AutoregressiveImageTask(small(num_classes=10, image_size=8, vocab=16),
+                                   num_samples=4)
+    trainer = L.Trainer(max_steps=2, limit_val_batches=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        default_root_dir=tmp_path, accelerator="cpu")
+    trainer.fit(task, dm)
+    assert (tmp_path / "samples.png").is_file()
+    assert (tmp_path / "samples_completion.png").is_file()
+    # prompts: evenly spaced over the whole validation split, not its first batch
+    val = dm.val_dataloader().dataset
+    images, labels = task._prompt_images(4)
+    picks = torch.linspace(0, len(val) - 1, 4).round().long()
+    assert torch.equal(images, torch.stack([val[int(i)][0] for i in picks]))
+    assert labels.tolist() == [int(val[int(i)][1]) for i in picks]
+    # a completion keeps the prompt's top half (quantised) and fills the rest
+    done = task.sample_images(4, prompt_rows=4)
+    assert done.shape == (4, 1, 8, 8) and done.dtype == torch.uint8
+    expected_top = task.tokenizer.decode(task.tokens(images).view(4, 8, 8))[:, :4]
+    assert torch.equal(done[:, 0, :4], expected_top)
+
+
+def test_pixel_figures(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from multimodal.plots_pixels import plot_completions, plot_samples
+
+    images = torch.randint(0, 256, (2, 3, 1, 8, 8), dtype=torch.uint8)
+    path = plot_samples(images, tmp_path / "s.png", ["a", "b"])
+    assert path.is_file() and path.stat().st_size > 0
+    done = plot_completions(images[0], images[1], 4, tmp_path / "c.png")
+    assert done.is_file()
+    with pytest.raises(ValueError, match="rows, cols"):
+        plot_samples(images[0], tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="originals and completions"):
+        plot_completions(images[0], images[1][:2], 4, tmp_path / "bad.png")

@@ -110,13 +110,34 @@ class AutoregressiveImageTask(ModelTask):
         gen = torch.Generator(device=self.device).manual_seed(self.hparams.sample_seed)
         kw: dict[str, Any] = dict(temperature=self.hparams.sample_temperature,
                                   top_k=self.hparams.sample_top_k, generator=gen)
-        if prompt_rows and self._val_images is not None:
-            rows = self.tokens(self._val_images[:num])[:, : prompt_rows * self.model.config.grid[1]]
-            cls = self._val_labels[:num] if self.model.config.num_classes else None
+        if prompt_rows:
+            prompts = self._prompt_images(num)
+            if prompts is None:
+                raise ValueError("no validation images to take prompts from: run fit or "
+                                 "validate with a validation split first")
+            images, labels = prompts
+            rows = self.tokens(images)[:, : prompt_rows * self.model.config.grid[1]]
+            cls = labels if self.model.config.num_classes else None
             tokens = self.model.generate(prompt=rows, class_label=cls, **kw)
         else:
             tokens = self.model.generate(num_images=num, **kw)
         return self.tokenizer.decode(tokens)[:, None]
+
+    def _prompt_images(self, num: int) -> tuple[Tensor, Tensor] | None:
+        """``num`` validation images and labels to complete: evenly spaced over the whole
+        validation split when the data module gives one (a split stored class by class
+        would otherwise give one class only), else the first validation batch."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dataset = getattr(dm.val_dataloader(), "dataset", None) if dm is not None else None
+        if dataset is not None and len(dataset) > 0:
+            index = torch.linspace(0, len(dataset) - 1, num).round().long().unique()
+            items = [dataset[int(i)] for i in index]
+            images = torch.stack([torch.as_tensor(x) for x, _ in items]).to(self.device)
+            labels = torch.tensor([int(y) for _, y in items], device=self.device)
+            return images, labels
+        if self._val_images is None:
+            return None
+        return self._val_images[:num], self._val_labels[:num]
 
     def on_fit_end(self) -> None:
         folder = self.trainer.log_dir or self.trainer.default_root_dir
@@ -127,7 +148,7 @@ class AutoregressiveImageTask(ModelTask):
         num = self.hparams.num_samples
         nrow = max(1, int(math.sqrt(num)))
         outputs = {"samples.png": self.sample_images(num)}
-        if self._val_images is not None:
+        if self._prompt_images(num) is not None:
             half = self.model.config.grid[0] // 2
             outputs["samples_completion.png"] = self.sample_images(num, prompt_rows=half)
         for name, images in outputs.items():
