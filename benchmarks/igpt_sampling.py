@@ -4,7 +4,8 @@ Both models get the same configuration (width, depth, heads, MLP width, vocabula
 image size), random weights, and draw ``batch`` images token by token with plain
 multinomial sampling at temperature 1 (no top-k / top-p) in one process on the same
 threads. Reported: the median over ``--repeats`` runs of generated tokens per second
-(batch x pixels / seconds) for each and the ratio ours / theirs.
+(batch x pixels / seconds) for each and the ratio ours / theirs. The runs are
+interleaved (ours, theirs, ours, ...) so that a slow spell of the machine hits both.
 
 Run:
     PYTHONPATH=. python benchmarks/igpt_sampling.py            # 32x32 = 1024 tokens, 8 layers
@@ -36,14 +37,19 @@ def hf_model(cfg: ImageGPTConfig) -> torch.nn.Module:
     return ImageGPTForCausalImageModeling(hf_cfg).eval()
 
 
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int
+                        ) -> dict[str, float]:
+    """Median wall time of each function, one warm-up each, then ``repeats`` rounds that
+    run every function once in turn (so slow spells of a shared machine hit all of them)."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,11 +89,12 @@ def main(argv: list[str] | None = None) -> None:
         assert out.shape == (args.batch, size * size + 1), out.shape
         return out
 
-    t_ours = median_seconds(run_ours, args.repeats)
-    t_theirs = median_seconds(run_theirs, args.repeats)
+    medians = interleaved_medians({"ours": run_ours, "theirs": run_theirs}, args.repeats)
+    t_ours, t_theirs = medians["ours"], medians["theirs"]
     print(f"ImageGPT sampling: {size}x{size} = {size * size} tokens/image, batch {args.batch}, "
           f"dim {args.dim}, depth {args.depth}, heads {args.heads}, vocab {args.vocab}, "
-          f"{args.device}, {torch.get_num_threads()} thread(s), median of {args.repeats}")
+          f"{args.device}, {torch.get_num_threads()} thread(s), median of {args.repeats} "
+          "interleaved runs")
     print("| implementation | seconds | tokens/s |")
     print("| --- | ---: | ---: |")
     print(f"| multimodal ImageGPT.generate (KV cache) | {t_ours:.2f} | {n_tokens / t_ours:.0f} |")
