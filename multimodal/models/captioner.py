@@ -258,8 +258,10 @@ def cut_at_eos(ids: Tensor, eos_token_id: int = EOS_ID) -> list[list[int]]:
 
 @register_preset("captioner_scenes")
 def captioner_scenes(**overrides: Any) -> Captioner:
-    """Small captioner for 32x32 procedural scenes (8x8 grid of 4x4 patches)."""
-    return Captioner(CaptionerConfig(**overrides))
+    """Small captioner for 32x32 procedural scenes (8x8 grid of 4x4 patches, conv stem:
+    the model of configs/caption_scenes.yaml)."""
+    defaults = {"encoder": dataclasses.replace(_default_encoder(), stem="conv")}
+    return Captioner(CaptionerConfig(**{**defaults, **overrides}))
 
 
 @register_preset("captioner_emoji")
