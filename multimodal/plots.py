@@ -17,6 +17,16 @@ def _pyplot():
     return plt
 
 
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write ``fig`` as a PNG at ``path`` (folders created) and close it."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    _pyplot().close(fig)
+    return path
+
+
 def plot_confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str],
                           path: str | Path) -> Path:
     """Row-normalised confusion matrix (rows: true class, columns: predicted), with
@@ -40,9 +50,4 @@ def plot_confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str],
                 ax.text(j, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
                         color="white" if value > 0.5 else "black")
     fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from multimodal.plots import _pyplot
+from multimodal.plots import _pyplot, save_figure
 
 
 def _to_hwc(image: Tensor) -> Tensor:
@@ -57,12 +57,7 @@ def plot_captions(images: Tensor, captions: Sequence[str], path: str | Path,
             ref = "\n".join(textwrap.wrap("ref: " + references[i], 36))
             ax.text(0.5, -0.04, ref, transform=ax.transAxes, ha="center", va="top",
                     fontsize=7, color="0.4")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_cross_attention(image: Tensor, words: Sequence[str], maps: Tensor,
@@ -98,12 +93,7 @@ def plot_cross_attention(image: Tensor, words: Sequence[str], maps: Tensor,
                       vmin=0, vmax=1, interpolation="nearest")
             ax.set_title(words[t], fontsize=9)
     fig.suptitle("decoder cross-attention per generated token", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _load(checkpoint: str | Path) -> tuple[torch.nn.Module, object, dict]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from multimodal.plots import _pyplot
+from multimodal.plots import _pyplot, save_figure
 
 
 def _show(ax, image: Tensor) -> None:
@@ -44,12 +44,7 @@ def plot_samples(images: Tensor, path: str | Path, row_labels: Sequence[str] | N
             axes[r, 0].set_ylabel(row_labels[r], rotation=0, ha="right", va="center")
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_completions(originals: Tensor, completions: Tensor, prompt_rows: int,
