@@ -20,7 +20,7 @@ import torch
 from multimodal.data.captions import CaptionDataModule
 from multimodal.data.scenes import caption_matches_scene, parse_caption
 from multimodal.models.captioner import decode_captions
-from multimodal.plots_attention import _load
+from multimodal.plots_attention import load_captioner
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    model, tokenizer, data = _load(args.checkpoint)
+    model, tokenizer, data = load_captioner(args.checkpoint)
     dm = CaptionDataModule(**data)
     if dm.dataset != "scenes":
         raise SystemExit(f"{args.checkpoint} was trained on {dm.dataset!r}, not on scenes")

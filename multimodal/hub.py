@@ -164,6 +164,14 @@ CHECKPOINT_HINT = ("expected a Lightning .ckpt of one of multimodal's tasks, whi
                    "under checkpoint['multimodal_model']")
 
 
+def datamodule_arguments(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The data module's init arguments that Lightning saved in a loaded checkpoint dict,
+    without LightningCLI's private keys (``_class_path``, ...): ``DataModule(**args)``
+    rebuilds the run's data."""
+    saved = checkpoint.get("datamodule_hyper_parameters") or {}
+    return {k: v for k, v in saved.items() if not k.startswith("_")}
+
+
 def load_checkpoint(path: str | Path) -> nn.Module:
     """Rebuild the model of a Lightning checkpoint written by one of our tasks.
 

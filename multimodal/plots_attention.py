@@ -96,8 +96,10 @@ def plot_cross_attention(image: Tensor, words: Sequence[str], maps: Tensor,
     return save_figure(fig, path)
 
 
-def _load(checkpoint: str | Path) -> tuple[torch.nn.Module, object, dict]:
-    from multimodal.hub import load_checkpoint
+def load_captioner(checkpoint: str | Path) -> tuple[torch.nn.Module, object, dict]:
+    """(Captioner, its tokenizer, the data module's init arguments) of a CaptioningTask
+    checkpoint."""
+    from multimodal.hub import datamodule_arguments, load_checkpoint
     from multimodal.tasks.captioning import _tokenizer_from_json
 
     model = load_checkpoint(checkpoint)
@@ -105,9 +107,7 @@ def _load(checkpoint: str | Path) -> tuple[torch.nn.Module, object, dict]:
     if not isinstance(ckpt.get("tokenizer"), str):
         raise ValueError(f"{checkpoint} holds no tokenizer: expected a CaptioningTask "
                          "checkpoint")
-    data = {k: v for k, v in (ckpt.get("datamodule_hyper_parameters") or {}).items()
-            if not k.startswith("_")}  # drop LightningCLI's _class_path
-    return model, _tokenizer_from_json(ckpt["tokenizer"]), data
+    return model, _tokenizer_from_json(ckpt["tokenizer"]), datamodule_arguments(ckpt)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--index", type=int, default=0, help="image for the attention figure")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    model, tok, data = _load(args.checkpoint)
+    model, tok, data = load_captioner(args.checkpoint)
     dm = CaptionDataModule(**data)
     dm.setup()
     dataset = dm.dataset_for(args.split)

@@ -61,8 +61,8 @@ def plot_completions(originals: Tensor, completions: Tensor, prompt_rows: int,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from multimodal.data.pixels import PixelDataModule
-    from multimodal.hub import load_checkpoint
+    from multimodal.data.pixels import PixelDataModule, evenly_spaced_items
+    from multimodal.hub import datamodule_arguments, load_checkpoint
     from multimodal.tokenizers.image import PixelTokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -79,8 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     model = load_checkpoint(args.checkpoint).eval()
     ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
-    data = {k: v for k, v in (ckpt.get("datamodule_hyper_parameters") or {}).items()
-            if not k.startswith("_")}
+    data = datamodule_arguments(ckpt)
     cfg = model.config
     tokenizer = PixelTokenizer(levels=cfg.vocab_size)
     gen = torch.Generator().manual_seed(args.seed)
@@ -102,10 +101,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     dm = PixelDataModule(**data)
     dm.setup("test")
-    test = dm.test_dataloader().dataset
-    index = torch.linspace(0, len(test) - 1, args.num).round().long()
-    originals = torch.stack([torch.as_tensor(test[int(i)][0]) for i in index])
-    labels = torch.tensor([int(test[int(i)][1]) for i in index])
+    originals, labels = evenly_spaced_items(dm.test_dataloader().dataset, args.num)
     half = cfg.grid[0] // 2
     prompt = tokenizer.encode(originals, flatten=True)[:, : half * cfg.grid[1]]
     done = model.generate(prompt=prompt, temperature=args.temperature, generator=gen,

@@ -232,3 +232,12 @@ def test_load_encoder_converts_a_foreign_model():
         want = source.encoder(torch.cat([source.class_token.expand(2, -1, -1),
                                          source._process_input(x)], dim=1))
     torch.testing.assert_close(encoder(x), want, atol=1e-5, rtol=0)
+
+
+def test_datamodule_arguments_drop_cli_private_keys() -> None:
+    from multimodal.hub import datamodule_arguments
+
+    ckpt = {"datamodule_hyper_parameters": {"_class_path": "x.Y", "_instantiator": "z",
+                                            "dataset": "scenes", "image_size": 32}}
+    assert datamodule_arguments(ckpt) == {"dataset": "scenes", "image_size": 32}
+    assert datamodule_arguments({}) == {}

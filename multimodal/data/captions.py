@@ -140,9 +140,9 @@ class CaptionDataModule(L.LightningDataModule):
         generated caption against the truth with ``caption_matches_scene``)."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        self._load()
         if self.dataset != "scenes":
             raise ValueError(f"dataset {self.dataset!r} has no scenes")
+        self._load()
         return list(self._scenes[split])
 
     def prepare_data(self) -> None:

@@ -104,14 +104,16 @@ class AutoregressiveImageTask(ModelTask):
         self.log("test/bpd", loss / math.log(2), prog_bar=True)
 
     # -- samples ---------------------------------------------------------------------
-    def sample_images(self, num: int, prompt_rows: int = 0) -> Tensor:
+    def sample_images(self, num: int, prompt_rows: int = 0,
+                      prompts: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """``num`` samples as uint8 (num, 1, H, W); with ``prompt_rows`` the top rows of
-        validation images are given and the rest completed."""
+        ``prompts`` (images, labels; default :meth:`_prompt_images`) are given and the
+        rest completed."""
         gen = torch.Generator(device=self.device).manual_seed(self.hparams.sample_seed)
         kw: dict[str, Any] = dict(temperature=self.hparams.sample_temperature,
                                   top_k=self.hparams.sample_top_k, generator=gen)
         if prompt_rows:
-            prompts = self._prompt_images(num)
+            prompts = prompts if prompts is not None else self._prompt_images(num)
             if prompts is None:
                 raise ValueError("no validation images to take prompts from: run fit or "
                                  "validate with a validation split first")
@@ -127,14 +129,13 @@ class AutoregressiveImageTask(ModelTask):
         """``num`` validation images and labels to complete: evenly spaced over the whole
         validation split when the data module gives one (a split stored class by class
         would otherwise give one class only), else the first validation batch."""
+        from multimodal.data.pixels import evenly_spaced_items
+
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         dataset = getattr(dm.val_dataloader(), "dataset", None) if dm is not None else None
         if dataset is not None and len(dataset) > 0:
-            index = torch.linspace(0, len(dataset) - 1, num).round().long().unique()
-            items = [dataset[int(i)] for i in index]
-            images = torch.stack([torch.as_tensor(x) for x, _ in items]).to(self.device)
-            labels = torch.tensor([int(y) for _, y in items], device=self.device)
-            return images, labels
+            images, labels = evenly_spaced_items(dataset, num)
+            return images.to(self.device), labels.to(self.device)
         if self._val_images is None:
             return None
         return self._val_images[:num], self._val_labels[:num]
@@ -148,9 +149,10 @@ class AutoregressiveImageTask(ModelTask):
         num = self.hparams.num_samples
         nrow = max(1, int(math.sqrt(num)))
         outputs = {"samples.png": self.sample_images(num)}
-        if self._prompt_images(num) is not None:
+        prompts = self._prompt_images(num)
+        if prompts is not None:
             half = self.model.config.grid[0] // 2
-            outputs["samples_completion.png"] = self.sample_images(num, prompt_rows=half)
+            outputs["samples_completion.png"] = self.sample_images(num, half, prompts)
         for name, images in outputs.items():
             path = Path(folder) / name
             path.parent.mkdir(parents=True, exist_ok=True)
