@@ -46,10 +46,11 @@ class AutoregressiveImageTask(ModelTask):
         sample_temperature: float = 1.0,
         sample_top_k: int | None = None,
         sample_seed: int = 0,
+        compile: bool = False,
     ) -> None:
         if not isinstance(model, ImageGPT):
             raise ValueError(f"model must be an ImageGPT, got {type(model).__name__}")
-        super().__init__(model)
+        super().__init__(model, compile=compile)
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer = PixelTokenizer(levels=model.config.vocab_size) \
             if model.config.vocab_size <= 256 else None

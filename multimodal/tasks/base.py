@@ -22,14 +22,21 @@ class ModelTask(L.LightningModule):
     :func:`multimodal.hub.load_checkpoint` rebuilds the model without the task). They are
     kept out of ``hyper_parameters``, which LightningCLI feeds back to ``__init__`` when a
     run is resumed or tested from a checkpoint.
+
+    ``compile=True`` compiles the model's forward in place (``nn.Module.compile``): the
+    task calls ``self.model`` as before and the parameter names, hence checkpoints, are
+    those of the eager model, so a run saved compiled resumes or tests uncompiled and back.
+    Only the model's ``__call__`` is compiled; its own ``generate`` loops stay eager.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, compile: bool = False) -> None:
         super().__init__()
         config = getattr(model, "config", None)
         if config is None or not dataclasses.is_dataclass(config):
             raise ValueError("model must be one of multimodal's models (with a dataclass "
                              f".config), got {type(model).__name__}")
+        if compile:
+            model.compile()
         self.model = model
 
     def model_description(self) -> dict[str, Any]:
@@ -38,6 +45,14 @@ class ModelTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[CHECKPOINT_KEY] = self.model_description()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Checkpoints of ClassificationTask before 2026-11 also held every weight a second
+        # time under "_forward." (the model registered twice); the "model." copy is enough.
+        state = checkpoint.get("state_dict")
+        if state is not None:
+            for key in [k for k in state if k.startswith("_forward.")]:
+                del state[key]
 
     def configure_optimizers(self) -> dict[str, Any]:
         """AdamW (weight decay on matrices only) with linear warm-up over

@@ -98,10 +98,11 @@ class CaptioningTask(ModelTask):
         max_new_tokens: int | None = None,
         num_examples: int = 8,
         input_dropout: float = 0.0,
+        compile: bool = False,
     ) -> None:
         if not isinstance(model, Captioner):
             raise ValueError(f"model must be a Captioner, got {type(model).__name__}")
-        super().__init__(model)
+        super().__init__(model, compile=compile)
         if not 0.0 <= input_dropout <= 1.0:
             raise ValueError(f"input_dropout must be in [0, 1], got {input_dropout}")
         if tokenizer not in ("word", "wordpiece"):

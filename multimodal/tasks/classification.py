@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
@@ -36,13 +35,12 @@ class ClassificationTask(ModelTask):
         label_smoothing: float = 0.0,
         compile: bool = False,
     ) -> None:
-        super().__init__(model)
+        super().__init__(model, compile=compile)
         self.save_hyperparameters(ignore=["model"])
         self.num_classes = int(model.config.num_classes)
         if self.num_classes < 2:
             raise ValueError(f"a classifier needs num_classes >= 2, got {self.num_classes}")
         self.class_names: list[str] = [str(i) for i in range(self.num_classes)]
-        self._forward = torch.compile(model) if compile else model
         metrics = {"acc": MulticlassAccuracy(self.num_classes, top_k=1)}
         if self.num_classes >= 5:
             metrics["top5"] = MulticlassAccuracy(self.num_classes, top_k=5)
@@ -67,7 +65,7 @@ class ClassificationTask(ModelTask):
             hook(dm)
 
     def forward(self, inputs: Any) -> Tensor:
-        return self._forward(**inputs) if isinstance(inputs, dict) else self._forward(inputs)
+        return self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
 
     @staticmethod
     def split_batch(batch: Any) -> tuple[Any, Tensor | None]:
@@ -135,4 +133,5 @@ class ClassificationTask(ModelTask):
         checkpoint["class_names"] = list(self.class_names)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         self.class_names = list(checkpoint.get("class_names", self.class_names))

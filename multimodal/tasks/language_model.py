@@ -76,10 +76,11 @@ class LanguageModelTask(ModelTask):
         betas: tuple[float, float] = (0.9, 0.95),
         warmup_fraction: float = 0.05,
         min_lr_ratio: float = 0.1,
+        compile: bool = False,
     ) -> None:
         if not isinstance(model, TextDecoder):
             raise ValueError(f"model must be a TextDecoder, got {type(model).__name__}")
-        super().__init__(model)
+        super().__init__(model, compile=compile)
         if model.config.cross_attention:
             raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "
                              "has cross_attention=True (use Seq2SeqTask)")

@@ -98,11 +98,12 @@ class MaskedLMTask(ModelTask):
         min_lr_ratio: float = 0.1,
         mask_prob: float = 0.15,
         save_dir: str | None = None,
+        compile: bool = False,
     ) -> None:
         if not isinstance(model, TextEncoder) or model.mlm is None:
             raise ValueError("model must be a TextEncoder built with mlm_head=True, got "
                              f"{type(model).__name__}")
-        super().__init__(model)
+        super().__init__(model, compile=compile)
         self.save_hyperparameters(ignore=["model"])
 
     def step(self, batch: dict[str, Tensor],
@@ -183,6 +184,7 @@ class SequenceClassificationTask(ClassificationTask):
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
         init_from: str | None = None,
+        compile: bool = False,
     ) -> None:
         if not isinstance(model, TextEncoder):
             raise ValueError(f"model must be a TextEncoder, got {type(model).__name__}")
@@ -190,7 +192,7 @@ class SequenceClassificationTask(ClassificationTask):
             load_encoder_weights(model, init_from)
         super().__init__(model, lr=lr, weight_decay=weight_decay,
                          warmup_fraction=warmup_fraction, min_lr_ratio=min_lr_ratio,
-                         label_smoothing=label_smoothing)
+                         label_smoothing=label_smoothing, compile=compile)
 
     def forward(self, inputs: Any) -> Tensor:
         if not isinstance(inputs, dict):

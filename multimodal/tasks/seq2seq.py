@@ -52,10 +52,11 @@ class Seq2SeqTask(ModelTask):
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
         num_beams: int = 1,
+        compile: bool = False,
     ) -> None:
         if not isinstance(model, Seq2Seq):
             raise ValueError(f"model must be a Seq2Seq, got {type(model).__name__}")
-        super().__init__(model)
+        super().__init__(model, compile=compile)
         self.save_hyperparameters(ignore=["model"])
 
     def setup(self, stage: str) -> None:

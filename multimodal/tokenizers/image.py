@@ -7,6 +7,11 @@ each patch to a D-dim token (a stride-p convolution, the layout torchvision/timm
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
+import torch
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -105,17 +110,7 @@ class ConvStem(nn.Module):
         return self.proj(images).flatten(2).transpose(1, 2)
 
 
-__all__ = ["ConvStem", "PatchEmbed", "check_images", "patchify", "unpatchify"]
-
-
-
 # ------------------------------------------------------------------- pixel tokens (ImageGPT)
-# (appended section: its imports live here to keep the module's original header untouched)
-import json  # noqa: E402
-import os  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
 
 _PIXEL_FORMAT = "multimodal.PixelTokenizer"
 
@@ -330,4 +325,5 @@ class PixelTokenizer:
         return f"PixelTokenizer({kind})"
 
 
-__all__ += ["PixelTokenizer", "kmeans"]
+__all__ = ["ConvStem", "PatchEmbed", "PixelTokenizer", "check_images", "kmeans", "patchify",
+           "unpatchify"]
