@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     if dm.dataset != "scenes":
         raise SystemExit(f"{args.checkpoint} was trained on {dm.dataset!r}, not on scenes")
     dm.setup()
-    dataset, scenes = dm.dataset_for(args.split), dm.scenes(args.split)
+    dataset, scenes = dm.split_dataset(args.split), dm.scenes(args.split)
     held = set(dm.scene_config().holdout)
 
     preds: list[str] = []

@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model, tok, data = load_captioner(args.checkpoint)
     dm = CaptionDataModule(**data)
     dm.setup()
-    dataset = dm.dataset_for(args.split)
+    dataset = dm.split_dataset(args.split)
     take = list(range(min(args.num, len(dataset))))
     images = torch.stack([dataset[i][0] for i in take])
     refs = [dataset[i][1] for i in take]

@@ -353,7 +353,7 @@ def test_datamodule_scenes_batches() -> None:
     assert dm.in_channels == 3 and dm.image_size == 32
     assert len(dm.train_captions()) == 96
     # normalisation: training images have per-channel mean 0 and std 1
-    full = torch.stack([dm.dataset_for("train")[i][0] for i in range(96)])
+    full = torch.stack([dm.split_dataset("train")[i][0] for i in range(96)])
     torch.testing.assert_close(full.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-4, rtol=0)
     torch.testing.assert_close(full.std(dim=(0, 2, 3)), torch.ones(3), atol=1e-3, rtol=0)
     raw = dm.raw_images("train")

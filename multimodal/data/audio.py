@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 import soundfile as sf
 import torch
@@ -44,6 +43,7 @@ import torchaudio
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from multimodal.data.splits import SplitDataModule
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer, load_audio
 
 __all__ = [
@@ -634,7 +634,7 @@ class AudioBatchCollate:
 
 
 # ----------------------------------------------------------------------------- datamodule
-class AudioClassificationDataModule(L.LightningDataModule):
+class AudioClassificationDataModule(SplitDataModule):
     """Spoken words (20 classes, split by voice) or Sonic Pi samples (split by file).
 
     Args:
@@ -804,35 +804,19 @@ class AudioClassificationDataModule(L.LightningDataModule):
             if not self.tokenizer.is_fitted:  # stats restored from a checkpoint are kept
                 self._fit_stats()
 
-    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            collate_fn=AudioBatchCollate(self.tokenizer if self.features else None),
-            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
-        )
+    def split_dataset(self, split: str) -> Dataset:
+        self.setup()
+        return self._datasets[split]
 
-    def train_dataloader(self) -> DataLoader:
-        self.setup("fit")
-        return self._loader(self._datasets["train"], shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        self.setup("validate")
-        return self._loader(self._datasets["val"], shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        self.setup("test")
-        return self._loader(self._datasets["test"], shuffle=False)
+    def collate_fn(self) -> AudioBatchCollate:
+        return AudioBatchCollate(self.tokenizer if self.features else None)
 
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dir is None:
             raise ValueError("set predict_dir to a folder of audio files to predict on")
         if self.features and not self.tokenizer.is_fitted:
             self.setup("predict")
-        return self._loader(AudioFolderDataset(self.predict_dir), shuffle=False)
+        return self.loader(AudioFolderDataset(self.predict_dir), shuffle=False)
 
     def state_dict(self) -> dict[str, Any]:
         return {"tokenizer": self.tokenizer.to_dict()}

@@ -8,15 +8,16 @@ trained on :meth:`CaptionDataModule.train_captions`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from multimodal.data.emoji import find_package_dir, load_emoji
 from multimodal.data.scenes import Scene, SceneConfig, describe, render_scenes, sample_scenes
+from multimodal.data.splits import SplitDataModule
 
 DATASETS = ("scenes", "emoji")
 SPLITS = ("train", "val", "test")
@@ -57,7 +58,7 @@ def channel_stats(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, std
 
 
-class CaptionDataModule(L.LightningDataModule):
+class CaptionDataModule(SplitDataModule):
     """Captioned images from ``dataset`` = "scenes" (generated, held-out colour-shape pairs
     in test) or "emoji" (local copy made by ``bash data/get_emoji.sh``).
 
@@ -95,8 +96,7 @@ class CaptionDataModule(L.LightningDataModule):
         self.dataset = dataset
         self.image_size = image_size
         self.in_channels = 3
-        self.batch_size = batch_size
-        self.num_workers = num_workers
+        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
         self._splits: dict[str, tuple[torch.Tensor, list[str]]] | None = None
         self._stats: tuple[torch.Tensor, torch.Tensor] | None = None
         self._scenes: dict[str, list[Scene]] = {}
@@ -185,28 +185,12 @@ class CaptionDataModule(L.LightningDataModule):
         """Inverse of the normalisation: float images in [0, 1]."""
         return (images * self.std.view(3, 1, 1) + self.mean.view(3, 1, 1)).clamp(0, 1)
 
-    def dataset_for(self, split: str) -> CaptionDataset:
+    def split_dataset(self, split: str) -> CaptionDataset:
         """The normalised dataset of one split."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         images, captions = self._load()[split]
         return CaptionDataset(images, captions, self.mean, self.std)
 
-    # ------------------------------------------------------------------ loaders
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None
-        return DataLoader(
-            self.dataset_for(split), batch_size=self.batch_size, shuffle=shuffle,
-            num_workers=self.num_workers, collate_fn=collate_captions, generator=generator,
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def collate_fn(self) -> Callable[..., dict[str, Any]]:
+        return collate_captions

@@ -13,12 +13,13 @@ subset of 0..999,999, and never occur in the training set.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
+from multimodal.data.splits import SplitDataModule
 from multimodal.tokenizers.text import PAD_ID, SPECIAL_TOKENS, CharTokenizer, WordTokenizer
 
 ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
@@ -130,7 +131,7 @@ def collate_pairs(items: list[tuple[list[int], list[int]]]) -> dict[str, torch.T
     return {"source_ids": source_ids, "source_mask": source_mask, "target_ids": target_ids}
 
 
-class NumberWordsDataModule(L.LightningDataModule):
+class NumberWordsDataModule(SplitDataModule):
     """Train / val / test pairs of number words and digits.
 
     ``held_out`` numbers are drawn first (a seeded sample of 0..999,999 plus a share of
@@ -172,15 +173,9 @@ class NumberWordsDataModule(L.LightningDataModule):
         self.numbers = {"train": sorted(train), "val": held[: self.val_size],
                         "test": held[self.val_size: self.val_size + self.test_size]}
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(NumberPairs(self.numbers[split]), batch_size=self.batch_size,
-                          shuffle=shuffle, collate_fn=collate_pairs)
+    def split_dataset(self, split: str) -> NumberPairs:
+        self.setup()
+        return NumberPairs(self.numbers[split])
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def collate_fn(self) -> Callable[..., dict[str, Any]]:
+        return collate_pairs

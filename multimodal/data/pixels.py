@@ -87,7 +87,7 @@ class PixelDataModule(ImageClassificationDataModule):
         self.limit_eval = limit_eval
         self._raw: dict[str, RawImageDataset] = {}
 
-    def _dataset(self, split: str, train: bool) -> RawImageDataset:  # type: ignore[override]
+    def split_dataset(self, split: str) -> RawImageDataset:  # type: ignore[override]
         if split not in self._raw:
             data = self._load_splits()[split]
             images, labels = resize_uint8(data.images, self.image_size), data.labels

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
+from multimodal.data.splits import SplitDataModule
 from multimodal.tokenizers.text import EOS_ID, WordPieceTokenizer
 
 SOURCES: tuple[str, ...] = ("bible", "fortunes", "shakespeare")
@@ -403,7 +403,7 @@ class PadCollate:
         return {"input_ids": input_ids, "attention_mask": mask, "label": label}
 
 
-class _TextDataModule(L.LightningDataModule):
+class _TextDataModule(SplitDataModule):
     """Shared part: read the corpus, split by document, get the tokenizer."""
 
     def __init__(
@@ -481,10 +481,9 @@ class _TextDataModule(L.LightningDataModule):
         if self._documents is None:
             self._load_splits()
 
-    def _loader(self, dataset: Dataset, shuffle: bool, **kwargs) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle,
-                          num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, **kwargs)
+    def split_dataset(self, split: str) -> Dataset:
+        self.setup()
+        return self.datasets[split]
 
 
 class TextCorpusDataModule(_TextDataModule):
@@ -539,14 +538,6 @@ class TextCorpusDataModule(_TextDataModule):
                 )
             self.datasets[name] = BlockDataset(blocks)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["train"], shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["val"], shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["test"], shuffle=False)
 
 
 class SourceClassificationDataModule(_TextDataModule):
@@ -608,18 +599,8 @@ class SourceClassificationDataModule(_TextDataModule):
             self.passages[name] = pairs
             self.datasets[name] = PassageDataset(ids, [lab for _, lab in pairs])
 
-    def _passage_loader(self, name: str, shuffle: bool) -> DataLoader:
-        return self._loader(self.datasets[name], shuffle=shuffle,
-                            collate_fn=PadCollate(self.tokenizer.pad_token_id))
-
-    def train_dataloader(self) -> DataLoader:
-        return self._passage_loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._passage_loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._passage_loader("test", shuffle=False)
+    def collate_fn(self) -> PadCollate:
+        return PadCollate(self.tokenizer.pad_token_id)
 
 
 __all__ = [

@@ -22,12 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from multimodal.data.sampling import EpochShuffleSampler
+from multimodal.data.splits import SplitDataModule
 
 __all__ = [
     "DATASETS",
@@ -430,7 +429,7 @@ def _count(size: float, total: int, name: str) -> int:
     return int(size)
 
 
-class ImageClassificationDataModule(L.LightningDataModule):
+class ImageClassificationDataModule(SplitDataModule):
     """Fashion-MNIST, MNIST-5k or 8x8 digits as (B, C, H, W) float batches + int64 labels.
 
     Splits: ``fit`` -> train / val (``val_size`` held out of the training split, seeded);
@@ -565,7 +564,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
     def std(self) -> tuple[float, ...]:
         return self._normalisation()[1]
 
-    def _dataset(self, split: str, train: bool) -> TensorImageDataset:
+    def split_dataset(self, split: str) -> TensorImageDataset:
         data = self._load_splits()[split]
         images, size = data.images, None
         if self.image_size != self._native_size:
@@ -579,7 +578,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
             else:  # too big to hold resized: resize per item
                 size = self.image_size
         augment = None
-        if train and self.augment:
+        if split == "train" and self.augment:
             augment = _ShiftFlip(pad=max(1, self.image_size // 8), flip=self._source.flip)
         return TensorImageDataset(images, data.labels, self.mean, self.std, size, augment)
 
@@ -587,26 +586,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         self._load_splits()
         self._normalisation()
 
-    # -- loaders -------------------------------------------------------------------------
 
-    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else None,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self._dataset("train", train=True), shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self._dataset("val", train=False), shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self._dataset("test", train=False), shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dir is None:
@@ -614,4 +594,4 @@ class ImageClassificationDataModule(L.LightningDataModule):
         dataset = ImageFolderDataset(
             self.predict_dir, self.image_size, self.in_channels, self.mean, self.std
         )
-        return self._loader(dataset, shuffle=False)
+        return self.loader(dataset, shuffle=False)
