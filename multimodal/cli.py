@@ -7,7 +7,8 @@
 
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
 interrupted run with ``--ckpt_path last`` and, unless ``--test_after_fit false``,
-tests the best checkpoint when training ends.
+tests the best checkpoint when training ends. When standard output is not a terminal
+(a log file, a batch job) every validation also prints one plain line of metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import sys
 
 import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from multimodal.callbacks import EpochSummary
 
 
 class MultimodalCLI(LightningCLI):
@@ -42,6 +45,7 @@ def main(args: list[str] | None = None) -> None:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
+        trainer_defaults={"callbacks": [EpochSummary()]},  # plain lines when not a terminal
         args=args,
         auto_configure_optimizers=False,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import re
 from pathlib import Path
 
 import lightning as L
@@ -10,6 +12,7 @@ import torch
 import torchvision
 
 import multimodal as mm
+from multimodal.callbacks import EpochSummary
 from multimodal.cli import main as cli_main
 from multimodal.data.vision import ImageClassificationDataModule
 from multimodal.tasks import ClassificationTask
@@ -125,6 +128,9 @@ def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
     cli_main(["fit", "--config", str(cfg), "--model.init_args.lr", "0.002"])
     out = capsys.readouterr().out
     assert "test/acc" in out  # test ran on the best checkpoint after fit
+    # captured stdout is not a terminal: one plain line per validation, with its metrics
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
+    assert re.match(r"epoch 1/1  step \d+  \d+m\d\ds  .*val/acc 0\.\d+", line), line
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert last.is_file()
     # the checkpoint loads with weights_only=True (no pickled objects)
@@ -144,6 +150,27 @@ def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("img")]
     assert [ln.split("\t")[0] for ln in lines] == ["img0.png", "img1.png", "img2.png"]
     assert all(ln.split("\t")[1] in digits.class_names for ln in lines)
+
+
+def test_epoch_summary_stays_quiet_on_a_terminal(tmp_path):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, log = Terminal(), io.StringIO()
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)))
+    dm = ImageClassificationDataModule("digits", batch_size=64, val_size=0.1, augment=False)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=2,
+                        limit_val_batches=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path,
+                        callbacks=[EpochSummary(terminal), EpochSummary(log)])
+    trainer.fit(task, dm)
+    assert terminal.getvalue() == ""
+    lines = log.getvalue().splitlines()
+    assert [ln.split("  ")[:2] for ln in lines] == [["epoch 1/2", "step 2"],
+                                                    ["epoch 2/2", "step 4"]]
+    assert all("val/loss" in ln and "train/loss" in ln for ln in lines)
 
 
 def test_head_and_data_disagree(tmp_path):
