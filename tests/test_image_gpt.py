@@ -260,3 +260,34 @@ def test_pixel_figures(tmp_path) -> None:
         plot_samples(images[0], tmp_path / "bad.png")
     with pytest.raises(ValueError, match="originals and completions"):
         plot_completions(images[0], images[1][:2], 4, tmp_path / "bad.png")
+
+
+@pytest.mark.parametrize("pattern", ["sliding", "strided"])
+def test_sparse_attention_samples_the_same_with_and_without_the_cache(pattern: str) -> None:
+    torch.manual_seed(0)
+    model = ImageGPT(ImageGPTConfig(image_size=(4, 5), vocab_size=16, dim=32, depth=2, heads=4,
+                                    mlp_dim=64, attention_pattern=pattern,
+                                    attention_window=3)).eval()
+    a = model.generate(num_images=3, generator=gen(1))
+    assert torch.equal(a, model.generate(num_images=3, generator=gen(1), use_cache=False))
+
+
+def test_sliding_window_limits_what_a_pixel_sees() -> None:
+    """One layer, window w: the output at sequence position p (start token = 0, pixel i at
+    i + 1) reads positions p - w + 1 .. p, so changing pixel 0 changes positions 1 .. w
+    and nothing after them, unlike full attention with the same weights."""
+    window = 3
+    cfg = dict(image_size=(4, 5), vocab_size=16, dim=32, depth=1, heads=4, mlp_dim=64)
+    torch.manual_seed(0)
+    local = ImageGPT(ImageGPTConfig(**cfg, attention_pattern="sliding",
+                                    attention_window=window)).eval()
+    full = ImageGPT(ImageGPTConfig(**cfg)).eval()
+    full.load_state_dict(local.state_dict())
+    x = torch.randint(0, 16, (2, 19), generator=gen(0))
+    y = x.clone()
+    y[:, 0] = (x[:, 0] + 1) % 16
+    with torch.no_grad():
+        changed_local = (local(x) - local(y)).abs().amax(dim=(0, 2)) > 1e-6
+        changed_full = (full(x) - full(y)).abs().amax(dim=(0, 2)) > 1e-6
+    assert changed_local.tolist() == [False] + [True] * window + [False] * (19 - window)
+    assert changed_full.tolist() == [False] + [True] * 19

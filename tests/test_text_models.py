@@ -255,3 +255,18 @@ def test_bigram_baselines_match_their_formulas() -> None:
         torch.testing.assert_close(probs.sum(1), torch.ones(3, dtype=probs.dtype))
     nll = bench.bigram_nll(bench.add_one_bigram(counts), blocks)
     assert nll == pytest.approx(float(-add_one[blocks[:, :-1], blocks[:, 1:]].log().mean()))
+
+
+def test_decoder_sliding_window_reaches_back_window_tokens_per_layer() -> None:
+    torch.manual_seed(0)
+    window, depth = 3, 2
+    model = TextDecoder(TextDecoderConfig(vocab_size=50, max_len=16, dim=32, depth=depth,
+                                          heads=4, mlp_dim=64, attention_pattern="sliding",
+                                          attention_window=window)).eval()
+    x = torch.randint(0, 50, (2, 12))
+    y = x.clone()
+    y[:, 0] = (x[:, 0] + 1) % 50
+    with torch.no_grad():
+        changed = ((model(x) - model(y)).abs().amax(dim=(0, 2)) > 1e-6).tolist()
+    reach = depth * (window - 1)  # each layer looks window - 1 tokens further back
+    assert changed == [True] * (reach + 1) + [False] * (12 - reach - 1)

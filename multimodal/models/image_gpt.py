@@ -54,6 +54,10 @@ class ImageGPTConfig:
     activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
     qkv_bias: bool = True
     checkpoint_activations: bool = False
+    # sparse self-attention against the O(N^2) cost of long pixel sequences: "sliding"
+    # (the last attention_window pixels) or "strided" (Child et al. 2019); see nn.masks
+    attention_pattern: Literal["full", "sliding", "strided"] = "full"
+    attention_window: int = 256
 
     def __post_init__(self) -> None:
         h, w = _pair(self.image_size)
@@ -80,6 +84,7 @@ class ImageGPTConfig:
             norm_eps=self.norm_eps, activation=self.activation, qkv_bias=self.qkv_bias,
             dropout=self.dropout, attn_dropout=self.attn_dropout, causal=True,
             checkpoint_activations=self.checkpoint_activations,
+            attention_pattern=self.attention_pattern, attention_window=self.attention_window,
         )
 
 

@@ -33,6 +33,10 @@ class TextDecoderConfig:
     cross_attention: bool = False  # attend to an encoder's output (captioning, seq2seq)
     memory_dim: int | None = None
     checkpoint_activations: bool = False
+    # sparse self-attention for long contexts: "sliding" (the last attention_window
+    # tokens) or "strided" (Child et al. 2019); see multimodal.nn.masks
+    attention_pattern: Literal["full", "sliding", "strided"] = "full"
+    attention_window: int = 256
 
     def transformer_config(self) -> TransformerConfig:
         return TransformerConfig(
@@ -40,6 +44,7 @@ class TextDecoderConfig:
             norm_eps=self.norm_eps, activation=self.activation, dropout=self.dropout,
             attn_dropout=self.attn_dropout, causal=True, cross_attention=self.cross_attention,
             memory_dim=self.memory_dim, checkpoint_activations=self.checkpoint_activations,
+            attention_pattern=self.attention_pattern, attention_window=self.attention_window,
         )
 
 
