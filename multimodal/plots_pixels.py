@@ -101,12 +101,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     dm = PixelDataModule(**data)
     dm.setup("test")
-    originals, labels = evenly_spaced_items(dm.test_dataloader().dataset, args.num)
+    originals, labels = evenly_spaced_items(dm.split_dataset("test"), args.num)
     half = cfg.grid[0] // 2
-    prompt = tokenizer.encode(originals, flatten=True)[:, : half * cfg.grid[1]]
-    done = model.generate(prompt=prompt, temperature=args.temperature, generator=gen,
-                          class_label=labels if k else None)
-    quantised = tokenizer.decode(tokenizer.encode(originals, flatten=True).view(-1, *cfg.grid))
+    tokens = tokenizer.encode(originals, flatten=True)
+    done = model.generate(prompt=tokens[:, : half * cfg.grid[1]], temperature=args.temperature,
+                          generator=gen, class_label=labels if k else None)
+    quantised = tokenizer.decode(tokens.view(-1, *cfg.grid))
     print(plot_completions(quantised[:, None], tokenizer.decode(done)[:, None], half,
                            out / f"{args.name}_completion.png"))
 

@@ -539,7 +539,6 @@ class TextCorpusDataModule(_TextDataModule):
             self.datasets[name] = BlockDataset(blocks)
 
 
-
 class SourceClassificationDataModule(_TextDataModule):
     """Which source is this passage from? Labels: index in ``sources`` (0 bible, 1 fortunes,
     2 shakespeare by default).

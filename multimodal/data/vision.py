@@ -586,8 +586,6 @@ class ImageClassificationDataModule(SplitDataModule):
         self._load_splits()
         self._normalisation()
 
-
-
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dir is None:
             raise ValueError("predict needs predict_dir: a folder of PNG/JPEG images")

@@ -133,7 +133,8 @@ class AutoregressiveImageTask(ModelTask):
         from multimodal.data.pixels import evenly_spaced_items
 
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        dataset = getattr(dm.val_dataloader(), "dataset", None) if dm is not None else None
+        split_dataset = getattr(dm, "split_dataset", None)
+        dataset = split_dataset("val") if callable(split_dataset) else None
         if dataset is not None and len(dataset) > 0:
             images, labels = evenly_spaced_items(dataset, num)
             return images.to(self.device), labels.to(self.device)

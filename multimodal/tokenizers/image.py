@@ -54,7 +54,23 @@ def unpatchify(patches: Tensor, patch_size: int | tuple[int, int],
                      h=grid[0], w=grid[1], ph=ph, pw=pw, c=channels)
 
 
-class PatchEmbed(nn.Module):
+class _GridEmbed(nn.Module):
+    """What every image-to-tokens embedding shares: ``self.proj`` maps (B, C, H, W) to a
+    (B, D, H/p, W/p) feature grid, read out as (B, N, D) tokens in raster order."""
+
+    patch_size: tuple[int, int]
+    in_channels: int
+    proj: nn.Module
+
+    def grid_size(self, height: int, width: int) -> tuple[int, int]:
+        return height // self.patch_size[0], width // self.patch_size[1]
+
+    def forward(self, images: Tensor) -> Tensor:
+        check_images(images, self.in_channels, self.patch_size)
+        return self.proj(images).flatten(2).transpose(1, 2)
+
+
+class PatchEmbed(_GridEmbed):
     """(B, C, H, W) -> (B, N, D) with N = (H/p)(W/p): each patch flattened and mapped
     linearly to D dims (``x_n = W vec(patch_n) + b``, as a stride-p convolution)."""
 
@@ -66,15 +82,8 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_channels, dim, kernel_size=self.patch_size,
                               stride=self.patch_size, bias=bias)
 
-    def grid_size(self, height: int, width: int) -> tuple[int, int]:
-        return height // self.patch_size[0], width // self.patch_size[1]
 
-    def forward(self, images: Tensor) -> Tensor:
-        check_images(images, self.in_channels, self.patch_size)
-        return self.proj(images).flatten(2).transpose(1, 2)
-
-
-class ConvStem(nn.Module):
+class ConvStem(_GridEmbed):
     """A convolutional patch embedding ("early convolutions", Xiao et al. 2021): the same
     (B, C, H, W) -> (B, N, D) map and grid as :class:`PatchEmbed`, but through
     log2(p) 3x3 stride-2 convolutions (BatchNorm, ReLU), channels doubling from
@@ -101,13 +110,6 @@ class ConvStem(nn.Module):
             channels = out
         layers.append(nn.Conv2d(channels, dim, kernel_size=1))
         self.proj = nn.Sequential(*layers)
-
-    def grid_size(self, height: int, width: int) -> tuple[int, int]:
-        return height // self.patch_size[0], width // self.patch_size[1]
-
-    def forward(self, images: Tensor) -> Tensor:
-        check_images(images, self.in_channels, self.patch_size)
-        return self.proj(images).flatten(2).transpose(1, 2)
 
 
 # ------------------------------------------------------------------- pixel tokens (ImageGPT)
