@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time ours with model.compile(dynamic=True) (one compiled "
+                             "forward per decoding step; its compile time is reported apart)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -89,7 +92,22 @@ def main(argv: list[str] | None = None) -> None:
         assert out.shape == (args.batch, size * size + 1), out.shape
         return out
 
-    medians = interleaved_medians({"ours": run_ours, "theirs": run_theirs}, args.repeats)
+    fns: dict[str, Callable[[], object]] = {"ours": run_ours, "theirs": run_theirs}
+    if args.compile:
+        compiled = ImageGPT(cfg).eval().to(args.device)
+        compiled.load_state_dict(ours.state_dict())
+        compiled.compile(dynamic=True)
+
+        def run_compiled() -> torch.Tensor:
+            gen = torch.Generator(device=args.device).manual_seed(0)
+            return compiled.generate(num_images=args.batch, generator=gen)
+
+        start = time.perf_counter()
+        same = torch.equal(run_compiled(), run_ours())
+        print(f"compiled ours: first run (compilation included) "
+              f"{time.perf_counter() - start:.1f} s, same tokens as eager: {same}")
+        fns["compiled"] = run_compiled
+    medians = interleaved_medians(fns, args.repeats)
     t_ours, t_theirs = medians["ours"], medians["theirs"]
     print(f"ImageGPT sampling: {size}x{size} = {size * size} tokens/image, batch {args.batch}, "
           f"dim {args.dim}, depth {args.depth}, heads {args.heads}, vocab {args.vocab}, "
@@ -100,6 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| multimodal ImageGPT.generate (KV cache) | {t_ours:.2f} | {n_tokens / t_ours:.0f} |")
     print(f"| transformers ImageGPTForCausalImageModeling.generate | {t_theirs:.2f} | "
           f"{n_tokens / t_theirs:.0f} |")
+    if "compiled" in medians:
+        t_comp = medians["compiled"]
+        print(f"| multimodal, model.compile(dynamic=True) | {t_comp:.2f} | "
+              f"{n_tokens / t_comp:.0f} |")
+        print(f"compiled / eager ours (tokens/s): {t_ours / t_comp:.2f}x")
     print(f"ratio (ours / theirs, tokens/s): {t_theirs / t_ours:.2f}x")
 
 
