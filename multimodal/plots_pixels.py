@@ -61,8 +61,9 @@ def plot_completions(originals: Tensor, completions: Tensor, prompt_rows: int,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from multimodal.data.pixels import PixelDataModule, evenly_spaced_items
+    from multimodal.data.pixels import PixelDataModule
     from multimodal.hub import datamodule_arguments, load_checkpoint
+    from multimodal.tasks.autoregressive import evenly_spaced_items
     from multimodal.tokenizers.image import PixelTokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -296,11 +296,14 @@ def test_task_scene_check_lines_up_with_test_split() -> None:
                            batch_size=4)
     dm.setup()
     task = CaptioningTask(tiny())
-    task._prepare_scenes(dm)
-    scenes = task._scenes["test"]
+    task._prepare_checks(dm)
+    check = task._checks["test"]["scene_match"]
+    scenes = dm.scenes("test")
     refs = dm.captions("test")
+    assert all(check(r, i) for i, r in enumerate(refs))
     assert all(caption_matches_scene(r, s) for r, s in zip(refs, scenes, strict=True))
-    assert not caption_matches_scene(refs[1], scenes[0]) or refs[0] == refs[1]
+    assert not check(refs[1], 0) or refs[0] == refs[1]
+    assert CaptionDataModule("emoji").caption_checks("test") == {}
 
 
 # --- figures ------------------------------------------------------------------------------

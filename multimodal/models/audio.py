@@ -42,7 +42,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
 from multimodal.nn.block import Transformer, TransformerConfig
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import sincos_2d_positions, sinusoidal_positions
@@ -54,6 +53,7 @@ from multimodal.tokenizers.audio import (
     SpecAugment,
     SpectrogramPatchEmbed,
 )
+from multimodal.weights import PretrainedMixin
 
 __all__ = ["AudioClassifier", "AudioClassifierConfig"]
 

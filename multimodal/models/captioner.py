@@ -27,11 +27,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
+from multimodal.generation import generate
 from multimodal.models.text import TextDecoder, TextDecoderConfig, check_token_ids
 from multimodal.models.vit import ViT, ViTConfig
 from multimodal.registry import register_model, register_preset
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from multimodal.weights import PretrainedMixin
 
 __all__ = ["Captioner", "CaptionerConfig", "caption", "cut_at_eos", "decode_captions"]
 
@@ -201,8 +202,6 @@ class Captioner(PretrainedMixin, nn.Module):
         is the cross-attention that produced generated token t (:meth:`cross_attention_maps`;
         rows after ``[EOS]`` belong to padding).
         """
-        from multimodal.generation import generate
-
         cfg = self.config
         bos = cfg.bos_token_id if bos_token_id is None else bos_token_id
         eos = cfg.eos_token_id if eos_token_id is None else eos_token_id

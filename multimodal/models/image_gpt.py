@@ -24,13 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
+from multimodal.generation import check_sampling_args, generate, next_token
 from multimodal.nn.block import Transformer, TransformerConfig
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import LearnedPositions
 from multimodal.registry import register_model, register_preset
 from multimodal.tokenizers.image import _pair
+from multimodal.weights import PretrainedMixin
 
 __all__ = ["ImageGPT", "ImageGPTConfig", "bits_per_dim"]
 
@@ -253,8 +254,6 @@ class ImageGPT(PretrainedMixin, nn.Module):
         is completed. ``class_label`` (conditional models): an int or (num_images,) labels;
         default ``arange(num_images) % num_classes``. ``do_sample=False``: greedy.
         """
-        from multimodal.generation import check_sampling_args, generate, next_token
-
         check_sampling_args(temperature, top_k, top_p)
         h, w = self.config.grid
         device = self.start_token.device

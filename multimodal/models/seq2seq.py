@@ -17,10 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
+from multimodal.generation import generate
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
 from multimodal.registry import register_model
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
+from multimodal.weights import PretrainedMixin
 
 
 @dataclass
@@ -95,8 +96,6 @@ class Seq2Seq(PretrainedMixin, nn.Module):
         (B, 1 + generated) ids, ``[PAD]`` after ``[EOS]``. Other keyword arguments
         (``num_beams``, ``do_sample``, ``top_p`` ...) go to
         :func:`multimodal.generation.generate`."""
-        from multimodal.generation import generate
-
         was_training = self.training
         self.eval()
         try:

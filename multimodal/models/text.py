@@ -8,12 +8,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
-from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.generation import generate
+from multimodal.nn.block import ACTIVATIONS, Transformer, TransformerConfig
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import LearnedPositions, SinusoidalPositions
 from multimodal.registry import register_model, register_preset
+from multimodal.weights import PretrainedMixin
 
 
 @dataclass
@@ -148,8 +149,6 @@ class TextDecoder(PretrainedMixin, nn.Module):
         """Continue ``input_ids`` (B, N); see :func:`multimodal.generation.generate` for
         ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``num_beams``,
         ``length_penalty``, ``eos_token_id``, ``attention_mask``, ``generator``."""
-        from multimodal.generation import generate
-
         return generate(self, input_ids, max_new_tokens=max_new_tokens, **kwargs)
 
 
@@ -205,8 +204,6 @@ class TextEncoder(PretrainedMixin, nn.Module):
 
     def __init__(self, config: TextEncoderConfig) -> None:
         super().__init__()
-        from multimodal.nn.block import ACTIVATIONS
-
         self.config = config
         self.tok_embed = nn.Embedding(config.vocab_size, config.dim)
         self.pos_embed = _positions(config.pos_embed, config.max_len, config.dim)

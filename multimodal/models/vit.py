@@ -8,12 +8,12 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
 from multimodal.nn.block import Transformer, TransformerConfig
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import resample_grid, sincos_2d_positions
 from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.image import ConvStem, PatchEmbed, _pair, check_images
+from multimodal.weights import PretrainedMixin
 
 
 @dataclass
