@@ -13,9 +13,9 @@ themselves to with :func:`register_model`. It never imports a model; what needs 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,16 +49,13 @@ def config_from_dict(cls: type, data: dict[str, Any]) -> Any:
     """Rebuild a (possibly nested) dataclass config from JSON; unknown keys are an error.
 
     JSON has no tuples, so lists come back as tuples (configs hold no mutable lists).
-    A config class may define ``upgrade_dict(data) -> data`` (a staticmethod) to read the
-    layouts that older versions of the code wrote; it runs before the fields are checked.
+    Init-only keywords are accepted as well as fields: a model config's flat backbone
+    keywords read the configs saved before the backbone was nested
+    (:mod:`multimodal.models.backbone`).
     """
-    upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = getattr(cls, "upgrade_dict",
-                                                                        None)
-    if upgrade is not None:
-        data = upgrade(dict(data))
     hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - fields
+    accepted = set(inspect.signature(cls).parameters)
+    unknown = set(data) - accepted
     if unknown:
         raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
     kwargs = {}

@@ -34,7 +34,6 @@ index), defined for any length. ``pos_embed="learned"``: a learned table coverin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -42,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.models.backbone import model_config
+from multimodal.nn.block import Transformer
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import sincos_2d_positions, sinusoidal_positions
 from multimodal.registry import register_config_preset, register_model
@@ -58,7 +58,7 @@ from multimodal.weights import PretrainedMixin
 __all__ = ["AudioClassifier", "AudioClassifierConfig"]
 
 
-@dataclass
+@model_config(dim=192, depth=6, heads=3, norm_eps=1e-6, activation="gelu")
 class AudioClassifierConfig:
     """An audio classifier on the shared backbone.
 
@@ -71,10 +71,6 @@ class AudioClassifierConfig:
     """
 
     num_classes: int = 20
-    dim: int = 192
-    depth: int = 6
-    heads: int = 3
-    mlp_dim: int | None = None  # default 4 * dim
     pool: Literal["cls", "mean"] = "mean"
     mode: Literal["frames", "patches"] = "frames"
     n_mels: int = 80
@@ -89,16 +85,9 @@ class AudioClassifierConfig:
     f_max: float | None = None
     pos_embed: Literal["sincos", "learned"] = "sincos"
     pos_frames: int = 100  # frames the learned table covers (1 s at 10 ms hop)
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    drop_path: float = 0.0
     freq_mask: int = 0
     time_mask: int = 0
     spec_augment_masks: int = 0
-    norm: Literal["pre", "post"] = "pre"
-    norm_eps: float = 1e-6
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
-    qkv_bias: bool = True
 
     def __post_init__(self) -> None:
         if self.pool not in ("cls", "mean"):
@@ -126,14 +115,6 @@ class AudioClassifierConfig:
             hop_ms=self.hop_ms, f_min=self.f_min, f_max=self.f_max, mode=self.mode,
             stack_frames=self.stack_frames, patch_size=self.patch_size,
             patch_stride=self.patch_stride, max_frames=self.max_frames,
-        )
-
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim,
-            norm=self.norm, norm_eps=self.norm_eps, activation=self.activation,
-            qkv_bias=self.qkv_bias, dropout=self.dropout, attn_dropout=self.attn_dropout,
-            drop_path=self.drop_path,
         )
 
 
@@ -176,7 +157,7 @@ class AudioClassifier(PretrainedMixin, nn.Module):
         else:
             self.register_parameter("pos_table", None)
         self.pos_drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
         self.apply(partial(init_weights, conv_fan_in=True))

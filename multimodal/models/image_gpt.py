@@ -17,15 +17,15 @@ is a start token: one learned vector (unconditional) or one vector per class
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multimodal.generation import check_sampling_args, generate, next_token
-from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.models.backbone import model_config
+from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import LearnedPositions
@@ -36,29 +36,18 @@ from multimodal.weights import PretrainedMixin
 __all__ = ["ImageGPT", "ImageGPTConfig", "bits_per_dim"]
 
 
-@dataclass
+@model_config(dim=256, depth=8, heads=8, norm_eps=1e-5, activation="gelu",
+              fixed={"causal": True, "norm": "pre"})
 class ImageGPTConfig:
     """``image_size``: int or (H, W) pixels; ``vocab_size``: number of pixel tokens (grey
     levels or palette colours); ``num_classes``: 0 = unconditional, else one start token
-    per class."""
+    per class. ``backbone`` is causal and pre-norm; sparse self-attention
+    (``attention_pattern`` "sliding" / "strided", see nn.masks) against the O(N^2) cost of
+    long pixel sequences."""
 
     image_size: int | tuple[int, int] = 28
     vocab_size: int = 256
-    dim: int = 256
-    depth: int = 8
-    heads: int = 8
-    mlp_dim: int | None = None  # default 4 * dim
     num_classes: int = 0
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    norm_eps: float = 1e-5
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
-    qkv_bias: bool = True
-    checkpoint_activations: bool = False
-    # sparse self-attention against the O(N^2) cost of long pixel sequences: "sliding"
-    # (the last attention_window pixels) or "strided" (Child et al. 2019); see nn.masks
-    attention_pattern: Literal["full", "sliding", "strided"] = "full"
-    attention_window: int = 256
 
     def __post_init__(self) -> None:
         h, w = _pair(self.image_size)
@@ -78,15 +67,6 @@ class ImageGPTConfig:
     def num_pixels(self) -> int:
         h, w = self.grid
         return h * w
-
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim, norm="pre",
-            norm_eps=self.norm_eps, activation=self.activation, qkv_bias=self.qkv_bias,
-            dropout=self.dropout, attn_dropout=self.attn_dropout, causal=True,
-            checkpoint_activations=self.checkpoint_activations,
-            attention_pattern=self.attention_pattern, attention_window=self.attention_window,
-        )
 
 
 def bits_per_dim(nll_nats: Tensor | float) -> Tensor | float:
@@ -117,7 +97,7 @@ class ImageGPT(PretrainedMixin, nn.Module):
         self.start_token = nn.Parameter(torch.zeros(max(config.num_classes, 1), config.dim))
         self.pos_embed = LearnedPositions(config.num_pixels + 1, config.dim)
         self.drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.apply(init_weights)
         nn.init.normal_(self.tok_embed.weight, std=0.02)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from multimodal.generation import generate
-from multimodal.nn.block import ACTIVATIONS, Transformer, TransformerConfig
+from multimodal.models.backbone import model_config
+from multimodal.nn.block import ACTIVATIONS, Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import LearnedPositions, SinusoidalPositions
@@ -17,36 +17,16 @@ from multimodal.registry import register_model, register_preset
 from multimodal.weights import PretrainedMixin
 
 
-@dataclass
+@model_config(dim=256, depth=6, heads=8, norm_eps=1e-5, activation="gelu_tanh",
+              fixed={"causal": True, "norm": "pre"})
 class TextDecoderConfig:
+    """A GPT-style decoder; ``backbone`` is causal and pre-norm. Sparse self-attention for
+    long contexts: ``attention_pattern`` "sliding" / "strided" (see multimodal.nn.masks)."""
+
     vocab_size: int = 8000
     max_len: int = 256
-    dim: int = 256
-    depth: int = 6
-    heads: int = 8
-    mlp_dim: int | None = None
     pos_embed: Literal["learned", "sinusoidal"] = "learned"
-    norm_eps: float = 1e-5
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu_tanh"
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
     tie_embeddings: bool = True
-    cross_attention: bool = False  # attend to an encoder's output (captioning, seq2seq)
-    memory_dim: int | None = None
-    checkpoint_activations: bool = False
-    # sparse self-attention for long contexts: "sliding" (the last attention_window
-    # tokens) or "strided" (Child et al. 2019); see multimodal.nn.masks
-    attention_pattern: Literal["full", "sliding", "strided"] = "full"
-    attention_window: int = 256
-
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim, norm="pre",
-            norm_eps=self.norm_eps, activation=self.activation, dropout=self.dropout,
-            attn_dropout=self.attn_dropout, causal=True, cross_attention=self.cross_attention,
-            memory_dim=self.memory_dim, checkpoint_activations=self.checkpoint_activations,
-            attention_pattern=self.attention_pattern, attention_window=self.attention_window,
-        )
 
 
 def check_token_ids(input_ids: Tensor, vocab_size: int, name: str = "input_ids") -> None:
@@ -91,7 +71,7 @@ class TextDecoder(PretrainedMixin, nn.Module):
         self.tok_embed = nn.Embedding(config.vocab_size, config.dim)
         self.pos_embed = _positions(config.pos_embed, config.max_len, config.dim)
         self.drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.apply(init_weights)
         nn.init.normal_(self.tok_embed.weight, std=0.02)
@@ -152,32 +132,19 @@ class TextDecoder(PretrainedMixin, nn.Module):
         return generate(self, input_ids, max_new_tokens=max_new_tokens, **kwargs)
 
 
-@dataclass
+@model_config(dim=256, depth=6, heads=8, norm_eps=1e-6, activation="gelu")
 class TextEncoderConfig:
+    """A BERT-style encoder (BERT itself: ``norm="post"``, ``embed_norm=True``,
+    ``type_vocab_size=2``, ``pooler=True``)."""
+
     vocab_size: int = 8000
     max_len: int = 256
-    dim: int = 256
-    depth: int = 6
-    heads: int = 8
-    mlp_dim: int | None = None
-    norm: Literal["pre", "post"] = "pre"  # BERT itself is post-norm
-    norm_eps: float = 1e-6
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
     pos_embed: Literal["learned", "sinusoidal"] = "learned"
     type_vocab_size: int = 0  # BERT's segment embeddings (2); 0 = none
     embed_norm: bool = False  # LayerNorm on the summed embeddings (BERT: True)
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
     num_classes: int = 0  # > 0: a classification head on the [CLS] token
     mlm_head: bool = True  # BERT's masked-LM head (dense, act, norm, tied decoder)
     pooler: bool = False  # BERT's tanh pooler on [CLS] before the classifier
-
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim,
-            norm=self.norm, norm_eps=self.norm_eps, activation=self.activation,
-            dropout=self.dropout, attn_dropout=self.attn_dropout,
-        )
 
 
 class MaskedLMHead(nn.Module):
@@ -212,7 +179,7 @@ class TextEncoder(PretrainedMixin, nn.Module):
         self.embed_norm = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.embed_norm \
             else nn.Identity()
         self.drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         act = ACTIVATIONS[config.activation]()
         self.mlm = MaskedLMHead(config.dim, config.vocab_size, act, config.norm_eps) \
             if config.mlm_head else None

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.models.backbone import model_config
+from multimodal.nn.block import Transformer
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import resample_grid, sincos_2d_positions
 from multimodal.registry import register_config_preset, register_model
@@ -16,29 +16,20 @@ from multimodal.tokenizers.image import ConvStem, PatchEmbed, _pair, check_image
 from multimodal.weights import PretrainedMixin
 
 
-@dataclass
+@model_config(dim=192, depth=12, heads=3, norm_eps=1e-6, activation="gelu")
 class ViTConfig:
+    """A ViT: patches of ``image_size`` images, a ``backbone`` (``dim``, ``depth``, ``heads``,
+    ``mlp_dim``, ... are its fields, also accepted and readable here), a pooled head."""
+
     image_size: int | tuple[int, int] = 224
     patch_size: int | tuple[int, int] = 16
     in_channels: int = 3
     num_classes: int = 1000  # 0: no head, forward returns pooled features
-    dim: int = 192
-    depth: int = 12
-    heads: int = 3
-    mlp_dim: int | None = None  # default 4 * dim
     pool: Literal["cls", "mean"] = "cls"
     class_token: bool = True
     pos_embed: Literal["learned", "sincos"] = "learned"
     stem: Literal["patch", "conv"] = "patch"  # linear patches, or ConvStem (3x3 convs)
     dynamic_size: bool = True  # other image sizes: resample positions, else error
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    drop_path: float = 0.0
-    norm: Literal["pre", "post"] = "pre"
-    norm_eps: float = 1e-6
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
-    qkv_bias: bool = True
-    checkpoint_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.pool == "cls" and not self.class_token:
@@ -57,14 +48,6 @@ class ViTConfig:
         h, w = _pair(self.image_size)
         ph, pw = _pair(self.patch_size)
         return h // ph, w // pw
-
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim,
-            norm=self.norm, norm_eps=self.norm_eps, activation=self.activation,
-            qkv_bias=self.qkv_bias, dropout=self.dropout, attn_dropout=self.attn_dropout,
-            drop_path=self.drop_path, checkpoint_activations=self.checkpoint_activations,
-        )
 
 
 @register_model
@@ -98,7 +81,7 @@ class ViT(PretrainedMixin, nn.Module):
         else:
             self.register_parameter("pos_embed", None)
         self.pos_drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
         self.apply(init_weights)
