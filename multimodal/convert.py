@@ -50,7 +50,8 @@ SUPPORTED = {
 
 # transformers' activation names -> ours
 _HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                   "gelu_fast": "gelu_tanh", "relu": "relu"}
+                   "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu",
+                   "quick_gelu": "quick_gelu"}
 
 
 # ======================================================================================
@@ -288,6 +289,7 @@ def from_hf(model: nn.Module) -> ViT | TextDecoder | TextEncoder:
         "GPT2Model": _hf_gpt2, "GPT2LMHeadModel": _hf_gpt2,
         "BertModel": _hf_bert, "BertForMaskedLM": _hf_bert,
         "BertForSequenceClassification": _hf_bert,
+        **_MODERN_HF,
     }
     if name not in converters or not hasattr(model, "config"):
         raise ValueError(f"from_hf supports {SUPPORTED['transformers']}; got {name}")
@@ -450,6 +452,89 @@ def _hf_bert(model: nn.Module) -> TextEncoder:
         _linear(out, "head", src.take("classifier.weight"), src.take("classifier.bias"))
     src.finish(ignore=("embeddings.position_ids", "embeddings.token_type_ids"))
     return _load(TextEncoder(config), out)
+
+
+# ======================================================================================
+# modern encoders and decoders (issue 18): Llama, DINOv2, DeiT
+# Each converter reads only ``model.config`` (attributes) and ``model.state_dict()``, so
+# the same functions serve live transformers models and folders read without
+# transformers (multimodal.hf_folder).
+# ======================================================================================
+
+_MISSING = object()
+
+
+def _cfg(cfg: Any, name: str, default: Any = _MISSING) -> Any:
+    value = getattr(cfg, name, default)
+    if value is _MISSING:
+        raise ValueError(f"config has no {name!r} (needed to convert "
+                         f"{getattr(cfg, 'model_type', 'this model')})")
+    return value
+
+
+def _rope_theta(cfg: Any) -> float:
+    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if isinstance(params, dict) and params.get("rope_type", params.get("type", "default")) \
+            not in ("default", None):
+        raise ValueError(f"rope scaling {params!r} is not supported (only the default rope)")
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta if theta is not None else getattr(cfg, "rope_theta", 10000.0))
+
+
+def _hf_llama(model: nn.Module) -> TextDecoder:
+    """``LlamaForCausalLM`` / ``LlamaModel`` -> :class:`~multimodal.TextDecoder`.
+
+    RMSNorm, SwiGLU (``down(silu(gate x) * up x)``), grouped-query attention and 1-D
+    rotary positions in the "rotate half" layout, all as backbone switches. ``LlamaModel``
+    (no LM head) gets the tied head of the token embedding: its ``forward_features``
+    equals ``last_hidden_state``.
+    """
+    cfg, state, kind = model.config, model.state_dict(), type(model).__name__
+    dim, heads = _cfg(cfg, "hidden_size"), _cfg(cfg, "num_attention_heads")
+    head_dim = getattr(cfg, "head_dim", None) or dim // heads
+    if head_dim * heads != dim:
+        raise ValueError(f"Llama with head_dim ({head_dim}) * heads ({heads}) != hidden_size "
+                         f"({dim}) is not supported")
+    lm = kind == "LlamaForCausalLM"
+    tied = not lm or bool(getattr(cfg, "tie_word_embeddings", False))
+    act = _hf_activation(cfg, "hidden_act")
+    attn_bias = bool(getattr(cfg, "attention_bias", False))
+    config = TextDecoderConfig(
+        vocab_size=_cfg(cfg, "vocab_size"), max_len=_cfg(cfg, "max_position_embeddings"),
+        pos_embed="none", tie_embeddings=tied, dim=dim, depth=_cfg(cfg, "num_hidden_layers"),
+        heads=heads, kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        mlp_dim=_cfg(cfg, "intermediate_size"), norm_type="rmsnorm",
+        norm_eps=_cfg(cfg, "rms_norm_eps", 1e-6), mlp_type="glu", activation=act,
+        qkv_bias=attn_bias, proj_bias=attn_bias, mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+        rope="1d", rope_base=_rope_theta(cfg),
+    )
+    src = _StateReader(state, kind, prefix="model." if lm else "")
+    out: dict[str, Tensor] = {"tok_embed.weight": src.take("embed_tokens.weight")}
+    for i in range(config.depth):
+        t, o = f"layers.{i}", f"transformer.blocks.{i}"
+        out[f"{o}.norm1.weight"] = src.take(f"{t}.input_layernorm.weight")
+        out[f"{o}.norm2.weight"] = src.take(f"{t}.post_attention_layernorm.weight")
+        a = f"{t}.self_attn"
+        _linear(out, f"{o}.attn.qkv",
+                torch.cat([src.take(f"{a}.{p}_proj.weight") for p in "qkv"]),
+                torch.cat([src.take(f"{a}.{p}_proj.bias") for p in "qkv"]) if attn_bias
+                else None)
+        _linear(out, f"{o}.attn.proj", src.take(f"{a}.o_proj.weight"),
+                src.take(f"{a}.o_proj.bias") if attn_bias else None)
+        for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("fc2", "down_proj")):
+            _linear(out, f"{o}.mlp.{ours}", src.take(f"{t}.mlp.{theirs}.weight"),
+                    src.take(f"{t}.mlp.{theirs}.bias") if config.mlp_bias else None)
+    out["transformer.norm.weight"] = src.take("norm.weight")
+    if lm:
+        src.prefix = ""
+        head = src.take("lm_head.weight")
+        if not tied:
+            out["lm_head.weight"] = head
+    src.finish(ignore=("rotary_emb.inv_freq",))
+    return _load(TextDecoder(config), out)
+
+
+_MODERN_HF = {"LlamaForCausalLM": _hf_llama, "LlamaModel": _hf_llama}
 
 
 # ======================================================================================

@@ -1,0 +1,86 @@
+"""Modern models converted from transformers / timm give the source's outputs (fp32,
+atol 1e-4); sources are built with random weights from small configs (no download)."""
+
+import pytest
+import torch
+from torch import nn
+
+import multimodal as mm
+from multimodal import convert
+
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+
+ATOL = 1e-4
+
+
+def _randomise_norms(model: nn.Module) -> nn.Module:
+    """Norms start at (1, 0); random affine parameters make a mix-up visible."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.lower() or "lambda" in name or "gamma" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    return model.eval()
+
+
+# -- Llama ------------------------------------------------------------------------------
+def llama(kind="LlamaForCausalLM", **kw):
+    args = dict(vocab_size=97, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=False)
+    args.update(kw)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**args)
+    model = _randomise_norms(getattr(transformers, kind)(cfg))
+    with torch.no_grad():  # peaked logits: random weights otherwise give near-ties that
+        # float rounding (1e-6) may break either way in greedy decoding
+        model.get_input_embeddings().weight.mul_(30.0)
+        if hasattr(model, "lm_head"):
+            model.lm_head.weight.mul_(30.0)
+    return model
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(num_key_value_heads=1, tie_word_embeddings=True),
+                                dict(num_key_value_heads=4, attention_bias=True, mlp_bias=True)])
+def test_llama_logits_and_greedy_generation_match(kw):
+    source = llama(**kw)
+    ours = convert.from_hf(source)
+    assert isinstance(ours, mm.TextDecoder)
+    bb = ours.config.backbone
+    assert (bb.rope, bb.norm_type, bb.mlp_type, bb.activation) == ("1d", "rmsnorm", "glu", "silu")
+    assert bb.rope_base == 500.0 and bb.kv_heads == source.config.num_key_value_heads
+    ids = torch.randint(0, 97, (2, 11))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), source(ids).logits, atol=ATOL, rtol=1e-4)
+        want = source.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                               eos_token_id=None)
+    got = ours.generate(ids, max_new_tokens=12)
+    assert torch.equal(got, want)
+
+
+def test_llama_left_padded_batch_matches():
+    source = llama()
+    ours = convert.from_hf(source)
+    ids = torch.randint(1, 97, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        want = source(ids, attention_mask=mask).logits
+        got = ours(ids, attention_mask=mask)
+    torch.testing.assert_close(got[0], want[0], atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(got[1, 3:], want[1, 3:], atol=ATOL, rtol=1e-4)
+
+
+def test_llama_base_model_matches_last_hidden_state():
+    source = llama("LlamaModel")
+    ours = convert.from_hf(source)
+    ids = torch.randint(0, 97, (1, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_features(ids), source(ids).last_hidden_state,
+                                   atol=ATOL, rtol=1e-4)
+
+
+def test_llama_rope_scaling_refused():
+    source = llama(rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope scaling"):
+        convert.from_hf(source)
