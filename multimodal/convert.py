@@ -210,14 +210,20 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
         heads=block0.attn.num_heads, mlp_dim=block0.mlp.fc1.out_features, pool=pool,
         class_token=model.cls_token is not None, norm_eps=block0.norm1.eps,
         activation=_activation_of(block0.mlp.act), qkv_bias=block0.attn.qkv.bias is not None,
+        registers=getattr(model, "num_reg_tokens", 0),
+        layer_scale=None if isinstance(block0.ls1, nn.Identity) else 1.0,
+        qk_norm=isinstance(getattr(block0.attn, "q_norm", None), nn.LayerNorm),
     )
     src = _StateReader(model.state_dict(), "timm VisionTransformer")
     pos = src.take("pos_embed")
     prefix = 1 if config.class_token else 0
+    # no_embed_class (DINOv2 with registers, DeiT-3): the class token has no position row
+    pos_prefix = 0 if getattr(model, "no_embed_class", False) else prefix
     src_grid = (src_size[0] // patch[0], src_size[1] // patch[1])
     if pos.numel():
-        pos = torch.cat([pos[0, :prefix], resample_grid(pos[0, prefix:], src_grid,
-                                                              config.grid_size)])[None]
+        cls_rows = pos[0, :pos_prefix] if pos_prefix else pos.new_zeros(prefix, pos.shape[-1])
+        pos = torch.cat([cls_rows, resample_grid(pos[0, pos_prefix:], src_grid,
+                                                 config.grid_size)])[None]
     out: dict[str, Tensor] = {
         "pos_embed": pos,
         "patch_embed.proj.weight": src.take("patch_embed.proj.weight"),
@@ -226,8 +232,16 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
         out["patch_embed.proj.bias"] = src.take("patch_embed.proj.bias")
     if config.class_token:
         out["cls_token"] = src.take("cls_token")
+    if config.registers:
+        out["reg_token"] = src.take("reg_token")
     for i in range(config.depth):
         t, o = f"blocks.{i}", f"transformer.blocks.{i}"
+        if config.layer_scale is not None:
+            out[f"{o}.ls1.gamma"] = src.take(f"{t}.ls1.gamma")
+            out[f"{o}.ls2.gamma"] = src.take(f"{t}.ls2.gamma")
+        if config.qk_norm:
+            _norm(out, f"{o}.attn.q_norm", src, f"{t}.attn.q_norm")
+            _norm(out, f"{o}.attn.k_norm", src, f"{t}.attn.k_norm")
         _norm(out, f"{o}.norm1", src, f"{t}.norm1")
         _linear(out, f"{o}.attn.qkv", src.take(f"{t}.attn.qkv.weight"),
                 src.take(f"{t}.attn.qkv.bias") if config.qkv_bias else None)
@@ -248,15 +262,16 @@ def _check_timm_features(model: nn.Module) -> None:
     """Refuse, by name, the timm options our ViT does not implement."""
     block0 = model.blocks[0]
     unsupported = {
-        "register tokens (reg_tokens)": getattr(model, "num_reg_tokens", 0) > 0,
-        "no_embed_class=True": getattr(model, "no_embed_class", False),
+        "no_embed_class=True without a class token": getattr(model, "no_embed_class", False)
+            and model.cls_token is None,
         "pre_norm (norm_pre)": not isinstance(model.norm_pre, nn.Identity),
         "fc_norm (a norm after pooling; global_pool='avg' defaults to it)":
             not isinstance(model.fc_norm, nn.Identity),
         "attention pooling (global_pool='map')": getattr(model, "attn_pool", None) is not None,
         f"global_pool={model.global_pool!r}": model.global_pool not in ("token", "avg"),
-        "layer scale (init_values)": not isinstance(block0.ls1, nn.Identity),
-        "qk_norm": not isinstance(getattr(block0.attn, "q_norm", nn.Identity()), nn.Identity),
+        f"qk_norm by {type(getattr(block0.attn, 'q_norm', None)).__name__}":
+            not isinstance(getattr(block0.attn, "q_norm", nn.Identity()),
+                           (nn.Identity, nn.LayerNorm)),
         "a norm in the patch embedding": not isinstance(model.patch_embed.norm, nn.Identity),
         "no position embedding": model.pos_embed is None,
         f"block type {type(block0).__name__}": type(block0).__name__ != "Block",
@@ -534,7 +549,92 @@ def _hf_llama(model: nn.Module) -> TextDecoder:
     return _load(TextDecoder(config), out)
 
 
+def _hf_dinov2(model: nn.Module) -> ViT:
+    """``Dinov2Model`` / ``Dinov2WithRegistersModel`` -> :class:`~multimodal.ViT`
+    (``num_classes=0``: ``forward_features`` equals ``last_hidden_state``, ``forward``
+    its class token, ``pooler_output``).
+
+    LayerScale (``layer_scale{1,2}.lambda1``), register tokens after the class token, and
+    the SwiGLU MLP when ``use_swiglu_ffn`` (``gate_proj``/``up_proj``/``down_proj``, or
+    before transformers 5 ``weights_in`` = [gate; up] and ``weights_out``). Position rows
+    are used as stored: give images of the config's ``image_size`` (DINOv2 resamples its
+    positions with its own interpolation for other sizes).
+    """
+    cfg, state, kind = model.config, model.state_dict(), type(model).__name__
+    swiglu = bool(getattr(cfg, "use_swiglu_ffn", False))
+    src = _StateReader(state, kind)
+    mlp0 = "encoder.layer.0.mlp."
+    hidden = int(_cfg(cfg, "hidden_size") * _cfg(cfg, "mlp_ratio", 4))
+    if swiglu:  # two thirds of the MLP width, rounded up to a multiple of 8
+        hidden = (int(hidden * 2 / 3) + 7) // 8 * 8
+    for key, rows in (("fc1.weight", 1), ("gate_proj.weight", 1), ("weights_in.weight", 2)):
+        if mlp0 + key in state:  # the stored width wins
+            hidden = state[mlp0 + key].shape[0] // rows
+    config = ViTConfig(
+        image_size=_cfg(cfg, "image_size"), patch_size=_cfg(cfg, "patch_size"),
+        in_channels=_cfg(cfg, "num_channels", 3), num_classes=0, pool="cls",
+        registers=int(getattr(cfg, "num_register_tokens", 0) or 0),
+        dim=_cfg(cfg, "hidden_size"), depth=_cfg(cfg, "num_hidden_layers"),
+        heads=_cfg(cfg, "num_attention_heads"), mlp_dim=hidden,
+        norm_eps=_cfg(cfg, "layer_norm_eps", 1e-6),
+        activation="silu" if swiglu else _hf_activation(cfg, "hidden_act"),
+        mlp_type="glu" if swiglu else "mlp", qkv_bias=bool(getattr(cfg, "qkv_bias", True)),
+        layer_scale=float(_cfg(cfg, "layerscale_value", 1.0)),
+    )
+    e = "embeddings"
+    out: dict[str, Tensor] = {
+        "cls_token": src.take(f"{e}.cls_token"),
+        "pos_embed": src.take(f"{e}.position_embeddings"),
+        "patch_embed.proj.weight": src.take(f"{e}.patch_embeddings.projection.weight"),
+        "patch_embed.proj.bias": src.take(f"{e}.patch_embeddings.projection.bias"),
+    }
+    if config.registers:
+        out["reg_token"] = src.take(f"{e}.register_tokens")
+    src.skip(f"{e}.mask_token")  # masked-image pre-training only
+    for i in range(config.depth):
+        t, o = f"encoder.layer.{i}", f"transformer.blocks.{i}"
+        _qkv_from_separate(out, f"{o}.attn", src, t, config.qkv_bias)
+        _norm(out, f"{o}.norm1", src, f"{t}.norm1")
+        _norm(out, f"{o}.norm2", src, f"{t}.norm2")
+        out[f"{o}.ls1.gamma"] = src.take(f"{t}.layer_scale1.lambda1")
+        out[f"{o}.ls2.gamma"] = src.take(f"{t}.layer_scale2.lambda1")
+        if swiglu and f"{t}.mlp.gate_proj.weight" in state:  # transformers >= 5
+            for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("fc2", "down_proj")):
+                _linear(out, f"{o}.mlp.{ours}", src.take(f"{t}.mlp.{theirs}.weight"),
+                        src.take(f"{t}.mlp.{theirs}.bias"))
+        elif swiglu:  # before: one fused Linear, rows [gate; up]
+            w_in = src.take(f"{t}.mlp.weights_in.weight")
+            b_in = src.take(f"{t}.mlp.weights_in.bias")
+            _linear(out, f"{o}.mlp.gate", w_in[:hidden], b_in[:hidden])
+            _linear(out, f"{o}.mlp.up", w_in[hidden:], b_in[hidden:])
+            _linear(out, f"{o}.mlp.fc2", src.take(f"{t}.mlp.weights_out.weight"),
+                    src.take(f"{t}.mlp.weights_out.bias"))
+        else:
+            for fc in ("fc1", "fc2"):
+                _linear(out, f"{o}.mlp.{fc}", src.take(f"{t}.mlp.{fc}.weight"),
+                        src.take(f"{t}.mlp.{fc}.bias"))
+    _norm(out, "transformer.norm", src, "layernorm")
+    src.finish()
+    return _load(ViT(config), out)
+
+
+def _qkv_from_separate(out: dict[str, Tensor], ours: str, src: _StateReader, layer: str,
+                       bias: bool) -> None:
+    """Separate q/k/v (transformers >= 5: ``attention.{q,k,v,o}_proj``; before:
+    ``attention.attention.{query,key,value}`` and ``attention.output.dense``) -> fused."""
+    names = (("q", "query"), ("k", "key"), ("v", "value"))
+    a = f"{layer}.attention"
+    _linear(out, f"{ours}.qkv",
+            torch.cat([src.take(f"{a}.{p}_proj.weight", f"{a}.attention.{n}.weight")
+                       for p, n in names]),
+            torch.cat([src.take(f"{a}.{p}_proj.bias", f"{a}.attention.{n}.bias")
+                       for p, n in names]) if bias else None)
+    _linear(out, f"{ours}.proj", src.take(f"{a}.o_proj.weight", f"{a}.output.dense.weight"),
+            src.take(f"{a}.o_proj.bias", f"{a}.output.dense.bias"))
+
+
 _MODERN_HF = {"LlamaForCausalLM": _hf_llama, "LlamaModel": _hf_llama}
+_MODERN_HF.update({"Dinov2Model": _hf_dinov2, "Dinov2WithRegistersModel": _hf_dinov2})
 
 
 # ======================================================================================

@@ -84,3 +84,65 @@ def test_llama_rope_scaling_refused():
     source = llama(rope_scaling={"rope_type": "linear", "factor": 2.0})
     with pytest.raises(ValueError, match="rope scaling"):
         convert.from_hf(source)
+
+
+# -- DINOv2 -----------------------------------------------------------------------------
+def dinov2(registers=0, **kw):
+    args = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=42,
+                patch_size=14, layerscale_value=0.5)
+    args.update(kw)
+    torch.manual_seed(1)
+    if registers:
+        model = transformers.Dinov2WithRegistersModel(
+            transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **args))
+    else:
+        model = transformers.Dinov2Model(transformers.Dinov2Config(**args))
+    with torch.no_grad():
+        model.embeddings.cls_token.normal_()
+        if registers:
+            model.embeddings.register_tokens.normal_()
+    return _randomise_norms(model)
+
+
+@pytest.mark.parametrize("registers, kw", [(0, {}), (0, dict(use_swiglu_ffn=True)),
+                                           (4, {})])
+def test_hf_dinov2_matches(registers, kw):
+    source = dinov2(registers, **kw)
+    ours = convert.from_hf(source)
+    assert ours.config.registers == registers and ours.num_prefix_tokens == 1 + registers
+    x = torch.randn(2, 3, 42, 42)
+    with torch.no_grad():
+        want = source(pixel_values=x)
+        torch.testing.assert_close(ours.forward_features(x), want.last_hidden_state,
+                                   atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(ours(x), want.pooler_output, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2"])
+def test_timm_dinov2_matches(name):
+    torch.manual_seed(2)
+    source = timm.create_model(name, pretrained=False, img_size=42, depth=2, num_classes=0)
+    with torch.no_grad():
+        source.cls_token.normal_()
+        if source.reg_token is not None:
+            source.reg_token.normal_()
+    _randomise_norms(source)
+    ours = convert.from_timm(source)
+    assert ours.config.registers == source.num_reg_tokens
+    x = torch.randn(2, 3, 42, 42)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_features(x), source.forward_features(x),
+                                   atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(ours(x), source(x), atol=ATOL, rtol=1e-4)
+
+
+def test_timm_qk_norm_matches():
+    torch.manual_seed(3)
+    source = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=3,
+        qk_norm=True, init_values=0.1)
+    _randomise_norms(source)
+    ours = convert.from_timm(source)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), source(x), atol=ATOL, rtol=1e-4)
