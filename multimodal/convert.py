@@ -27,7 +27,10 @@ Layout notes:
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -290,14 +293,17 @@ def _check_timm_features(model: nn.Module) -> None:
 # ======================================================================================
 
 
-def from_hf(model: nn.Module) -> ViT | TextDecoder | TextEncoder:
-    """A transformers model -> the matching model of this package.
+def from_hf(model: nn.Module | str | os.PathLike) -> ViT | TextDecoder | TextEncoder:
+    """A transformers model, or a folder in the Hugging Face layout (see
+    :func:`from_hf_folder`; transformers need not be installed), -> our model.
 
     ``ViTModel`` / ``ViTForImageClassification`` -> :class:`~multimodal.ViT`,
     ``GPT2Model`` / ``GPT2LMHeadModel`` -> :class:`~multimodal.TextDecoder`,
     ``BertModel`` / ``BertForMaskedLM`` / ``BertForSequenceClassification`` ->
     :class:`~multimodal.TextEncoder`.
     """
+    if isinstance(model, (str, os.PathLike)):
+        return from_hf_folder(model)
     name = type(model).__name__
     converters = {
         "ViTModel": _hf_vit, "ViTForImageClassification": _hf_vit,
@@ -415,8 +421,8 @@ def _hf_bert(model: nn.Module) -> TextEncoder:
                          f"position_embedding_type={cfg.position_embedding_type!r}")
     if getattr(cfg, "is_decoder", False):
         raise ValueError("BERT configured as a decoder (is_decoder=True) is not supported")
-    bert = model if kind == "BertModel" else model.bert
-    has_pooler = bert.pooler is not None
+    state = model.state_dict()
+    has_pooler = any(k.endswith("pooler.dense.weight") for k in state)
     mlm = kind == "BertForMaskedLM"
     config = TextEncoderConfig(
         vocab_size=cfg.vocab_size, max_len=cfg.max_position_embeddings, dim=cfg.hidden_size,
@@ -427,7 +433,6 @@ def _hf_bert(model: nn.Module) -> TextEncoder:
         num_classes=cfg.num_labels if kind == "BertForSequenceClassification" else 0,
         mlm_head=mlm, pooler=has_pooler,
     )
-    state = model.state_dict()
     src = _StateReader(state, kind, prefix="" if kind == "BertModel" else "bert.")
     out: dict[str, Tensor] = {
         "tok_embed.weight": src.take("embeddings.word_embeddings.weight"),
@@ -638,6 +643,164 @@ _MODERN_HF.update({"Dinov2Model": _hf_dinov2, "Dinov2WithRegistersModel": _hf_di
 
 
 # ======================================================================================
+# a Hugging Face layout folder, without transformers
+# ======================================================================================
+
+# config.json values older writers may leave out (transformers' own class defaults), for
+# the keys the converters read; anything else absent is an error naming the key
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "bert": dict(hidden_act="gelu", layer_norm_eps=1e-12, type_vocab_size=2,
+                 position_embedding_type="absolute", is_decoder=False, num_labels=2),
+    "gpt2": dict(activation_function="gelu_new", layer_norm_epsilon=1e-5, n_inner=None,
+                 scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                 add_cross_attention=False),
+    "vit": dict(hidden_act="gelu", layer_norm_eps=1e-12, num_channels=3, qkv_bias=True,
+                num_labels=2),
+    "llama": dict(hidden_act="silu", rms_norm_eps=1e-6, attention_bias=False, mlp_bias=False,
+                  tie_word_embeddings=False, rope_theta=10000.0),
+    "dinov2": dict(hidden_act="gelu", layer_norm_eps=1e-6, num_channels=3, qkv_bias=True,
+                   mlp_ratio=4, layerscale_value=1.0, use_swiglu_ffn=False),
+    "dinov2_with_registers": dict(hidden_act="gelu", layer_norm_eps=1e-6, num_channels=3,
+                                  qkv_bias=True, mlp_ratio=4, layerscale_value=1.0,
+                                  use_swiglu_ffn=False, num_register_tokens=4),
+}
+# model_type -> the class converted when config.json names no (supported) architecture
+_HF_BASE_CLASS = {"bert": "BertModel", "gpt2": "GPT2Model", "vit": "ViTModel",
+                  "llama": "LlamaModel", "dinov2": "Dinov2Model",
+                  "dinov2_with_registers": "Dinov2WithRegistersModel"}
+# the prefix a task model puts before its base model's keys
+_HF_BASE_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "vit": "vit.", "llama": "model.",
+                   "dinov2": "dinov2.", "dinov2_with_registers": "dinov2_with_registers."}
+
+
+# tied output weights that save_pretrained stores once: (omitted key, the key it equals)
+_HF_TIED = {"GPT2LMHeadModel": ("lm_head.weight", "transformer.wte.weight"),
+            "LlamaForCausalLM": ("lm_head.weight", "model.embed_tokens.weight"),
+            "BertForMaskedLM": ("cls.predictions.decoder.weight",
+                                "bert.embeddings.word_embeddings.weight")}
+
+
+class _HFConfig:
+    """config.json as attributes, with :data:`_HF_DEFAULTS` for the keys older files omit."""
+
+    def __init__(self, data: dict[str, Any], file: Path) -> None:
+        self._data, self._file = data, file
+        self._defaults = _HF_DEFAULTS.get(data.get("model_type", ""), {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name == "num_labels" and "id2label" in self._data:
+            return len(self._data["id2label"])
+        if name in self._data:
+            return self._data[name]
+        if name in self._defaults:
+            return self._defaults[name]
+        raise AttributeError(f"{self._file} has no {name!r}")
+
+
+class _FolderModel:
+    """What the converters read from a model: ``config`` and ``state_dict()``. Subclassed
+    under the architecture's class name, the name the converters dispatch on."""
+
+    def __init__(self, config: _HFConfig, state: dict[str, Tensor]) -> None:
+        self.config = config
+        self._state = state
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self._state
+
+
+def _folder_converters() -> dict[str, Any]:
+    return {"ViTModel": _hf_vit, "ViTForImageClassification": _hf_vit,
+            "GPT2Model": _hf_gpt2, "GPT2LMHeadModel": _hf_gpt2,
+            "BertModel": _hf_bert, "BertForMaskedLM": _hf_bert,
+            "BertForSequenceClassification": _hf_bert, **_MODERN_HF}
+
+
+def read_hf_weights(folder: str | Path) -> dict[str, Tensor]:
+    """The tensors of ``model.safetensors``, or of every shard named by
+    ``model.safetensors.index.json``. Pickled checkpoints (``pytorch_model.bin``, ...) are
+    refused: unpickling can run code."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return load_file(str(single))
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no 'weight_map'")
+        shards = sorted(set(weight_map.values()))
+        absent = [s for s in shards if not (folder / s).is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index} names shards that are not in {folder}: "
+                                    + ", ".join(absent))
+        state: dict[str, Tensor] = {}
+        for shard in shards:
+            state.update(load_file(str(folder / shard)))
+        listed = set(weight_map)
+        if set(state) != listed:
+            raise ValueError(f"{index} and its shards disagree: in the index only: "
+                             f"{sorted(listed - set(state))}; in the shards only: "
+                             f"{sorted(set(state) - listed)}")
+        return state
+    pickles = sorted(p.name for p in folder.iterdir()
+                     if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"))
+    if pickles:
+        raise ValueError(f"{folder} holds only pickled weights ({', '.join(pickles)}); they "
+                         "are refused because loading them can execute code. Save the model "
+                         "as safetensors (save_pretrained(..., safe_serialization=True))")
+    raise FileNotFoundError(f"{folder} has no model.safetensors or "
+                            "model.safetensors.index.json")
+
+
+def from_hf_folder(folder: str | Path) -> nn.Module:
+    """A folder in the Hugging Face layout -> our model, without transformers.
+
+    Reads ``config.json`` (its ``architectures``, else its ``model_type``) and the
+    safetensors weights (one file or shards), then runs the same converter as for a live
+    transformers model, so the result is identical. Errors name what is wrong: no
+    ``config.json``, an unsupported architecture (with the supported ones), missing or
+    unconverted keys, mis-shaped tensors, a missing shard, pickle-only weights.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder")
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json (a Hugging Face layout folder "
+                                "holds config.json and model.safetensors)")
+    data = json.loads(config_file.read_text())
+    converters = _folder_converters()
+    model_type = data.get("model_type")
+    archs = [a for a in data.get("architectures") or [] if a in converters]
+    arch = archs[0] if archs else _HF_BASE_CLASS.get(model_type or "")
+    if arch is None:
+        raise ValueError(
+            f"{config_file}: unsupported model (model_type={model_type!r}, architectures="
+            f"{data.get('architectures')}); supported model_type: {sorted(_HF_BASE_CLASS)}, "
+            f"architectures: {sorted(converters)}")
+    state = read_hf_weights(folder)
+    prefix = _HF_BASE_PREFIX.get(model_type or "", "")
+    if arch == _HF_BASE_CLASS.get(model_type or "") and prefix and state and all(
+        k.startswith(prefix) for k in state
+    ):  # a base model saved inside its task model's naming
+        state = {k[len(prefix):]: v for k, v in state.items()}
+    config = _HFConfig(data, config_file)
+    if arch in _HF_TIED and getattr(config, "tie_word_embeddings", model_type != "llama"):
+        omitted, source = _HF_TIED[arch]
+        if omitted not in state and source in state:
+            state[omitted] = state[source]
+    snapshot = type(arch, (_FolderModel,), {})(config, state)
+    try:
+        return converters[arch](snapshot)
+    except ValueError as err:
+        raise ValueError(f"{folder}: {err}") from None
+
+
+# ======================================================================================
 # any of the above
 # ======================================================================================
 
@@ -655,4 +818,5 @@ def convert(model: nn.Module, **kwargs: Any) -> nn.Module:
                      + "; ".join(f"{lib}: {what}" for lib, what in SUPPORTED.items()))
 
 
-__all__ = ["SUPPORTED", "convert", "from_hf", "from_timm", "from_torchvision"]
+__all__ = ["SUPPORTED", "convert", "from_hf", "from_hf_folder", "from_timm",
+           "from_torchvision", "read_hf_weights"]
