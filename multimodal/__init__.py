@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "merge_lora": "multimodal.nn.lora",
     # Hugging Face layout folders and transformers models (issue 18)
     "from_hf": "multimodal.convert",
+    "mean_pool": "multimodal.embeddings",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",
