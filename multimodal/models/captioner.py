@@ -259,7 +259,8 @@ class Captioner(PretrainedMixin, nn.Module):
 def caption(model: Captioner, images: Tensor, tokenizer: Any, **generate_kwargs: Any
             ) -> list[str]:
     """Generated captions as strings: ``model.generate`` then ``tokenizer.decode_batch``
-    (special tokens dropped, everything after the first ``[EOS]`` cut)."""
+    (structural special tokens dropped, ``[UNK]`` kept visible, everything after the first
+    ``[EOS]`` cut)."""
     ids = model.generate(images, **generate_kwargs)
     if isinstance(ids, tuple):
         ids = ids[0]
@@ -267,8 +268,9 @@ def caption(model: Captioner, images: Tensor, tokenizer: Any, **generate_kwargs:
 
 
 def decode_captions(ids: Tensor, tokenizer: Any, eos_token_id: int = EOS_ID) -> list[str]:
-    """Strings of generated ids (B, N): cut at the first EOS, special tokens dropped. Ids
-    beyond the tokenizer's vocabulary (the decoder's table may be larger) count as [UNK]."""
+    """Strings of generated ids (B, N): cut at the first EOS, structural special tokens dropped
+    (``[UNK]`` is written out). Ids beyond the tokenizer's vocabulary (the decoder's table may be
+    larger) count as [UNK]."""
     rows = [[i if i < tokenizer.vocab_size else UNK_ID for i in row]
             for row in cut_at_eos(ids, eos_token_id)]
     return tokenizer.decode_batch(rows)
