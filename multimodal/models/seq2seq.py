@@ -116,6 +116,7 @@ class Seq2Seq(PretrainedMixin, nn.Module):
     """
 
     config_class = Seq2SeqConfig
+    modality = "text-text"
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__()
@@ -138,8 +139,34 @@ class Seq2Seq(PretrainedMixin, nn.Module):
 
     def forward(self, source_ids: Tensor, target_ids: Tensor,
                 source_mask: Tensor | None = None) -> Tensor:
+        return self.forward_head(self.forward_features(source_ids, target_ids, source_mask))
+
+    def forward_features(self, source_ids: Tensor, target_ids: Tensor,
+                         source_mask: Tensor | None = None) -> Tensor:
+        """The decoder's hidden states (B, T, decoder.dim) after its final norm."""
         memory, pad = self.encode(source_ids, source_mask)
-        return self.decoder(target_ids, memory=memory, memory_padding_mask=pad)
+        return self.decoder.forward_features(target_ids, memory=memory,
+                                             memory_padding_mask=pad)
+
+    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The last real target token's features (B, decoder.dim)."""
+        return self.decoder.pool(features, attention_mask)
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """Next-token logits (B, T, target_vocab) (``pre_logits``: :meth:`pool`)."""
+        return self.decoder.forward_head(features, pre_logits, attention_mask)
+
+    @property
+    def num_features(self) -> int:
+        return self.decoder.num_features
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random source ids and target ids starting with ``[BOS]``."""
+        (source,) = self.encoder.example_inputs(batch_size)
+        (target,) = self.decoder.example_inputs(batch_size)
+        target[:, 0] = BOS_ID
+        return source, target
 
     @torch.no_grad()
     def generate(self, source_ids: Tensor, source_mask: Tensor | None = None,
