@@ -214,12 +214,13 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
         class_token=model.cls_token is not None, norm_eps=block0.norm1.eps,
         activation=_activation_of(block0.mlp.act), qkv_bias=block0.attn.qkv.bias is not None,
         registers=getattr(model, "num_reg_tokens", 0),
+        distill_token=getattr(model, "dist_token", None) is not None,
         layer_scale=None if isinstance(block0.ls1, nn.Identity) else 1.0,
         qk_norm=isinstance(getattr(block0.attn, "q_norm", None), nn.LayerNorm),
     )
     src = _StateReader(model.state_dict(), "timm VisionTransformer")
     pos = src.take("pos_embed")
-    prefix = 1 if config.class_token else 0
+    prefix = (1 if config.class_token else 0) + int(config.distill_token)
     # no_embed_class (DINOv2 with registers, DeiT-3): the class token has no position row
     pos_prefix = 0 if getattr(model, "no_embed_class", False) else prefix
     src_grid = (src_size[0] // patch[0], src_size[1] // patch[1])
@@ -237,6 +238,10 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
         out["cls_token"] = src.take("cls_token")
     if config.registers:
         out["reg_token"] = src.take("reg_token")
+    if config.distill_token:
+        out["dist_token"] = src.take("dist_token")
+        if config.num_classes > 0:
+            _linear(out, "head_dist", src.take("head_dist.weight"), src.take("head_dist.bias"))
     for i in range(config.depth):
         t, o = f"blocks.{i}", f"transformer.blocks.{i}"
         if config.layer_scale is not None:
@@ -642,6 +647,56 @@ _MODERN_HF = {"LlamaForCausalLM": _hf_llama, "LlamaModel": _hf_llama}
 _MODERN_HF.update({"Dinov2Model": _hf_dinov2, "Dinov2WithRegistersModel": _hf_dinov2})
 
 
+def _hf_deit(model: nn.Module) -> ViT:
+    """``DeiTModel`` -> :class:`~multimodal.ViT` with a distillation token (no head:
+    ``forward_features`` equals ``last_hidden_state``; the pooler is dropped as for
+    ``ViTModel``); ``DeiTForImageClassificationWithTeacher`` -> the same with both
+    classifiers, ``forward`` equal to its ``logits`` (their mean)."""
+    cfg, state, kind = model.config, model.state_dict(), type(model).__name__
+    classifier = kind == "DeiTForImageClassificationWithTeacher"
+    config = ViTConfig(
+        image_size=_cfg(cfg, "image_size"), patch_size=_cfg(cfg, "patch_size"),
+        in_channels=_cfg(cfg, "num_channels", 3), distill_token=True, pool="cls",
+        num_classes=_cfg(cfg, "num_labels") if classifier else 0,
+        dim=_cfg(cfg, "hidden_size"), depth=_cfg(cfg, "num_hidden_layers"),
+        heads=_cfg(cfg, "num_attention_heads"), mlp_dim=_cfg(cfg, "intermediate_size"),
+        norm_eps=_cfg(cfg, "layer_norm_eps", 1e-12), activation=_hf_activation(cfg, "hidden_act"),
+        qkv_bias=bool(getattr(cfg, "qkv_bias", True)),
+    )
+    src = _StateReader(state, kind, prefix="deit." if classifier else "")
+    e = "embeddings"
+    out: dict[str, Tensor] = {
+        "cls_token": src.take(f"{e}.cls_token"),
+        "dist_token": src.take(f"{e}.distillation_token"),
+        "pos_embed": src.take(f"{e}.position_embeddings"),
+        "patch_embed.proj.weight": src.take(f"{e}.patch_embeddings.projection.weight"),
+        "patch_embed.proj.bias": src.take(f"{e}.patch_embeddings.projection.bias"),
+    }
+    src.skip(f"{e}.mask_token")
+    for i in range(config.depth):  # transformers >= 5 names first, then the older ones
+        new, old, o = f"layers.{i}", f"encoder.layer.{i}", f"transformer.blocks.{i}"
+        t = new if f"{src.prefix}{new}.layernorm_before.weight" in src.state else old
+        _qkv_from_separate(out, f"{o}.attn", src, t, config.qkv_bias)
+        _norm(out, f"{o}.norm1", src, f"{t}.layernorm_before")
+        _norm(out, f"{o}.norm2", src, f"{t}.layernorm_after")
+        for ours, theirs in (("fc1", "intermediate.dense"), ("fc2", "output.dense")):
+            _linear(out, f"{o}.mlp.{ours}",
+                    src.take(f"{t}.mlp.{ours}.weight", f"{t}.{theirs}.weight"),
+                    src.take(f"{t}.mlp.{ours}.bias", f"{t}.{theirs}.bias"))
+    _norm(out, "transformer.norm", src, "layernorm")
+    src.skip("pooler.dense.weight", "pooler.dense.bias")
+    if classifier:
+        src.prefix = ""
+        _linear(out, "head", src.take("cls_classifier.weight"), src.take("cls_classifier.bias"))
+        _linear(out, "head_dist", src.take("distillation_classifier.weight"),
+                src.take("distillation_classifier.bias"))
+    src.finish()
+    return _load(ViT(config), out)
+
+
+_MODERN_HF.update({"DeiTModel": _hf_deit, "DeiTForImageClassificationWithTeacher": _hf_deit})
+
+
 # ======================================================================================
 # a Hugging Face layout folder, without transformers
 # ======================================================================================
@@ -660,6 +715,8 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
                   tie_word_embeddings=False, rope_theta=10000.0),
     "dinov2": dict(hidden_act="gelu", layer_norm_eps=1e-6, num_channels=3, qkv_bias=True,
                    mlp_ratio=4, layerscale_value=1.0, use_swiglu_ffn=False),
+    "deit": dict(hidden_act="gelu", layer_norm_eps=1e-12, num_channels=3, qkv_bias=True,
+                 num_labels=2),
     "dinov2_with_registers": dict(hidden_act="gelu", layer_norm_eps=1e-6, num_channels=3,
                                   qkv_bias=True, mlp_ratio=4, layerscale_value=1.0,
                                   use_swiglu_ffn=False, num_register_tokens=4),
@@ -667,10 +724,11 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
 # model_type -> the class converted when config.json names no (supported) architecture
 _HF_BASE_CLASS = {"bert": "BertModel", "gpt2": "GPT2Model", "vit": "ViTModel",
                   "llama": "LlamaModel", "dinov2": "Dinov2Model",
-                  "dinov2_with_registers": "Dinov2WithRegistersModel"}
+                  "dinov2_with_registers": "Dinov2WithRegistersModel", "deit": "DeiTModel"}
 # the prefix a task model puts before its base model's keys
 _HF_BASE_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "vit": "vit.", "llama": "model.",
-                   "dinov2": "dinov2.", "dinov2_with_registers": "dinov2_with_registers."}
+                   "dinov2": "dinov2.", "dinov2_with_registers": "dinov2_with_registers.",
+                   "deit": "deit."}
 
 
 # tied output weights that save_pretrained stores once: (omitted key, the key it equals)

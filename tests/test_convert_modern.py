@@ -146,3 +146,56 @@ def test_timm_qk_norm_matches():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), source(x), atol=ATOL, rtol=1e-4)
+
+
+# -- DeiT (distillation token) ----------------------------------------------------------
+def deit(kind):
+    torch.manual_seed(4)
+    cfg = transformers.DeiTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=48, image_size=32, patch_size=8,
+                                  num_labels=5)
+    model = getattr(transformers, kind)(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "token" in name:
+                p.normal_()
+    return _randomise_norms(model)
+
+
+def test_hf_deit_model_features_match():
+    source = deit("DeiTModel")
+    ours = convert.from_hf(source)
+    assert ours.config.distill_token and ours.num_prefix_tokens == 2
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_features(x),
+                                   source(pixel_values=x).last_hidden_state, atol=ATOL, rtol=1e-4)
+
+
+def test_hf_deit_with_teacher_logits_match():
+    source = deit("DeiTForImageClassificationWithTeacher")
+    ours = convert.from_hf(source)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = source(pixel_values=x)
+        torch.testing.assert_close(ours(x), want.logits, atol=ATOL, rtol=1e-4)
+        feats = ours.forward_features(x)
+        torch.testing.assert_close(ours.head_dist(feats[:, 1]), want.distillation_logits,
+                                   atol=ATOL, rtol=1e-4)
+
+
+def test_timm_deit_distilled_matches():
+    torch.manual_seed(5)
+    source = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False,
+                               img_size=32, depth=2, num_classes=7)
+    with torch.no_grad():
+        source.cls_token.normal_()
+        source.dist_token.normal_()
+    _randomise_norms(source)
+    ours = convert.from_timm(source)
+    assert ours.config.distill_token
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_features(x), source.forward_features(x),
+                                   atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(ours(x), source(x), atol=ATOL, rtol=1e-4)

@@ -41,6 +41,9 @@ def _sources():
                 img, lambda m, x: m(x).last_hidden_state, lambda m, x: m.forward_features(x)),
         "dinov2": (t.Dinov2Model(t.Dinov2Config(image_size=28, patch_size=14, **small)),
                    img, lambda m, x: m(x).last_hidden_state, lambda m, x: m.forward_features(x)),
+        "deit": (t.DeiTModel(t.DeiTConfig(image_size=28, patch_size=7, intermediate_size=48,
+                                          **small)),
+                 img, lambda m, x: m(x).last_hidden_state, lambda m, x: m.forward_features(x)),
         "dinov2_reg": (t.Dinov2WithRegistersModel(t.Dinov2WithRegistersConfig(
             image_size=28, patch_size=14, num_register_tokens=2, **small)),
             img, lambda m, x: m(x).last_hidden_state, lambda m, x: m.forward_features(x)),

@@ -30,6 +30,9 @@ class ViTConfig:
     pool: Literal["cls", "mean", "map"] = "cls"  # map: attention pooling (nn.pool)
     class_token: bool = True
     registers: int = 0  # register tokens (Darcet et al., 2024) after the class token
+    # DeiT: a distillation token after the class token, with its own position row and,
+    # with a head, its own classifier; logits = (head(cls) + head_dist(dist)) / 2
+    distill_token: bool = False
     # "none": no added positions (a backbone with rope="2d" rotates by (row, column))
     pos_embed: Literal["learned", "sincos", "none"] = "learned"
     stem: Literal["patch", "conv"] = "patch"  # linear patches, or ConvStem (3x3 convs)
@@ -45,6 +48,8 @@ class ViTConfig:
         if self.pos_embed not in ("learned", "sincos", "none"):
             raise ValueError(f"pos_embed must be 'learned', 'sincos' or 'none', "
                              f"got {self.pos_embed!r}")
+        if self.distill_token and not self.class_token:
+            raise ValueError("distill_token=True needs class_token=True")
         if self.registers < 0:
             raise ValueError(f"registers must be >= 0, got {self.registers}")
         h, w = _pair(self.image_size)
@@ -84,10 +89,12 @@ class ViT(PretrainedMixin, nn.Module):
             self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, config.dim)
         else:
             self.patch_embed = ConvStem(config.patch_size, config.in_channels, config.dim)
-        self.num_class_tokens = 1 if config.class_token else 0
+        self.num_class_tokens = (1 if config.class_token else 0) + int(config.distill_token)
         self.num_prefix_tokens = self.num_class_tokens + config.registers
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim)) if config.class_token \
             else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, config.dim)) \
+            if config.distill_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.registers, config.dim)) \
             if config.registers else None
         num_patches = config.grid_size[0] * config.grid_size[1]
@@ -105,6 +112,8 @@ class ViT(PretrainedMixin, nn.Module):
             norm_layer=partial(NORM_LAYERS[bb.norm_type], eps=bb.norm_eps),
             qkv_bias=bb.qkv_bias,
         ) if config.pool == "map" else None
+        self.head_dist = nn.Linear(config.dim, config.num_classes) \
+            if config.num_classes > 0 and config.distill_token else None
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
         self.apply(init_weights)
@@ -142,6 +151,8 @@ class ViT(PretrainedMixin, nn.Module):
         check_images(images, self.config.in_channels, self.config.patch_size)
         x = self.patch_embed(images)
         grid = self.patch_embed.grid_size(*images.shape[-2:])
+        if self.dist_token is not None:
+            x = torch.cat([self.dist_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.config.pos_embed != "none":
@@ -166,7 +177,7 @@ class ViT(PretrainedMixin, nn.Module):
         return out
 
     def pool(self, features: Tensor) -> Tensor:
-        """The class token, or the mean of the patch tokens: ``(B, dim)``."""
+        """The class token, the mean of the patch tokens, or attention pooling: ``(B, dim)``."""
         if self.config.pool == "cls":
             return features[:, 0]
         if self.attn_pool is not None:
@@ -177,7 +188,11 @@ class ViT(PretrainedMixin, nn.Module):
         """Class logits ``(B, num_classes)`` of the pooled features (``pre_logits``: the pooled
         features; ``num_classes=0``: likewise)."""
         pooled = self.pool(features)
-        return pooled if pre_logits else self.head(pooled)
+        if pre_logits:
+            return pooled
+        if self.head_dist is not None:  # DeiT at inference: mean of the two classifiers
+            return (self.head(pooled) + self.head_dist(features[:, 1])) / 2
+        return self.head(pooled)
 
     def forward(
         self, images: Tensor, return_attention: bool = False
