@@ -4,12 +4,13 @@ foreign weight layouts.
 >>> vit = from_torchvision(torchvision.models.vit_b_16(weights=None))
 >>> vit = from_timm(timm.create_model("vit_tiny_patch16_224"), img_size=384)
 >>> gpt = from_hf(transformers.GPT2LMHeadModel(config))
+>>> llama = from_hf("path/to/hf_folder")   # config.json + safetensors, no transformers
 
 Every converter reads the source's hyper-parameters, builds the matching model of this
 package, renames (and where needed fuses or transposes) the weights and loads them with
 :func:`multimodal.hub.load_state_dict_checked`. The result gives the source's outputs
 (to float rounding). A foreign key that is needed but absent, or present but never used
-(a feature we do not implement, e.g. layer scale), is an error that lists the keys.
+(a feature we do not implement, e.g. attention pooling), is an error that lists the keys.
 
 Layout notes:
 
@@ -46,9 +47,13 @@ SUPPORTED = {
     "torchvision": "torchvision.models.VisionTransformer (vit_b_16, vit_b_32, vit_l_16, "
                    "vit_l_32, vit_h_14 or any custom size)",
     "timm": "timm VisionTransformer (vit_* models with a class token or global average "
-            "pooling without fc_norm)",
+            "pooling without fc_norm; layer scale, register tokens, qk_norm, distilled DeiT: "
+            "vit_small_patch14_dinov2, vit_small_patch14_reg4_dinov2, deit_*_distilled_*)",
     "transformers": "ViTModel, ViTForImageClassification, GPT2Model, GPT2LMHeadModel, "
-                    "BertModel, BertForMaskedLM, BertForSequenceClassification",
+                    "BertModel, BertForMaskedLM, BertForSequenceClassification, "
+                    "LlamaForCausalLM, LlamaModel, Dinov2Model, Dinov2WithRegistersModel, "
+                    "DeiTModel, DeiTForImageClassificationWithTeacher; or a Hugging Face "
+                    "layout folder of one of them (from_hf_folder)",
 }
 
 # transformers' activation names -> ours
@@ -126,8 +131,12 @@ def _activation_of(module: nn.Module) -> str:
         return "gelu_tanh"
     if name == "ReLU":
         return "relu"
+    if name == "QuickGELU":
+        return "quick_gelu"
+    if name in ("SiLU", "Swish"):
+        return "silu"
     raise ValueError(f"unsupported MLP activation {type(module).__name__}; "
-                     "supported: GELU (exact or tanh), ReLU")
+                     "supported: GELU (exact or tanh), ReLU, QuickGELU, SiLU")
 
 
 # ======================================================================================
@@ -215,6 +224,8 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
         activation=_activation_of(block0.mlp.act), qkv_bias=block0.attn.qkv.bias is not None,
         registers=getattr(model, "num_reg_tokens", 0),
         distill_token=getattr(model, "dist_token", None) is not None,
+        pre_norm=not isinstance(model.norm_pre, nn.Identity),
+        patch_bias=model.patch_embed.proj.bias is not None,
         layer_scale=None if isinstance(block0.ls1, nn.Identity) else 1.0,
         qk_norm=isinstance(getattr(block0.attn, "q_norm", None), nn.LayerNorm),
     )
@@ -242,6 +253,8 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
         out["dist_token"] = src.take("dist_token")
         if config.num_classes > 0:
             _linear(out, "head_dist", src.take("head_dist.weight"), src.take("head_dist.bias"))
+    if config.pre_norm:
+        _norm(out, "norm_pre", src, "norm_pre")
     for i in range(config.depth):
         t, o = f"blocks.{i}", f"transformer.blocks.{i}"
         if config.layer_scale is not None:
@@ -272,7 +285,6 @@ def _check_timm_features(model: nn.Module) -> None:
     unsupported = {
         "no_embed_class=True without a class token": getattr(model, "no_embed_class", False)
             and model.cls_token is None,
-        "pre_norm (norm_pre)": not isinstance(model.norm_pre, nn.Identity),
         "fc_norm (a norm after pooling; global_pool='avg' defaults to it)":
             not isinstance(model.fc_norm, nn.Identity),
         "attention pooling (global_pool='map')": getattr(model, "attn_pool", None) is not None,

@@ -136,7 +136,6 @@ def test_timm_other_image_size_resamples_like_timm(new_size):
 
 @pytest.mark.parametrize("kw,words", [
     # layer scale, registers and qk_norm convert now (tests/test_convert_modern.py)
-    ({"pre_norm": True}, "pre_norm"),
     ({"class_token": False, "no_embed_class": True, "global_pool": "avg", "fc_norm": False},
      "no_embed_class"),
     ({"global_pool": "avg"}, "fc_norm"),

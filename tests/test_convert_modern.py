@@ -199,3 +199,17 @@ def test_timm_deit_distilled_matches():
         torch.testing.assert_close(ours.forward_features(x), source.forward_features(x),
                                    atol=ATOL, rtol=1e-4)
         torch.testing.assert_close(ours(x), source(x), atol=ATOL, rtol=1e-4)
+
+
+def test_timm_clip_vision_tower_matches():
+    """timm's CLIP image towers: a LayerNorm before the blocks (pre_norm) and quick_gelu."""
+    torch.manual_seed(6)
+    source = timm.create_model("vit_base_patch16_clip_quickgelu_224", pretrained=False,
+                               img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
+                               num_classes=6)
+    _randomise_norms(source)
+    ours = convert.from_timm(source)
+    assert ours.config.pre_norm and ours.config.activation == "quick_gelu"
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), source(x), atol=ATOL, rtol=1e-4)

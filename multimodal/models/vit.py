@@ -33,6 +33,8 @@ class ViTConfig:
     # DeiT: a distillation token after the class token, with its own position row and,
     # with a head, its own classifier; logits = (head(cls) + head_dist(dist)) / 2
     distill_token: bool = False
+    pre_norm: bool = False  # a LayerNorm on the embedded tokens before the blocks (CLIP)
+    patch_bias: bool = True  # bias of the patch projection (CLIP has none)
     # "none": no added positions (a backbone with rope="2d" rotates by (row, column))
     pos_embed: Literal["learned", "sincos", "none"] = "learned"
     stem: Literal["patch", "conv"] = "patch"  # linear patches, or ConvStem (3x3 convs)
@@ -86,7 +88,8 @@ class ViT(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         if config.stem == "patch":
-            self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, config.dim)
+            self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, config.dim,
+                                          bias=config.patch_bias)
         else:
             self.patch_embed = ConvStem(config.patch_size, config.in_channels, config.dim)
         self.num_class_tokens = (1 if config.class_token else 0) + int(config.distill_token)
@@ -105,6 +108,8 @@ class ViT(PretrainedMixin, nn.Module):
         else:
             self.register_parameter("pos_embed", None)
         self.pos_drop = nn.Dropout(config.dropout)
+        self.norm_pre = NORM_LAYERS[config.backbone.norm_type](
+            config.dim, eps=config.backbone.norm_eps) if config.pre_norm else nn.Identity()
         self.transformer = Transformer(config.backbone)
         bb = config.backbone
         self.attn_pool = AttentionPool(
@@ -160,7 +165,7 @@ class ViT(PretrainedMixin, nn.Module):
         if self.reg_token is not None:
             c = self.num_class_tokens
             x = torch.cat([x[:, :c], self.reg_token.expand(x.shape[0], -1, -1), x[:, c:]], 1)
-        return self.pos_drop(x)
+        return self.norm_pre(self.pos_drop(x))
 
     def forward_features(
         self, images: Tensor, return_attention: bool = False
