@@ -213,3 +213,35 @@ def test_timm_clip_vision_tower_matches():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), source(x), atol=ATOL, rtol=1e-4)
+
+
+# -- CLIP -------------------------------------------------------------------------------
+def test_hf_clip_features_and_logits_match():
+    torch.manual_seed(7)
+    cfg = transformers.CLIPConfig(
+        text_config=dict(vocab_size=99, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=2, num_attention_heads=4,
+                         max_position_embeddings=16, eos_token_id=98, bos_token_id=97,
+                         pad_token_id=0),
+        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                           num_attention_heads=4, image_size=32, patch_size=8),
+        projection_dim=24)
+    source = transformers.CLIPModel(cfg)
+    with torch.no_grad():
+        source.vision_model.embeddings.class_embedding.normal_()
+        source.logit_scale.fill_(2.0)
+    _randomise_norms(source)
+    ours = convert.from_hf(source)
+    images = torch.randn(2, 3, 32, 32)
+    ids = torch.tensor([[97, 5, 6, 7, 98, 0, 0], [97, 9, 10, 11, 12, 13, 98]])
+    mask = (torch.arange(7) < torch.tensor([[5], [7]])).long()
+    with torch.no_grad():
+        want = source(input_ids=ids, attention_mask=mask, pixel_values=images)
+        # transformers 5 returns the projected features as pooler_output
+        img = source.get_image_features(pixel_values=images).pooler_output
+        txt = source.get_text_features(input_ids=ids, attention_mask=mask).pooler_output
+        torch.testing.assert_close(ours.get_image_features(images), img, atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(ours.get_text_features(ids, mask), txt, atol=ATOL,
+                                   rtol=1e-4)
+        torch.testing.assert_close(ours(images, ids, mask), want.logits_per_image,
+                                   atol=ATOL, rtol=1e-4)
