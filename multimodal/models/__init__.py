@@ -6,7 +6,7 @@ from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, 
 from multimodal.models.vit import ViT, ViTConfig
 
 # Modules written by later work register themselves when present.
-for _name in ("image_gpt", "captioner", "audio", "seq2seq"):
+for _name in ("image_gpt", "captioner", "audio", "seq2seq", "clip"):
     try:
         importlib.import_module(f"multimodal.models.{_name}")
     except ModuleNotFoundError as _err:

@@ -172,12 +172,13 @@ class TextEncoderConfig:
     num_classes: int = 0  # > 0: a classification head on the [CLS] token
     mlm_head: bool = True  # BERT's masked-LM head (dense, act, norm, tied decoder)
     pooler: bool = False  # BERT's tanh pooler on [CLS] before the classifier
+    causal: bool = False  # causal self-attention (CLIP's text tower), read at the last token
 
     def transformer_config(self) -> TransformerConfig:
         return TransformerConfig(
             dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim,
             norm=self.norm, norm_eps=self.norm_eps, activation=self.activation,
-            dropout=self.dropout, attn_dropout=self.attn_dropout,
+            dropout=self.dropout, attn_dropout=self.attn_dropout, causal=self.causal,
         )
 
 
