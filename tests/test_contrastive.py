@@ -149,3 +149,43 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, loss):
     local = [_task_loss(_model(loss), images[r * 3:(r + 1) * 3], ids[r * 3:(r + 1) * 3])
              for r in range(2)]
     assert not torch.allclose((local[0] + local[1]) / 2, full.detach())
+
+
+# -- the Lightning task ----------------------------------------------------------------------
+
+def test_task_trains_on_scenes_logs_the_metrics_and_keeps_its_tokenizer(tmp_path):
+    import lightning as L
+
+    from multimodal.data.captions import CaptionDataModule
+    from multimodal.hub import load_checkpoint
+    from multimodal.tasks.contrastive import ContrastiveTask
+
+    L.seed_everything(0)
+    model = mm.CLIP(mm.CLIPConfig(
+        vision=mm.ViTConfig(image_size=16, patch_size=4, dim=16, depth=1, heads=2, mlp_dim=32,
+                            pool="mean", class_token=False),
+        text=mm.TextEncoderConfig(vocab_size=32, max_len=24, dim=16, depth=1, heads=2,
+                                  mlp_dim=32), embed_dim=8))
+    with torch.no_grad():
+        model.logit_scale.fill_(math.log(100.0) - 1e-4)  # one step up would pass the cap
+    dm = CaptionDataModule("scenes", image_size=16, num_train=64, num_val=32, num_test=32,
+                           batch_size=16, order="left_to_right")
+    task = ContrastiveTask(model, lr=1e-2, warmup_fraction=0.0, zero_shot_size=24,
+                           recall_ks=(1, 5))
+    trainer = L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path,
+                        limit_val_batches=2)
+    trainer.fit(task, dm)
+    m = trainer.callback_metrics
+    for key in ("train/loss", "train/temperature", "val/loss", "val/i2t_R@1", "val/t2i_R@5",
+                "val/zero_shot_heldout", "val/zero_shot_seen"):
+        assert key in m, key
+        assert torch.isfinite(m[key])
+    assert 0.0 <= float(m["val/i2t_R@1"]) <= float(m["val/i2t_R@5"]) <= 1.0
+    assert model.logit_scale.item() <= math.log(100.0)  # clamped after every step
+    ckpt = next(tmp_path.rglob("*.ckpt"))
+    again = ContrastiveTask(load_checkpoint(ckpt))
+    again.on_load_checkpoint(torch.load(ckpt, weights_only=True))
+    assert again.tokenizer is not None
+    assert again.tokenizer.encode("a small red circle") == task.tokenizer.encode(
+        "a small red circle")
