@@ -61,7 +61,7 @@ def make_step(name: str, model: torch.nn.Module, device: str, dtype: torch.dtype
 
     def features(images: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if name == "ours":
-            img, txt = model(images, ids)
+            img, txt = model.forward_features(images, ids).unbind(1)
             return img, txt, model.scale()
         img, txt, scale = model(images, ids)  # open_clip: normalised features, exp(scale)
         return img, txt, scale

@@ -33,7 +33,7 @@ def tokenizer() -> WordTokenizer:
 def test_features_are_unit_vectors_and_scale_starts_at_1_over_007():
     model = tiny()
     images, ids = torch.randn(3, 3, 16, 16), torch.randint(8, 40, (3, 5))
-    img, txt = model(images, ids)
+    img, txt = model.forward_features(images, ids).unbind(1)
     assert img.shape == txt.shape == (3, 16)
     torch.testing.assert_close(img.norm(dim=-1), torch.ones(3))
     torch.testing.assert_close(txt.norm(dim=-1), torch.ones(3))
@@ -41,6 +41,7 @@ def test_features_are_unit_vectors_and_scale_starts_at_1_over_007():
     assert model.scale().item() == pytest.approx(1 / 0.07, rel=1e-6)
     expected = (1 / 0.07) * img @ txt.T
     torch.testing.assert_close(model.similarity(images, ids), expected)
+    torch.testing.assert_close(model(images, ids), expected)  # logits_per_image of the pairs
     # projections are bias-free Linear layers, the layout converters rely on
     assert model.visual_projection.bias is None and model.text_projection.bias is None
     assert model.logit_bias is None

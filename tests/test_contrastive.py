@@ -95,7 +95,7 @@ def _task_loss(model: mm.CLIP, images: torch.Tensor, ids: torch.Tensor) -> torch
     from multimodal.tasks.contrastive import ContrastiveTask
 
     task = ContrastiveTask(model)
-    return task.loss(*model(images, ids))
+    return task.loss(*model.forward_features(images, ids).unbind(1))
 
 
 def _rank(rank: int, port: int, loss: str, batch: int, folder: str) -> None:

@@ -20,6 +20,11 @@ Texts longer than the text tower's context ``text.max_len`` are truncated to the
 ``max_len`` tokens, with a warning the first time; with ``"eot"`` pooling the last kept
 token then stands for the end of text.
 
+The package's model API (docs/models.md): ``forward_features(images, input_ids)`` is the
+pair of unit embeddings stacked as two tokens ``(B, 2, embed_dim)`` (row 0 the image, row 1
+the text); ``pool`` reads the image embedding; ``forward_head`` / ``model(images,
+input_ids)`` give ``logits_per_image`` (B, B) of the batch, as transformers' ``CLIPModel``.
+
 Parameter layout (for converters): ``vision_model`` (ViT), ``text_model`` (TextEncoder),
 ``visual_projection`` / ``text_projection`` (``nn.Linear`` without bias),
 ``logit_scale`` (scalar), ``logit_bias`` (scalar, sigmoid loss only).
@@ -38,10 +43,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
 from multimodal.models.text import TextEncoder, TextEncoderConfig, check_token_ids
 from multimodal.models.vit import ViT, ViTConfig
 from multimodal.registry import register_model, register_preset
+from multimodal.weights import PretrainedMixin
 
 __all__ = ["CLIP", "CLIPConfig", "tokenize_texts"]
 
@@ -113,10 +118,12 @@ class CLIP(PretrainedMixin, nn.Module):
     ``encode_image`` / ``encode_text`` give (B, embed_dim) unit vectors;
     ``similarity(images, input_ids)`` the (N_images, N_texts) scaled cosines
     ``exp(logit_scale) · I Tᵀ``; ``zero_shot`` class probabilities from prompts;
-    ``forward(images, input_ids)`` the paired features of one training batch.
+    ``forward_features(images, input_ids)`` the paired features (B, 2, embed_dim) of one
+    training batch and ``model(images, input_ids)`` their ``logits_per_image`` (B, B).
     """
 
     config_class = CLIPConfig
+    modality = "image-text"
 
     def __init__(self, config: CLIPConfig) -> None:
         super().__init__()
@@ -199,16 +206,45 @@ class CLIP(PretrainedMixin, nn.Module):
         x = self.text_projection(self.text_features(input_ids, attention_mask))
         return F.normalize(x, dim=-1) if normalize else x
 
-    # -- pairs -------------------------------------------------------------------------------
-    def forward(self, images: Tensor, input_ids: Tensor,
-                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Unit features ``(I, T)``, each (B, embed_dim), of B matching image-text pairs."""
+    # -- pairs (the model API) ---------------------------------------------------------------
+    @property
+    def num_features(self) -> int:
+        return self.config.embed_dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random images and token ids of the towers' example inputs."""
+        (images,) = self.vision_model.example_inputs(batch_size)
+        (ids,) = self.text_model.example_inputs(batch_size)
+        return images, ids
+
+    def forward_features(self, images: Tensor, input_ids: Tensor,
+                         attention_mask: Tensor | None = None) -> Tensor:
+        """Unit embeddings of B matching image-text pairs, stacked (B, 2, embed_dim):
+        ``[:, 0]`` the images', ``[:, 1]`` the texts'."""
         n_img = images.shape[0] if isinstance(images, Tensor) and images.dim() > 0 else None
         if isinstance(input_ids, Tensor) and input_ids.dim() == 2 and n_img is not None \
                 and input_ids.shape[0] != n_img:
-            raise ValueError(f"{n_img} images but {input_ids.shape[0]} texts: a training "
-                             "batch pairs image i with text i")
-        return self.encode_image(images), self.encode_text(input_ids, attention_mask)
+            raise ValueError(f"{n_img} images but {input_ids.shape[0]} texts: a batch of pairs "
+                             "matches image i with text i (similarity() scores any numbers)")
+        return torch.stack([self.encode_image(images),
+                            self.encode_text(input_ids, attention_mask)], dim=1)
+
+    def pool(self, features: Tensor) -> Tensor:
+        """The image embeddings (B, embed_dim) of :meth:`forward_features`."""
+        return features[:, 0]
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
+        """``logits_per_image`` (B, B) = ``exp(logit_scale) · I Tᵀ`` (+ bias with the sigmoid
+        loss) of paired features; ``pre_logits``: :meth:`pool`."""
+        if pre_logits:
+            return self.pool(features)
+        logits = self.scale() * features[:, 0] @ features[:, 1].T
+        return logits + self.logit_bias if self.logit_bias is not None else logits
+
+    def forward(self, images: Tensor, input_ids: Tensor,
+                attention_mask: Tensor | None = None) -> Tensor:
+        """``logits_per_image`` (B, B) of a batch of pairs (transpose: per text)."""
+        return self.forward_head(self.forward_features(images, input_ids, attention_mask))
 
     def similarity(self, images: Tensor, input_ids: Tensor,
                    attention_mask: Tensor | None = None) -> Tensor:

@@ -160,7 +160,8 @@ class ContrastiveTask(ModelTask):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         images = batch["images"]
-        image, text = self.model(images, **self.tokenize(batch["captions"]))
+        features = self.model.forward_features(images, **self.tokenize(batch["captions"]))
+        image, text = features.unbind(dim=1)
         loss = self.loss(image, text)
         b = images.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=b)
@@ -174,7 +175,7 @@ class ContrastiveTask(ModelTask):
     # -- evaluation ------------------------------------------------------------------------
     def _eval_step(self, batch: dict[str, Any], split: str) -> None:
         images, captions = batch["images"], list(batch["captions"])
-        image, text = self.model(images, **self.tokenize(captions))
+        image, text = self.model.forward_features(images, **self.tokenize(captions)).unbind(1)
         self.log(f"{split}/loss", self.loss(image, text), batch_size=images.shape[0],
                  sync_dist=True)
         self._outputs.setdefault(split, []).append((image.detach(), text.detach(), captions))
