@@ -35,6 +35,8 @@ _EXPORTS: dict[str, str] = {
     "Seq2SeqConfig": "multimodal.models.seq2seq",
     "AudioClassifier": "multimodal.models.audio",
     "AudioClassifierConfig": "multimodal.models.audio",
+    "CLIP": "multimodal.models.clip",
+    "CLIPConfig": "multimodal.models.clip",
     # tokenizers
     "WordPieceTokenizer": "multimodal.tokenizers.text",
     "WordTokenizer": "multimodal.tokenizers.text",
