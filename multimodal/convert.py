@@ -29,6 +29,7 @@ Layout notes:
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -38,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multimodal.models.clip import CLIP, CLIPConfig
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
 from multimodal.models.vit import ViT, ViTConfig
 from multimodal.nn.position import resample_grid
@@ -53,7 +55,8 @@ SUPPORTED = {
     "transformers": "ViTModel, ViTForImageClassification, GPT2Model, GPT2LMHeadModel, "
                     "BertModel, BertForMaskedLM, BertForSequenceClassification, "
                     "LlamaForCausalLM, LlamaModel, Dinov2Model, Dinov2WithRegistersModel, "
-                    "DeiTModel, DeiTForImageClassificationWithTeacher; or a Hugging Face "
+                    "DeiTModel, DeiTForImageClassificationWithTeacher, CLIPModel (-> CLIP); "
+                    "or a Hugging Face "
                     "layout folder of one of them (from_hf_folder)",
 }
 
@@ -311,14 +314,15 @@ def _check_timm_features(model: nn.Module) -> None:
 # ======================================================================================
 
 
-def from_hf(model: nn.Module | str | os.PathLike) -> ViT | TextDecoder | TextEncoder:
+def from_hf(model: nn.Module | str | os.PathLike) -> ViT | TextDecoder | TextEncoder | CLIP:
     """A transformers model, or a folder in the Hugging Face layout (see
     :func:`from_hf_folder`; transformers need not be installed), -> our model.
 
     ``ViTModel`` / ``ViTForImageClassification`` -> :class:`~multimodal.ViT`,
     ``GPT2Model`` / ``GPT2LMHeadModel`` -> :class:`~multimodal.TextDecoder`,
     ``BertModel`` / ``BertForMaskedLM`` / ``BertForSequenceClassification`` ->
-    :class:`~multimodal.TextEncoder`.
+    :class:`~multimodal.TextEncoder`, ``CLIPModel`` -> :class:`~multimodal.CLIP`; see
+    :data:`SUPPORTED` for the rest.
     """
     if isinstance(model, (str, os.PathLike)):
         return from_hf_folder(model)
@@ -710,49 +714,10 @@ def _hf_deit(model: nn.Module) -> ViT:
 _MODERN_HF.update({"DeiTModel": _hf_deit, "DeiTForImageClassificationWithTeacher": _hf_deit})
 
 
-class ConvertedCLIP(nn.Module):
-    """A converted CLIP: our :class:`~multimodal.ViT` image tower and our causal, pre-norm
-    :class:`~multimodal.TextDecoder` text tower (its ``forward_features``; the tied LM
-    head is unused), bias-free projections and ``logit_scale``.
-
-    A stand-in until the package's own CLIP model class lands (its weights map one to one).
-    ``logits_per_image = exp(logit_scale) * norm(f_img) norm(f_txt)^T``; the text feature is
-    the token at the end-of-text position: the largest id when ``eos_token_id == 2`` (the
-    original CLIP vocabulary, as transformers does), else the first ``eos_token_id``.
-    """
-
-    def __init__(self, vision: ViT, text: TextDecoder, projection_dim: int,
-                 eos_token_id: int) -> None:
-        super().__init__()
-        self.vision, self.text, self.eos_token_id = vision, text, eos_token_id
-        self.visual_projection = nn.Linear(vision.config.dim, projection_dim, bias=False)
-        self.text_projection = nn.Linear(text.config.dim, projection_dim, bias=False)
-        self.logit_scale = nn.Parameter(torch.tensor(2.6592))
-
-    def get_image_features(self, images: Tensor) -> Tensor:
-        return self.visual_projection(self.vision.pool(self.vision.forward_features(images)))
-
-    def get_text_features(self, input_ids: Tensor,
-                          attention_mask: Tensor | None = None) -> Tensor:
-        hidden = self.text.forward_features(input_ids, attention_mask)
-        if self.eos_token_id == 2:
-            end = input_ids.argmax(dim=-1)
-        else:
-            end = (input_ids == self.eos_token_id).int().argmax(dim=-1)
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), end]
-        return self.text_projection(pooled)
-
-    def forward(self, images: Tensor, input_ids: Tensor,
-                attention_mask: Tensor | None = None) -> Tensor:
-        """``logits_per_image`` (B_img, B_txt)."""
-        img = F.normalize(self.get_image_features(images), dim=-1)
-        txt = F.normalize(self.get_text_features(input_ids, attention_mask), dim=-1)
-        return self.logit_scale.exp() * img @ txt.T
-
-
-def _clip_layers(out: dict[str, Tensor], src: _StateReader, depth: int) -> None:
+def _clip_layers(out: dict[str, Tensor], src: _StateReader, depth: int,
+                 ours: str = "transformer") -> None:
     for i in range(depth):
-        t, o = f"encoder.layers.{i}", f"transformer.blocks.{i}"
+        t, o = f"encoder.layers.{i}", f"{ours}.blocks.{i}"
         a = f"{t}.self_attn"
         _linear(out, f"{o}.attn.qkv", torch.cat([src.take(f"{a}.{p}_proj.weight") for p in "qkv"]),
                 torch.cat([src.take(f"{a}.{p}_proj.bias") for p in "qkv"]))
@@ -770,60 +735,78 @@ def _sub_config(cfg: Any, name: str) -> Any:
     return _HFConfig(sub, Path(f"config.json:{name}")) if isinstance(sub, dict) else sub
 
 
-def _hf_clip(model: nn.Module) -> ConvertedCLIP:
-    """``CLIPModel`` -> :class:`ConvertedCLIP` (image and text features, ``logits_per_image``
-    equal to transformers'). The image tower: class embedding, bias-free patches,
-    ``pre_layrnorm`` (ViT ``pre_norm``), ``post_layernorm`` as the final norm (applied to
-    every token; transformers applies it to the pooled class token only, so
-    ``forward_features`` differs from ``last_hidden_state`` but the pooled feature agrees)."""
+def _clip_eot_token_id(tc: Any) -> int:
+    """Where transformers' CLIP text tower pools: the first ``eos_token_id``, or, for legacy
+    configs with ``eos_token_id == 2``, ``argmax`` of the ids, which is the first
+    ``<|endoftext|>``, the largest id of the original vocabulary: ``vocab_size - 1``."""
+    eos = _cfg(tc, "eos_token_id", 2)
+    if isinstance(eos, (list, tuple)):
+        if len(eos) != 1:
+            raise ValueError(f"text_config.eos_token_id must be one id, got {eos!r}")
+        eos = eos[0]
+    return int(_cfg(tc, "vocab_size")) - 1 if int(eos) == 2 else int(eos)
+
+
+def _hf_clip(model: nn.Module) -> CLIP:
+    """``CLIPModel`` -> :class:`~multimodal.CLIP`, so ``encode_image`` / ``encode_text`` /
+    ``similarity`` / ``zero_shot`` work on an imported CLIP as on one trained here.
+
+    ``encode_*(x, normalize=False)`` equal ``get_image_features`` / ``get_text_features`` and
+    ``similarity`` equals ``logits_per_image``. The image tower: class embedding, bias-free
+    patches, ``pre_layrnorm`` (ViT ``pre_norm``), ``post_layernorm`` as the final norm
+    (applied to every token; transformers applies it to the pooled class token only, so
+    ``forward_features`` differs from ``last_hidden_state`` but the pooled feature agrees).
+    The text tower: a :class:`~multimodal.TextEncoder` switched to CLIP's (learned
+    positions, no embedding norm, pre-norm causal blocks, final norm) pooled at the
+    end-of-text token (:func:`_clip_eot_token_id`). transformers does not clamp
+    ``logit_scale`` at inference: ``logit_scale_max`` is raised to the stored value if
+    above log(100)."""
     cfg, state = model.config, model.state_dict()
     vc, tc = _sub_config(cfg, "vision_config"), _sub_config(cfg, "text_config")
     src = _StateReader(state, type(model).__name__)
-    vision = ViT(ViTConfig(
+    vision = ViTConfig(
         image_size=_cfg(vc, "image_size"), patch_size=_cfg(vc, "patch_size"),
         in_channels=_cfg(vc, "num_channels", 3), num_classes=0, pool="cls", pre_norm=True,
         patch_bias=False, dim=_cfg(vc, "hidden_size"), depth=_cfg(vc, "num_hidden_layers"),
         heads=_cfg(vc, "num_attention_heads"), mlp_dim=_cfg(vc, "intermediate_size"),
         norm_eps=_cfg(vc, "layer_norm_eps", 1e-5), activation=_hf_activation(vc, "hidden_act"),
-    ))
-    text = TextDecoder(TextDecoderConfig(
+    )
+    text = TextEncoderConfig(
         vocab_size=_cfg(tc, "vocab_size"), max_len=_cfg(tc, "max_position_embeddings"),
-        pos_embed="learned", tie_embeddings=True, dim=_cfg(tc, "hidden_size"),
+        pos_embed="learned", type_vocab_size=0, embed_norm=False, mlm_head=False,
+        norm="pre", causal=True, dim=_cfg(tc, "hidden_size"),
         depth=_cfg(tc, "num_hidden_layers"), heads=_cfg(tc, "num_attention_heads"),
         mlp_dim=_cfg(tc, "intermediate_size"), norm_eps=_cfg(tc, "layer_norm_eps", 1e-5),
         activation=_hf_activation(tc, "hidden_act"),
-    ))
-    v: dict[str, Tensor] = {}
+    )
+    out: dict[str, Tensor] = {}
     src.prefix = "vision_model."
-    cls = src.take("embeddings.class_embedding")
-    v["cls_token"] = cls.reshape(1, 1, -1)
-    v["pos_embed"] = src.take("embeddings.position_embedding.weight")[None]
-    v["patch_embed.proj.weight"] = src.take("embeddings.patch_embedding.weight")
-    _norm(v, "norm_pre", src, "pre_layrnorm")
-    _clip_layers(v, src, vision.config.depth)
-    _norm(v, "transformer.norm", src, "post_layernorm")
+    v = "vision_model."
+    out[f"{v}cls_token"] = src.take("embeddings.class_embedding").reshape(1, 1, -1)
+    out[f"{v}pos_embed"] = src.take("embeddings.position_embedding.weight")[None]
+    out[f"{v}patch_embed.proj.weight"] = src.take("embeddings.patch_embedding.weight")
+    _norm(out, f"{v}norm_pre", src, "pre_layrnorm")
+    _clip_layers(out, src, vision.depth, f"{v}transformer")
+    _norm(out, f"{v}transformer.norm", src, "post_layernorm")
     src.skip("embeddings.position_ids")
-    t: dict[str, Tensor] = {}
     src.prefix = "text_model."
-    t["tok_embed.weight"] = src.take("embeddings.token_embedding.weight")
-    t["pos_embed.weight"] = src.take("embeddings.position_embedding.weight")
-    _clip_layers(t, src, text.config.depth)
-    _norm(t, "transformer.norm", src, "final_layer_norm")
+    t = "text_model."
+    out[f"{t}tok_embed.weight"] = src.take("embeddings.token_embedding.weight")
+    out[f"{t}pos_embed.weight"] = src.take("embeddings.position_embedding.weight")
+    _clip_layers(out, src, text.depth, f"{t}transformer")
+    _norm(out, f"{t}transformer.norm", src, "final_layer_norm")
     src.skip("embeddings.position_ids")
     src.prefix = ""
-    top = {"visual_projection.weight": src.take("visual_projection.weight"),
-           "text_projection.weight": src.take("text_projection.weight"),
-           "logit_scale": src.take("logit_scale")}
+    for name in ("visual_projection.weight", "text_projection.weight", "logit_scale"):
+        out[name] = src.take(name)
     src.finish()
-    _load(vision, v)
-    _load(text, t)
-    clip = ConvertedCLIP(vision, text, top["visual_projection.weight"].shape[0]
-                         if top["visual_projection.weight"].numel() else 1,
-                         int(getattr(tc, "eos_token_id", 2)))
-    load_state_dict_checked(clip, {**top, **{f"vision.{k}": p for k, p in
-                                             vision.state_dict().items()},
-                                   **{f"text.{k}": p for k, p in text.state_dict().items()}})
-    return clip.eval()
+    projection = out["visual_projection.weight"]
+    scale = float(out["logit_scale"]) if out["logit_scale"].numel() == 1 else math.log(100.0)
+    config = CLIPConfig(
+        vision=vision, text=text, embed_dim=projection.shape[0] if projection.numel() else 1,
+        text_pool="eot", eot_token_id=_clip_eot_token_id(tc), loss="softmax",
+        logit_scale_init=scale, logit_scale_max=max(math.log(100.0), scale))
+    return _load(CLIP(config), out)
 
 
 _MODERN_HF.update({"CLIPModel": _hf_clip})
@@ -1009,5 +992,5 @@ def convert(model: nn.Module, **kwargs: Any) -> nn.Module:
                      + "; ".join(f"{lib}: {what}" for lib, what in SUPPORTED.items()))
 
 
-__all__ = ["SUPPORTED", "ConvertedCLIP", "convert", "from_hf", "from_hf_folder", "from_timm",
+__all__ = ["SUPPORTED", "convert", "from_hf", "from_hf_folder", "from_timm",
            "from_torchvision", "read_hf_weights"]

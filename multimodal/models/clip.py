@@ -12,9 +12,16 @@ Zhai et al., 2023) the model also learns a bias ``b`` and pairs are scored with
 ``s · I Tᵀ + b``. The losses themselves live in :mod:`multimodal.tasks.contrastive`.
 
 Text pooling: ``text_pool="cls"`` reads position 0 (the tokenizer puts ``[CLS]`` there),
-``"eot"`` reads the last real token of each row (``[EOS]``, end of text; the last
-position with ``attention_mask == 1``, or the last column without a mask). A causal text
-tower (``text.causal=True``) needs ``"eot"``: only the last token has seen the whole text.
+``"eot"`` reads the end-of-text token of each row. Where that is: with
+``eot_token_id=None`` (models trained here) the last real token (``[EOS]``; the last
+position with ``attention_mask == 1``, or the last column without a mask); with
+``eot_token_id=k`` (imported CLIPs) the *first* position whose id is ``k``, the rule of
+transformers' ``CLIPTextTransformer`` (a row without ``k`` falls back to its last real
+token). transformers' legacy rule for configs with ``eos_token_id == 2`` (the original
+OpenAI vocabulary), ``argmax`` of the ids, finds the first ``<|endoftext|>`` because that is
+the largest id of the vocabulary: the converter sets ``eot_token_id = vocab_size - 1`` for it.
+A causal text tower (``text.causal=True``) needs ``"eot"``: only the last token has seen the
+whole text.
 
 Texts longer than the text tower's context ``text.max_len`` are truncated to their first
 ``max_len`` tokens, with a warning the first time; with ``"eot"`` pooling the last kept
@@ -76,6 +83,7 @@ class CLIPConfig:
     text: TextEncoderConfig = field(default_factory=_default_text)
     embed_dim: int = 128
     text_pool: Literal["cls", "eot"] = "eot"
+    eot_token_id: int | None = None  # "eot" pooling at the first such id (None: last token)
     loss: Literal["softmax", "sigmoid"] = "softmax"
     logit_scale_init: float = math.log(1 / 0.07)
     logit_scale_max: float = math.log(100.0)
@@ -191,13 +199,19 @@ class CLIP(PretrainedMixin, nn.Module):
         hidden = self.text_model(input_ids, attention_mask)
         if self.config.text_pool == "cls":
             return hidden[:, 0]
-        if attention_mask is None:
-            return hidden[:, -1]
-        lengths = attention_mask.long().sum(dim=1)
-        if bool((lengths == 0).any()):
-            raise ValueError("a text has no tokens (an all-zero attention_mask row)")
         rows = torch.arange(hidden.shape[0], device=hidden.device)
-        return hidden[rows, lengths - 1]
+        if attention_mask is None:
+            last = torch.full_like(rows, hidden.shape[1] - 1)
+        else:
+            lengths = attention_mask.long().sum(dim=1)
+            if bool((lengths == 0).any()):
+                raise ValueError("a text has no tokens (an all-zero attention_mask row)")
+            last = lengths - 1
+        eot = self.config.eot_token_id
+        if eot is not None:  # the first eot id of each row (transformers' CLIP rule)
+            is_eot = input_ids == eot
+            last = torch.where(is_eot.any(dim=1), is_eot.int().argmax(dim=1), last)
+        return hidden[rows, last]
 
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                     normalize: bool = True) -> Tensor:
