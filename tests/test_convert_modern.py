@@ -302,12 +302,13 @@ def test_hf_clip_zero_shot_is_softmax_of_logits_per_image():
     source = hf_clip()
     ours = convert.from_hf(source)
 
+    words = {"a": 5, "photo": 6, "of": 7, "dog": 9, "cat": 10, "red": 11, "car": 12}
+
     class Words:  # a tokenizer of our API over a fixed word -> id table
         vocab_size = 99
-        words = {"a": 5, "photo": 6, "of": 7, "dog": 9, "cat": 10, "red": 11, "car": 12}
 
         def encode_many(self, texts, add_cls=False, add_eos=False):
-            return [[97] + [self.words[w] for w in t.split()] + [98] * add_eos for t in texts]
+            return [[97] + [words[w] for w in t.split()] + [98] * add_eos for t in texts]
 
         def pad(self, seqs):
             n = max(map(len, seqs))

@@ -161,3 +161,43 @@ def test_pickle_only_refused(bert_folder):
     torch.save(state, bert_folder / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"only pickled weights \(pytorch_model\.bin\)"):
         mm.from_hf(bert_folder)
+
+
+_BLOCKED_CLIP = _BLOCKED_RUN.split("cases = json.loads")[0] + textwrap.dedent("""
+    folder = sys.argv[1]
+    io = load_file(folder + "/io.safetensors")
+    clip = mm.from_hf(folder)
+    assert type(clip) is mm.CLIP, type(clip)
+    with torch.no_grad():
+        got = clip.similarity(io["images"], io["ids"], io["mask"])
+        text = clip.encode_text(io["ids"], io["mask"], normalize=False)
+    torch.testing.assert_close(got, io["logits_per_image"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(text, io["text_features"], atol=1e-4, rtol=1e-4)
+    assert "transformers" not in sys.modules
+    print("ok clip")
+""")
+
+
+def test_clip_folder_loads_as_our_clip_without_transformers(tmp_path):
+    t = transformers
+    torch.manual_seed(0)
+    small = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4)
+    model = t.CLIPModel(t.CLIPConfig(
+        text_config=dict(vocab_size=60, max_position_embeddings=12, eos_token_id=59,
+                         bos_token_id=58, pad_token_id=0, **small),
+        vision_config=dict(image_size=28, patch_size=7, **small), projection_dim=16)).eval()
+    model.save_pretrained(tmp_path)
+    ids = torch.tensor([[58, 3, 4, 59, 0], [58, 5, 6, 7, 59]])
+    mask = (ids != 0).long()
+    images = torch.randn(3, 3, 28, 28)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, pixel_values=images)
+        text = model.get_text_features(input_ids=ids, attention_mask=mask).pooler_output
+    save_file({"images": images, "ids": ids, "mask": mask, "text_features": text.contiguous(),
+               "logits_per_image": out.logits_per_image.contiguous()},
+              str(tmp_path / "io.safetensors"))
+    run = subprocess.run([sys.executable, "-c", _BLOCKED_CLIP, str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ok clip" in run.stdout
