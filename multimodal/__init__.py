@@ -52,6 +52,9 @@ _EXPORTS: dict[str, str] = {
     "load_lora": "multimodal.nn.lora",
     "LoRALinear": "multimodal.nn.lora",
     "merge_lora": "multimodal.nn.lora",
+    # Hugging Face layout folders and transformers models (issue 18)
+    "from_hf": "multimodal.convert",
+    "mean_pool": "multimodal.embeddings",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",

@@ -8,7 +8,8 @@
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
 interrupted run with ``--ckpt_path last`` and, unless ``--test_after_fit false``,
 tests the best checkpoint when training ends. When standard output is not a terminal
-(a log file, a batch job) every validation also prints one plain line of metrics.
+(a log file, a batch job) every validation prints one plain line of metrics instead of
+Lightning's progress bar (``--trainer.enable_progress_bar true`` brings the bar back).
 
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
@@ -32,6 +33,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from multimodal.callbacks import EpochSummary
+from multimodal.progress import is_terminal
 
 ROOT_PLACEHOLDER = "${trainer.default_root_dir}"
 """Written in a config value, stands for the run's root folder (resolved after overrides)."""
@@ -139,7 +141,9 @@ def main(args: list[str] | None = None) -> None:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [EpochSummary()]},  # plain lines when not a terminal
+        # not a terminal (a log file, CI): plain epoch lines instead of the redrawn bar
+        trainer_defaults={"callbacks": [EpochSummary()],
+                          "enable_progress_bar": is_terminal(sys.stdout)},
         args=args,
         auto_configure_optimizers=False,
     )

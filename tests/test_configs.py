@@ -4,6 +4,7 @@ long data load)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import yaml
 from jsonargparse import Namespace
 
 from multimodal.cli import MultimodalCLI, main
+from multimodal.progress import is_terminal
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
@@ -61,6 +63,8 @@ def test_config_parses_and_default_root_dir_moves_the_whole_run(
     config = _parse(["fit", "--config", str(path), "--trainer.default_root_dir", str(root)],
                     monkeypatch)
     assert config.model.class_path and config.data.class_path
+    # Lightning's redrawn bar only on a terminal; else plain epoch lines (EpochSummary)
+    assert config.trainer.enable_progress_bar is is_terminal(sys.stdout)
     values = _strings({"model": config.model, "data": config.data, "trainer": config.trainer})
     assert not [kv for kv in values if "${" in kv[1]], "unresolved placeholder"
     # no output still points at runs/...: only another run's outputs, read as inputs
@@ -105,16 +109,17 @@ def test_a_moved_run_writes_only_under_its_root_and_resumes_from_last(
     tiny = ["--trainer.default_root_dir", str(root), "--trainer.accelerator", "cpu",
             "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
             "--trainer.limit_test_batches", "1", "--data.init_args.batch_size", "16",
-            "--data.init_args.val_size", "64", "--trainer.enable_progress_bar", "false"]
+            "--data.init_args.val_size", "64"]
     main(["fit", "--config", str(config), *tiny, "--trainer.max_epochs", "1"])
     assert list(cwd.iterdir()) == []
+    out = capsys.readouterr().out  # not a terminal: no bar frames, one plain line per epoch
+    assert "\r" not in out and [ln for ln in out.splitlines() if ln.startswith("epoch 1/1 ")]
     names = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
     assert "checkpoints/last.ckpt" in names
     assert any(n.startswith("checkpoints/best-") for n in names)
     assert {"version_0/metrics.csv", "version_0/config.yaml",
             "version_0/confusion_matrix.png"} <= names
     assert any(n.startswith("version_0/events.out.tfevents") for n in names)
-    capsys.readouterr()
     # resume: only the second epoch runs, from the first run's last.ckpt under the new root
     main(["fit", "--config", str(config), *tiny, "--trainer.max_epochs", "2",
           "--ckpt_path", "last", "--test_after_fit", "false"])

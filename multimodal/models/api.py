@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor
 
-__all__ = ["MODALITIES", "Model"]
+__all__ = ["MODALITIES", "DecoderHeadMixin", "Model"]
 
 # what a model reads: one modality, or the two of an encoder-decoder ("source-target")
 MODALITIES = ("image", "text", "audio", "image-text", "text-text")
@@ -65,3 +65,24 @@ class Model(Protocol):
     def num_params(self, trainable_only: bool = False) -> int: ...
 
     def save_pretrained(self, path: str | Path) -> Path: ...
+
+
+class DecoderHeadMixin:
+    """``pool`` / ``forward_head`` / ``num_features`` of an encoder-decoder, whose features
+    are those of its :class:`~multimodal.models.text.TextDecoder` at ``self.decoder``: the
+    last real target token, next-token logits (B, T, vocab)."""
+
+    decoder: Any
+
+    @property
+    def num_features(self) -> int:
+        return self.decoder.num_features
+
+    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The last real target token's features (B, decoder.dim)."""
+        return self.decoder.pool(features, attention_mask)
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """Next-token logits (B, T, vocab) (``pre_logits``: :meth:`pool`)."""
+        return self.decoder.forward_head(features, pre_logits, attention_mask)

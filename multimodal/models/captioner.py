@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.generation import generate
+from multimodal.models.api import DecoderHeadMixin
 from multimodal.models.text import TextDecoder, TextDecoderConfig, check_token_ids
 from multimodal.models.vit import ViT, ViTConfig
 from multimodal.registry import register_model, register_preset
@@ -81,7 +82,7 @@ class CaptionerConfig:
 
 
 @register_model
-class Captioner(PretrainedMixin, nn.Module):
+class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
     """Images (B, C, H, W) + caption ids (B, T) -> next-token logits (B, T, vocab).
 
     ``generate(images)`` returns ``[BOS] + generated ids`` (B, 1 + T), ``[PAD]`` after
@@ -145,19 +146,6 @@ class Captioner(PretrainedMixin, nn.Module):
         self._check_ids(input_ids, images.shape[0])
         memory = self.encode(images)
         return self.decoder.forward_features(input_ids, attention_mask, memory=memory)
-
-    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """The last real caption token's features (B, decoder.dim)."""
-        return self.decoder.pool(features, attention_mask)
-
-    def forward_head(self, features: Tensor, pre_logits: bool = False,
-                     attention_mask: Tensor | None = None) -> Tensor:
-        """Next-token logits (B, T, vocab) (``pre_logits``: :meth:`pool`)."""
-        return self.decoder.forward_head(features, pre_logits, attention_mask)
-
-    @property
-    def num_features(self) -> int:
-        return self.decoder.num_features
 
     def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
         """Random images and caption ids ``[BOS] + 7 random tokens`` (fewer if the decoder's

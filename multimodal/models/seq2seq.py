@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.generation import generate
+from multimodal.models.api import DecoderHeadMixin
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
 from multimodal.registry import register_model
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
@@ -108,7 +109,7 @@ for _name, ((_side, _key), *_) in _FLAT.items():
 
 
 @register_model
-class Seq2Seq(PretrainedMixin, nn.Module):
+class Seq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
     """``forward(source_ids, target_ids) -> (B, T, target_vocab)`` next-token logits of the
     target (teacher forcing); ``generate(source_ids) -> [BOS] + generated ids``.
 
@@ -147,19 +148,6 @@ class Seq2Seq(PretrainedMixin, nn.Module):
         memory, pad = self.encode(source_ids, source_mask)
         return self.decoder.forward_features(target_ids, memory=memory,
                                              memory_padding_mask=pad)
-
-    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """The last real target token's features (B, decoder.dim)."""
-        return self.decoder.pool(features, attention_mask)
-
-    def forward_head(self, features: Tensor, pre_logits: bool = False,
-                     attention_mask: Tensor | None = None) -> Tensor:
-        """Next-token logits (B, T, target_vocab) (``pre_logits``: :meth:`pool`)."""
-        return self.decoder.forward_head(features, pre_logits, attention_mask)
-
-    @property
-    def num_features(self) -> int:
-        return self.decoder.num_features
 
     def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
         """Random source ids and target ids starting with ``[BOS]``."""
