@@ -107,7 +107,8 @@ def test_a_new_backbone_field_reaches_every_model_config() -> None:
     """Every model config (and the sides of the composite ones) exposes every
     TransformerConfig field, so a new backbone switch needs no model-config edit."""
     configs = {n: c for n, c in ((n, cls.config_class) for n, cls in MODEL_CLASSES.items())}
-    nested = {"Captioner": ("encoder", "decoder"), "Seq2Seq": ("encoder", "decoder")}
+    nested = {"Captioner": ("encoder", "decoder"), "Seq2Seq": ("encoder", "decoder"),
+              "CLIP": ("vision", "text")}
     for name, cls in configs.items():
         for part in nested.get(name, (None,)):
             config = cls() if part is None else getattr(cls(), part)
