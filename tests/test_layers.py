@@ -4,6 +4,7 @@ Every ``import`` of a ``multimodal`` module, at module level or inside a functio
 with ``ast`` (nothing is imported to find them) and checked against the layer order
 
     weights, registry          the weight format and the model/preset registries (no models)
+    plots, progress            figure helpers and progress output (no package imports)
     nn, tokenizers             layers and modality tokenizers
     generation                 the model-agnostic decoding loop; imports only nn. Models call
                                it from ``.generate``, so it sits beside nn, below the models
@@ -30,7 +31,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 
 # package (first part after "multimodal.") -> the packages it may import
-_BASE = {"weights", "registry", "plots"}  # plots: figure helpers, matplotlib only
+# plots: figure helpers, matplotlib only; progress: bars / plain log lines, tqdm only
+_BASE = {"weights", "registry", "plots", "progress"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
 _ZOO = {*_MODELS, "hub", "convert", "embeddings"}
@@ -39,6 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "weights": set(),
     "registry": {"weights"},
     "plots": set(),
+    "progress": set(),
     "nn": {"weights", "nn"},
     "tokenizers": {"tokenizers"},
     "generation": {"nn"},
@@ -48,7 +51,7 @@ ALLOWED: dict[str, set[str]] = {
     "embeddings": {"tokenizers"},
     "tasks": {*_ZOO, "tasks"},
     "data": {*_LAYERS, "data"},
-    "callbacks": set(),
+    "callbacks": {"progress"},
     "cli": {*_ZOO, "tasks", "data", "callbacks", "cli"},
     "plots_pixels": {*_ZOO, "tasks", "data"},
     "plots_attention": {*_ZOO, "tasks", "data"},
