@@ -503,8 +503,8 @@ class ImageClassificationDataModule(SplitDataModule):
         val_size: fraction (< 1) or number of training images held out for validation.
         test_size: fraction or number held out for testing (no official/given test split).
         augment: random shifts by image_size // 8 pixels (+ horizontal flips if ``flip``).
-        flip: random horizontal flips (default: True for files and clothes, False for
-            digits).
+        flip: random horizontal flips in training, with or without ``augment`` when set;
+            unset: with ``augment`` for files and clothes, never for digits.
         random_resized_crop: RandomResizedCrop's smallest area fraction instead of a plain
             resize in training (files only; None: off).
         auto_augment: ``rand`` (RandAugment) or ``trivial`` (TrivialAugmentWide) in training
@@ -606,6 +606,7 @@ class ImageClassificationDataModule(SplitDataModule):
         ImageTransformConfig(1, (0.0,), (1.0,), auto_augment=auto_augment,
                              random_resized_crop=random_resized_crop)  # validates early
         self.num_classes = len(self.class_names)
+        self._flip_given = flip is not None
         self._given_stats = None
         if mean is not None:
             self._given_stats = (
@@ -747,9 +748,11 @@ class ImageClassificationDataModule(SplitDataModule):
         return self._normalisation()[1]
 
     def transform_config(self) -> ImageTransformConfig:
+        """The image pipeline of this module's settings (see :mod:`~multimodal.data.transforms`)."""
         return ImageTransformConfig(
             self.image_size, self.mean, self.std, shift=self.augment,
-            flip=self.augment and self.flip, random_resized_crop=self.random_resized_crop,
+            flip=self.flip and (self.augment or self._flip_given),
+            random_resized_crop=self.random_resized_crop,
             auto_augment=self.auto_augment,
         )
 
@@ -771,8 +774,9 @@ class ImageClassificationDataModule(SplitDataModule):
             else:  # too big to hold resized: resize per item
                 size = self.image_size
         augment = None
-        if split == "train" and self.augment:
-            augment = ShiftFlip(pad=max(1, self.image_size // 8), flip=self.flip)
+        config = self.transform_config()
+        if split == "train" and (config.shift or config.flip):
+            augment = ShiftFlip(max(1, self.image_size // 8) if config.shift else 0, config.flip)
         return TensorImageDataset(images, data.labels, self.mean, self.std, size, augment)
 
     def collate_fn(self) -> Callable | None:
