@@ -23,6 +23,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "CorruptFileError",
     "FileList",
+    "decode_image_bytes",
     "decode_image_file",
     "find_classes",
     "image_to_channels",
@@ -245,38 +246,53 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def decode_image_file(path: str | os.PathLike, channels: int) -> torch.Tensor:
-    """Decode PNG / JPEG / WebP / GIF (first frame) with ``torchvision.io.decode_image``
-    to uint8 (channels, H, W). BMP, and palette PNG wanted as RGBA, go through PIL.
+    """Decode an image file (see :func:`decode_image_bytes`) to uint8 (channels, H, W).
 
     Raises :class:`CorruptFileError` naming the file when it cannot be decoded.
     """
-    from torchvision.io import ImageReadMode, decode_image, read_file
+    from torchvision.io import read_file
+
+    try:
+        data = read_file(str(path))
+    except RuntimeError as err:
+        raise CorruptFileError(f"{path} could not be read: {err}") from err
+    return decode_image_bytes(data, channels, str(path))
+
+
+def decode_image_bytes(data: torch.Tensor, channels: int, name: str) -> torch.Tensor:
+    """Decode PNG / JPEG / WebP / GIF (first frame) bytes (a uint8 tensor) with
+    ``torchvision.io.decode_image`` to uint8 (channels, H, W). BMP, and palette PNG wanted
+    as RGBA, go through PIL. Raises :class:`CorruptFileError` naming ``name``.
+    """
+    from torchvision.io import ImageReadMode, decode_image
 
     if channels not in _MODES:
         raise ValueError(f"in_channels must be 1, 3 or 4, got {channels}")
-    path = str(path)
+    head = bytes(data[:26].tolist())
     try:
-        data = read_file(path)
-        head = bytes(data[:26].tolist())
         # torchvision.io reads no BMP, and turns palette PNGs into wrong RGBA (0.26): PIL
-        if head[:2] == b"BM" or (channels == 4 and head[:8] == _PNG and head[25] == 3):
-            image = _decode_with_pil(path)
+        if head[:2] == b"BM" or (
+            channels == 4 and head[:8] == _PNG and len(head) > 25 and head[25] == 3
+        ):
+            image = _decode_with_pil(data.numpy().tobytes())
         else:
             mode = ImageReadMode[_MODES[channels]]
             if channels == 4 and head[:3] == b"\xff\xd8\xff":
                 mode = ImageReadMode.RGB  # JPEG has no alpha (and its 4 channels are CMYK)
             image = decode_image(data, mode=mode)
     except (RuntimeError, OSError, ValueError) as err:
-        raise CorruptFileError(f"{path} could not be decoded as an image: {err}") from err
+        raise CorruptFileError(f"{name} could not be decoded as an image: {err}") from err
     if image.ndim == 4:  # an animated GIF: its first frame
         image = image[0]
     return image_to_channels(image, channels)
 
 
-def _decode_with_pil(path: str) -> torch.Tensor:
+def _decode_with_pil(data: bytes) -> torch.Tensor:
+    import io
+
     from PIL import Image
 
-    with Image.open(path) as im:
+    with Image.open(io.BytesIO(data)) as im:
         im.load()
         mode = {"L": "L", "LA": "LA", "RGBA": "RGBA", "P": "RGBA"}.get(im.mode, "RGB")
         array = np.asarray(im.convert(mode))

@@ -548,14 +548,17 @@ class ImageClassificationDataModule(SplitDataModule):
         std: float | list[float] | None = None,
         stats_samples: int = 5000,
         skip_corrupt: bool = False,
+        shards: str | None = None,
     ) -> None:
         super().__init__()
-        if train is None and dataset not in DATASETS:
+        if shards is not None and train is not None:
+            raise ValueError("give train (files) or shards, not both")
+        if train is None and shards is None and dataset not in DATASETS:
             raise ValueError(
                 f"dataset must be one of {sorted(DATASETS)} (or give train: a folder or "
                 f"manifest of your own images), got {dataset!r}"
             )
-        if train is None and (val is not None or test is not None):
+        if train is None and (val is not None or test is not None) and shards is None:
             raise ValueError("val / test folders need train (your own images) too")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -574,16 +577,24 @@ class ImageClassificationDataModule(SplitDataModule):
         self.files = {"train": train, "val": val, "test": test}
         self.skip_corrupt, self.stats_samples = skip_corrupt, stats_samples
         self.random_resized_crop, self.auto_augment = random_resized_crop, auto_augment
-        if train is not None:
-            self.dataset = "files"
+        self.shards = shards
+        if shards is not None and (val is not None or test is not None):
+            raise ValueError("with shards, val and test are the shards' own splits")
+        if train is not None or shards is not None:
+            self.dataset = "files" if shards is None else "shards"
             if image_size is None:
-                raise ValueError("image_size is needed with your own images (train: ...)")
+                raise ValueError("image_size is needed with your own images (train / shards)")
             self.in_channels = 3 if in_channels is None else in_channels
             if self.in_channels not in (1, 3, 4):
                 raise ValueError(f"in_channels must be 1, 3 or 4, got {self.in_channels}")
-            self.class_names = list(classes) if classes is not None else list(
-                _class_names_of(train)
-            )
+            if classes is not None:
+                self.class_names = list(classes)
+            elif shards is not None:
+                from multimodal.data.shards import read_shard_meta
+
+                self.class_names = list(read_shard_meta(shards)["classes"])
+            else:
+                self.class_names = list(_class_names_of(train))  # type: ignore[arg-type]
             self.image_size = self._native_size = image_size
             self.flip = True if flip is None else flip
             self._source = None
@@ -619,6 +630,8 @@ class ImageClassificationDataModule(SplitDataModule):
         self._resized: dict[str, torch.Tensor] = {}
         self.skipped: dict[int, int] = {}  # epoch -> files skipped as corrupt
         self._logged: set[int] = set()
+        self._train_loader: Any = None  # the StreamingDataLoader of shards, for its state
+        self._loader_state: dict[str, Any] | None = None
         # Row indices of each split in the source's training file (test: None when official).
         self.split_indices: dict[str, torch.Tensor | None] = {}
 
@@ -712,24 +725,36 @@ class ImageClassificationDataModule(SplitDataModule):
     def _file_statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Mean and std over the pixels of up to ``stats_samples`` training images (seeded
         choice), each resized to ``image_size``: std = sqrt(E[x^2] - E[x]^2) per channel."""
-        files = self._load_file_splits()["train"]
-        n = min(len(files), self.stats_samples)
-        pick = torch.randperm(len(files), generator=torch.Generator().manual_seed(self.seed))[:n]
         resize = image_transform(
             ImageTransformConfig(self.image_size, (0.0,) * self.in_channels,
                                  (1.0,) * self.in_channels), train=False
         )
+        if self.shards is not None:
+            dataset = self._shard_dataset("train", resize, shuffle=False)
+            files = None
+            n_total = len(dataset)
+        else:
+            files = self._load_file_splits()["train"]
+            n_total = len(files)
+        n = min(n_total, self.stats_samples)
+        pick = torch.randperm(n_total, generator=torch.Generator().manual_seed(self.seed))[:n]
         total = torch.zeros(self.in_channels, dtype=torch.float64)
         squares = torch.zeros_like(total)
         count = 0
         for i in pick.tolist():
-            try:
-                image = decode_image_file(str(files.paths[i]), self.in_channels)
-            except CorruptFileError:
-                if self.skip_corrupt:
+            if files is None:
+                item = dataset[i]
+                if item is None:
                     continue
-                raise
-            x = resize(image).double()
+                x = item[0].double()
+            else:
+                try:
+                    image = decode_image_file(str(files.paths[i]), self.in_channels)
+                except CorruptFileError:
+                    if self.skip_corrupt:
+                        continue
+                    raise
+                x = resize(image).double()
             total += x.sum(dim=(1, 2))
             squares += x.square().sum(dim=(1, 2))
             count += x.shape[1] * x.shape[2]
@@ -756,7 +781,16 @@ class ImageClassificationDataModule(SplitDataModule):
             auto_augment=self.auto_augment,
         )
 
+    def _shard_dataset(self, split: str, transform: Callable, shuffle: bool) -> Any:
+        from multimodal.data.shards import shard_image_dataset
+
+        return shard_image_dataset(self.shards, split, self.in_channels,  # type: ignore[arg-type]
+                                   transform, shuffle, self.seed, self.skip_corrupt)
+
     def split_dataset(self, split: str) -> Dataset:
+        if self.shards is not None:
+            transform = image_transform(self.transform_config(), train=split == "train")
+            return self._shard_dataset(split, transform, shuffle=split == "train")
         if self._source is None:
             transform = image_transform(self.transform_config(), train=split == "train")
             files = self._load_file_splits()[split]
@@ -804,8 +838,51 @@ class ImageClassificationDataModule(SplitDataModule):
     def teardown(self, stage: str) -> None:
         self._log_skipped()
 
+    def loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
+        """Shards: LitData's ``StreamingDataLoader`` (it shuffles and splits by rank itself,
+        and its ``state_dict`` makes mid-epoch resumption exact); else the shared recipe."""
+        if self.shards is None:
+            return super().loader(dataset, shuffle)
+        from litdata import StreamingDataLoader
+
+        return StreamingDataLoader(
+            dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+            collate_fn=self.collate_fn(), pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        loader = super().train_dataloader()
+        if self.shards is not None:
+            self._train_loader = loader
+            if self._loader_state is not None:
+                loader.load_state_dict(self._loader_state)  # type: ignore[attr-defined]
+                self._loader_state = None
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """With shards: the training ``StreamingDataLoader``'s position in its epoch.
+
+        Lightning saves stateful loaders itself, but restores them only into a loader made
+        after the checkpoint is read; the learning-rate schedule makes one before (to count
+        the steps), so the position travels here as well.
+        """
+        if self.shards is None or self._train_loader is None:
+            return {}
+        return {"train_loader": self._train_loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict.get("train_loader")
+        if state is None:
+            return
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict(state)
+        else:
+            self._loader_state = state
+
     def setup(self, stage: str | None = None) -> None:
-        if self._source is None:
+        if self.shards is not None:
+            pass
+        elif self._source is None:
             self._load_file_splits()
         else:
             self._load_splits()
