@@ -51,8 +51,8 @@ _EXPORTS: dict[str, str] = {
     "LoRALinear": "multimodal.nn.lora",
     "merge_lora": "multimodal.nn.lora",
     # presets
-    "create_model": "multimodal.registry",
-    "list_presets": "multimodal.registry",
+    "create_model": "multimodal.hub",
+    "list_presets": "multimodal.hub",
 }
 _SUBMODULES = {"convert", "generation", "hub", "registry", "nn", "models", "tokenizers", "tasks",
                "data"}

@@ -33,11 +33,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from multimodal.hub import load_state_dict_checked
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
 from multimodal.models.vit import ViT, ViTConfig
 from multimodal.nn.position import resample_grid
 from multimodal.tokenizers.image import _pair
+from multimodal.weights import load_state_dict_checked
 
 SUPPORTED = {
     "torchvision": "torchvision.models.VisionTransformer (vit_b_16, vit_b_32, vit_l_16, "

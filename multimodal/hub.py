@@ -1,4 +1,10 @@
-"""Our own weight format: ``config.json`` + ``model.safetensors``; no pickle anywhere.
+"""Everything that knows every model: loading by ``model_type``, Lightning checkpoints,
+encoders as feature extractors, presets by name.
+
+This module sits above the models (it imports them all, so every class and preset is
+registered). The weight format itself (``config.json`` + ``model.safetensors``,
+``PretrainedMixin``, safe loading) is :mod:`multimodal.weights`, below the models; its
+names are re-exported here for code written against the old single module.
 
 >>> model.save_pretrained("out/vit")
 >>> same = multimodal.from_pretrained("out/vit")
@@ -6,142 +12,45 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import typing
+import pickle
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
 
-from multimodal.registry import MODEL_CLASSES, _import_models
-
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-FORMAT_VERSION = 1
-
-M = TypeVar("M", bound="PretrainedMixin")
-
-
-def config_to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
-
-
-def config_from_dict(cls: type, data: dict[str, Any]) -> Any:
-    """Rebuild a (possibly nested) dataclass config from JSON; unknown keys are an error.
-
-    JSON has no tuples, so lists come back as tuples (configs hold no mutable lists).
-    """
-    hints = typing.get_type_hints(cls)
-    unknown = set(data) - set(hints)
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
-    kwargs = {}
-    for name, value in data.items():
-        sub = _dataclass_in(hints[name])
-        if sub is not None and isinstance(value, dict):
-            value = config_from_dict(sub, value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        kwargs[name] = value
-    return cls(**kwargs)
+import multimodal.models  # noqa: F401  (registers every model class and preset)
+from multimodal.convert import convert
+from multimodal.models.api import Model
+from multimodal.registry import PRESETS
+from multimodal.tokenizers.text import load_tokenizer
+from multimodal.weights import (
+    CONFIG_NAME,
+    FORMAT_VERSION,
+    MODEL_CLASSES,
+    WEIGHTS_NAME,
+    PretrainedMixin,
+    build_model,
+    config_from_dict,
+    config_to_dict,
+    load_safetensors,
+    load_state_dict_checked,
+    read_meta,
+)
 
 
-def _dataclass_in(hint: Any) -> type | None:
-    if dataclasses.is_dataclass(hint):
-        return hint
-    return next((a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)), None)
-
-
-class PretrainedMixin:
-    """Adds ``save_pretrained`` / ``from_pretrained`` to a model built from ``self.config``."""
-
-    config_class: type
-
-    def save_pretrained(self, path: str | Path) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` into the folder ``path``."""
-        from safetensors.torch import save_model
-
-        assert isinstance(self, nn.Module)
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        meta = {"model_type": type(self).__name__, "format_version": FORMAT_VERSION,
-                "config": config_to_dict(self.config)}
-        (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2))
-        save_model(self, str(path / WEIGHTS_NAME))  # handles tied weights
-        return path
-
-    @classmethod
-    def from_pretrained(cls: type[M], path: str | Path, *, strict: bool = True) -> M:
-        model = from_pretrained(path, strict=strict)
-        if not isinstance(model, cls):
-            raise ValueError(f"{path} holds a {type(model).__name__}, not a {cls.__name__}")
-        return model
+def _model_class(kind: Any, where: str | Path) -> type[nn.Module]:
+    if kind not in MODEL_CLASSES:
+        raise ValueError(f"{where}: unknown model_type {kind!r}; "
+                         f"known: {', '.join(sorted(MODEL_CLASSES))}")
+    return MODEL_CLASSES[kind]
 
 
 def read_config(path: str | Path) -> tuple[type[nn.Module], Any]:
-    path = Path(path)
-    cfg_file = path / CONFIG_NAME if path.is_dir() else path
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"no {CONFIG_NAME} in {path}: expected a folder written by "
-                                "save_pretrained")
-    try:
-        meta = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{cfg_file} is not valid JSON: {err}") from None
-    _import_models()
-    kind = meta.get("model_type")
-    if kind not in MODEL_CLASSES:
-        raise ValueError(f"{cfg_file}: unknown model_type {kind!r}; "
-                         f"known: {', '.join(sorted(MODEL_CLASSES))}")
-    model_cls = MODEL_CLASSES[kind]
+    """``(model class, config)`` of a folder written by ``save_pretrained``."""
+    cfg_file, meta = read_meta(path)
+    model_cls = _model_class(meta.get("model_type"), cfg_file)
     return model_cls, config_from_dict(model_cls.config_class, meta["config"])
-
-
-def load_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
-    """Read a safetensors file; anything else (a pickle, say) is refused, never executed."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    file = Path(file)
-    if not file.is_file():
-        raise FileNotFoundError(f"weights file {file} not found")
-    try:
-        return load_file(str(file))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"{file} is not a safetensors file ({err}); pickled checkpoints are "
-                         "refused because loading them can execute code") from None
-
-
-def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor],
-                            strict: bool = True) -> None:
-    """``load_state_dict`` with an error that lists every missing, unexpected or
-    mis-shaped key at once."""
-    own = model.state_dict()
-    shape_errors = [f"{k}: expected {tuple(own[k].shape)}, got {tuple(v.shape)}"
-                    for k, v in state.items() if k in own and own[k].shape != v.shape]
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    # tied weights are stored once by safetensors' save_model
-    missing = [k for k in missing if not _is_tied_alias(model, k, state)]
-    problems = []
-    if shape_errors:
-        problems.append("mis-shaped: " + "; ".join(shape_errors))
-    if strict and missing:
-        problems.append("missing: " + ", ".join(missing))
-    if strict and unexpected:
-        problems.append("unexpected: " + ", ".join(unexpected))
-    if problems:
-        raise ValueError(f"state dict does not fit {type(model).__name__}: " + " | ".join(problems))
-    model.load_state_dict(state, strict=False)
-
-
-def _is_tied_alias(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool:
-    params = dict(model.named_parameters(remove_duplicate=False))
-    if key not in params:
-        return False
-    return any(params[key] is p and k in state for k, p in params.items() if k != key)
 
 
 def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
@@ -153,6 +62,18 @@ def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
     model = model_cls(config)
     load_state_dict_checked(model, load_safetensors(Path(path) / WEIGHTS_NAME), strict=strict)
     return model.eval()
+
+
+def list_presets() -> list[str]:
+    """Names accepted by :func:`create_model`."""
+    return sorted(PRESETS)
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """Build the preset ``name``; keyword arguments override its config fields."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; available: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name](**overrides)
 
 
 # ======================================================================================
@@ -182,8 +103,6 @@ def load_checkpoint(path: str | Path) -> nn.Module:
     ``hyper_parameters``) and its weights are found in ``state_dict`` under the task's prefix
     (``model.``).
     """
-    import pickle
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
@@ -203,12 +122,7 @@ def load_checkpoint(path: str | Path) -> nn.Module:
     if not isinstance(kind, str) or not isinstance(cfg, dict):
         raise ValueError(f"{path}: no model_type/model_config recorded "
                          f"(top-level keys {sorted(ckpt)}); {CHECKPOINT_HINT}")
-    _import_models()
-    if kind not in MODEL_CLASSES:
-        raise ValueError(f"{path}: unknown model_type {kind!r}; "
-                         f"known: {', '.join(sorted(MODEL_CLASSES))}")
-    model_cls = MODEL_CLASSES[kind]
-    model = model_cls(config_from_dict(model_cls.config_class, cfg))
+    model = build_model(_model_class(kind, path), cfg)
     load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
     return model.eval()
 
@@ -239,25 +153,26 @@ TOKENIZER_NAME = "tokenizer.json"
 class Encoder(nn.Module):
     """A pretrained backbone (and its tokenizer) as a frozen feature extractor.
 
-    ``encoder(images)`` -> ViT token features (B, 1 + N, dim) after the final norm;
-    ``encoder(input_ids, attention_mask)`` -> TextEncoder / TextDecoder hidden states
-    (B, L, dim). ``encoder.pool(features, attention_mask)`` -> one vector per input
-    (ViT: its pooling, class token or mean; TextEncoder: the [CLS] token; TextDecoder: the
-    last real token). ``encoder.encode(texts)`` tokenises with the tokenizer first.
+    Any model of the package that reads one modality, images or text (``model.modality``),
+    through the common model API (docs/models.md): ``encoder(images)`` -> token features
+    (B, tokens, dim) after the final norm; ``encoder(input_ids, attention_mask)`` -> hidden
+    states (B, L, dim). ``encoder.pool(features, attention_mask)`` -> one vector per input,
+    the model's ``pool`` (ViT: class token or mean; TextEncoder: [CLS], through its pooler
+    if it has one; TextDecoder: the last real token). ``encoder.encode(texts)`` tokenises
+    with the tokenizer first ([CLS] ... [SEP] for a bidirectional encoder).
     With ``freeze`` (the default) no parameter needs gradients and the backbone stays in
     eval mode even when a model holding the encoder is trained.
     """
 
+    MODALITIES = ("image", "text")
+
     def __init__(self, backbone: nn.Module, tokenizer: Any = None, freeze: bool = True) -> None:
         super().__init__()
-        from multimodal.models.text import TextDecoder, TextEncoder
-        from multimodal.models.vit import ViT
-
-        kinds = {ViT: "image", TextEncoder: "text", TextDecoder: "text"}
-        modality = next((m for cls, m in kinds.items() if isinstance(backbone, cls)), None)
-        if modality is None:
-            raise ValueError(f"an Encoder wraps a ViT, TextEncoder or TextDecoder, got "
-                             f"{type(backbone).__name__}")
+        modality = getattr(backbone, "modality", None)
+        if not isinstance(backbone, Model) or modality not in self.MODALITIES:
+            raise ValueError(f"an Encoder wraps one of our image or text models (ViT, "
+                             f"TextEncoder, TextDecoder, ...), got {type(backbone).__name__}"
+                             + (f" (modality {modality!r})" if modality else ""))
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.modality = modality
@@ -275,47 +190,34 @@ class Encoder(nn.Module):
 
     @property
     def dim(self) -> int:
-        return int(self.backbone.config.dim)
+        return int(self.backbone.num_features)
 
     def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 **kwargs: Any) -> torch.Tensor:
-        from multimodal.models.text import TextDecoder
-
         if self.modality == "image":
             if attention_mask is not None:
                 raise ValueError("attention_mask is for text; images take none")
-            return self.backbone.forward_features(inputs)
-        if isinstance(self.backbone, TextDecoder):
-            return self.backbone.forward_features(inputs, attention_mask, **kwargs)
-        return self.backbone(inputs, attention_mask, **kwargs)
+            return self.backbone.forward_features(inputs, **kwargs)
+        return self.backbone.forward_features(inputs, attention_mask, **kwargs)
 
     def pool(self, features: torch.Tensor,
              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        from multimodal.models.text import TextDecoder
-
         if self.modality == "image":
-            return self.backbone.forward_head(features, pre_logits=True)
-        if isinstance(self.backbone, TextDecoder):
-            if attention_mask is None:
-                return features[:, -1]
-            positions = torch.arange(features.shape[1], device=features.device)
-            last = (attention_mask.bool() * positions).argmax(dim=1)
-            return features[torch.arange(features.shape[0]), last]
-        return features[:, 0]
+            return self.backbone.pool(features)
+        return self.backbone.pool(features, attention_mask)
 
     def encode(self, texts: list[str], max_length: int | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenise ``texts`` and return ``(features, attention_mask)``."""
-        from multimodal.models.text import TextEncoder
-
         if self.tokenizer is None:
             raise ValueError("this Encoder has no tokenizer: pass token ids to forward, or "
                              "load_encoder(model, tokenizer=...)")
+        if self.modality != "text":
+            raise ValueError(f"encode() is for text; this Encoder reads {self.modality}s")
+        bidirectional = not self.backbone.config.backbone.causal  # BERT-style: [CLS] .. [SEP]
         max_length = max_length or self.backbone.config.max_len
-        batch = self.tokenizer.encode_batch(
-            texts, max_length=max_length, add_cls=isinstance(self.backbone, TextEncoder),
-            add_sep=isinstance(self.backbone, TextEncoder),
-        )
+        batch = self.tokenizer.encode_batch(texts, max_length=max_length,
+                                            add_cls=bidirectional, add_sep=bidirectional)
         mask = batch["attention_mask"]
         return self(batch["input_ids"], mask), mask
 
@@ -336,8 +238,6 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     or a torchvision / timm / transformers model (converted with
     :func:`multimodal.convert.convert`). Classification heads are kept but unused.
     """
-    from multimodal.models.text import TextDecoder, TextEncoder
-    from multimodal.models.vit import ViT
 
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -346,16 +246,20 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
         else:
             model = from_pretrained(path)
             if tokenizer is None and (path / TOKENIZER_NAME).is_file():
-                from multimodal.tokenizers.text import load_tokenizer
-
                 tokenizer = load_tokenizer(path / TOKENIZER_NAME)
-    elif isinstance(source, (ViT, TextEncoder, TextDecoder)):
+    elif isinstance(source, Model):
         model = source
     elif isinstance(source, nn.Module):
-        from multimodal.convert import convert
-
         model = convert(source)
     else:
         raise ValueError(f"load_encoder expects a folder, a .ckpt file or a model, "
                          f"got {type(source).__name__}")
     return Encoder(model, tokenizer, freeze=freeze)
+
+
+__all__ = [  # the weight-format names are re-exported for code that imported them from here
+    "CHECKPOINT_HINT", "CONFIG_NAME", "FORMAT_VERSION", "MODEL_CLASSES", "TOKENIZER_NAME",
+    "WEIGHTS_NAME", "Encoder", "PretrainedMixin", "config_from_dict", "config_to_dict",
+    "create_model", "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
+    "load_encoder", "load_safetensors", "load_state_dict_checked", "read_config",
+]

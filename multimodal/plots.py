@@ -9,6 +9,7 @@ import torch
 
 
 def _pyplot():
+    # lazy: matplotlib costs ~0.5 s to import and only figure-writing code needs it
     import matplotlib
 
     matplotlib.use("Agg", force=False)

@@ -2,7 +2,7 @@
 from their top half (original / prompt / completion), from a trained ImageGPT checkpoint::
 
     python -m multimodal.plots_pixels \\
-        runs/igpt_mnist5k/lightning_logs/version_0/checkpoints/last.ckpt \\
+        runs/igpt_mnist5k/checkpoints/last.ckpt \\
         --out docs/figures --name igpt_mnist5k
 
 writes ``<name>_samples.png`` (one row per class, or a grid) and ``<name>_completion.png``.
@@ -61,8 +61,9 @@ def plot_completions(originals: Tensor, completions: Tensor, prompt_rows: int,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from multimodal.data.pixels import PixelDataModule, evenly_spaced_items
+    from multimodal.data.pixels import PixelDataModule
     from multimodal.hub import datamodule_arguments, load_checkpoint
+    from multimodal.tasks.autoregressive import evenly_spaced_items
     from multimodal.tokenizers.image import PixelTokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

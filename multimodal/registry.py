@@ -1,7 +1,9 @@
-"""Named presets and model classes, in one place.
+"""Named presets and model classes, registered by the models themselves.
 
-``create_model("vit_tiny_patch16_224", num_classes=10)`` builds a preset with overrides;
-``MODEL_CLASSES`` maps the ``model_type`` written by ``save_pretrained`` back to a class.
+This module sits below the models (it imports none): a model module registers its class with
+:func:`register_model` and its presets with :func:`register_preset` /
+:func:`register_config_preset`. Building a preset by name needs every model imported, so
+``create_model`` / ``list_presets`` live above the models, in :mod:`multimodal.hub`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from typing import Any
 
 from torch import nn
 
+from multimodal.weights import MODEL_CLASSES, register_model
+
 PRESETS: dict[str, Callable[..., nn.Module]] = {}
-MODEL_CLASSES: dict[str, type[nn.Module]] = {}
 
 
 def register_preset(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
@@ -38,24 +41,5 @@ def register_config_preset(name: str, model_cls: Callable[[Any], nn.Module],
     register_preset(name)(factory)
 
 
-def register_model(cls: type[nn.Module]) -> type[nn.Module]:
-    """Class decorator: make ``cls`` loadable by :func:`multimodal.from_pretrained`."""
-    MODEL_CLASSES[cls.__name__] = cls
-    return cls
-
-
-def _import_models() -> None:
-    import multimodal.models  # noqa: F401  (registers every preset and class)
-
-
-def list_presets() -> list[str]:
-    _import_models()
-    return sorted(PRESETS)
-
-
-def create_model(name: str, **overrides: Any) -> nn.Module:
-    """Build the preset ``name``; keyword arguments override its config fields."""
-    _import_models()
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; available: {', '.join(sorted(PRESETS))}")
-    return PRESETS[name](**overrides)
+__all__ = ["MODEL_CLASSES", "PRESETS", "register_config_preset", "register_model",
+           "register_preset"]

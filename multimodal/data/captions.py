@@ -16,7 +16,14 @@ import torch
 from torch.utils.data import Dataset
 
 from multimodal.data.emoji import find_package_dir, load_emoji
-from multimodal.data.scenes import Scene, SceneConfig, describe, render_scenes, sample_scenes
+from multimodal.data.scenes import (
+    Scene,
+    SceneConfig,
+    caption_matches_scene,
+    describe,
+    render_scenes,
+    sample_scenes,
+)
 from multimodal.data.splits import SplitDataModule
 
 DATASETS = ("scenes", "emoji")
@@ -144,6 +151,18 @@ class CaptionDataModule(SplitDataModule):
             raise ValueError(f"dataset {self.dataset!r} has no scenes")
         self._load()
         return list(self._scenes[split])
+
+    def caption_checks(self, split: str) -> dict[str, Callable[[str, int], bool]]:
+        """Dataset-specific checks of a generated caption: ``name -> check(caption, index)``,
+        ``index`` the item's position in ``split``. The captioning task logs the fraction of
+        captions that pass as ``{split}/{name}``. Scenes: ``scene_match``
+        (:func:`~multimodal.data.scenes.caption_matches_scene`, the caption names exactly
+        the scene's shapes and every stated relation holds, in any naming order)."""
+        if self.dataset != "scenes":
+            return {}
+        scenes = self.scenes(split)
+        return {"scene_match": lambda caption, index: caption_matches_scene(caption,
+                                                                           scenes[index])}
 
     def prepare_data(self) -> None:
         if self.dataset == "emoji":  # fail early, with the recipe, when the copy is missing

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 
 from multimodal.data.vision import ImageClassificationDataModule
 
-__all__ = ["PixelDataModule", "RawImageDataset", "evenly_spaced_items"]
+__all__ = ["PixelDataModule", "RawImageDataset"]
 
 
 class RawImageDataset(Dataset):
@@ -33,18 +33,6 @@ class RawImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[index], self.labels[index]
-
-
-def evenly_spaced_items(dataset: Dataset, num: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images and labels of ``num`` ``(image, label)`` items at indices
-    ``round(linspace(0, len - 1, num))`` (repeats dropped), so a split stored class by
-    class still gives every class."""
-    if len(dataset) == 0:
-        raise ValueError("the dataset is empty")
-    index = torch.linspace(0, len(dataset) - 1, num).round().long().unique()
-    items = [dataset[int(i)] for i in index]
-    images = torch.stack([torch.as_tensor(x) for x, _ in items])
-    return images, torch.tensor([int(y) for _, y in items])
 
 
 def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:

@@ -34,7 +34,6 @@ index), defined for any length. ``pos_embed="learned"``: a learned table coverin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -42,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
-from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.models.backbone import model_config
+from multimodal.nn.block import Transformer
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import sincos_2d_positions, sinusoidal_positions
 from multimodal.registry import register_config_preset, register_model
@@ -54,11 +53,12 @@ from multimodal.tokenizers.audio import (
     SpecAugment,
     SpectrogramPatchEmbed,
 )
+from multimodal.weights import PretrainedMixin
 
 __all__ = ["AudioClassifier", "AudioClassifierConfig"]
 
 
-@dataclass
+@model_config(dim=192, depth=6, heads=3, norm_eps=1e-6, activation="gelu")
 class AudioClassifierConfig:
     """An audio classifier on the shared backbone.
 
@@ -71,10 +71,6 @@ class AudioClassifierConfig:
     """
 
     num_classes: int = 20
-    dim: int = 192
-    depth: int = 6
-    heads: int = 3
-    mlp_dim: int | None = None  # default 4 * dim
     pool: Literal["cls", "mean"] = "mean"
     mode: Literal["frames", "patches"] = "frames"
     n_mels: int = 80
@@ -89,16 +85,9 @@ class AudioClassifierConfig:
     f_max: float | None = None
     pos_embed: Literal["sincos", "learned"] = "sincos"
     pos_frames: int = 100  # frames the learned table covers (1 s at 10 ms hop)
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    drop_path: float = 0.0
     freq_mask: int = 0
     time_mask: int = 0
     spec_augment_masks: int = 0
-    norm: Literal["pre", "post"] = "pre"
-    norm_eps: float = 1e-6
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
-    qkv_bias: bool = True
 
     def __post_init__(self) -> None:
         if self.pool not in ("cls", "mean"):
@@ -128,14 +117,6 @@ class AudioClassifierConfig:
             patch_stride=self.patch_stride, max_frames=self.max_frames,
         )
 
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim,
-            norm=self.norm, norm_eps=self.norm_eps, activation=self.activation,
-            qkv_bias=self.qkv_bias, dropout=self.dropout, attn_dropout=self.attn_dropout,
-            drop_path=self.drop_path,
-        )
-
 
 # Tokenizer settings that must agree for two tokenizers' features to be interchangeable.
 _SIGNAL_FIELDS = ("sample_rate", "n_mels", "win_ms", "hop_ms", "f_min", "f_max", "log_offset")
@@ -153,6 +134,7 @@ class AudioClassifier(PretrainedMixin, nn.Module):
     """
 
     config_class = AudioClassifierConfig
+    modality = "audio"
 
     def __init__(self, config: AudioClassifierConfig) -> None:
         super().__init__()
@@ -176,7 +158,7 @@ class AudioClassifier(PretrainedMixin, nn.Module):
         else:
             self.register_parameter("pos_table", None)
         self.pos_drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
         self.apply(partial(init_weights, conv_fan_in=True))
@@ -304,28 +286,54 @@ class AudioClassifier(PretrainedMixin, nn.Module):
             pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
         return self.pos_drop(x), pad
 
-    def forward_features(
-        self, features: Tensor, lengths: Tensor | None = None, return_attention: bool = False
-    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, list[Tensor]]:
-        """Encoder output ``(B, prefix + N, dim)`` after the final norm and its padding mask."""
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random normalised log-mel features ``(B, frames, n_mels)``, frames enough for
+        a few tokens."""
+        frames = max(4 * self._min_frames, 32)
+        if self.config.max_frames is not None:
+            frames = min(frames, self.config.max_frames)
+        return (torch.randn(batch_size, frames, self.config.n_mels),)
+
+    def _encode(self, features: Tensor, lengths: Tensor | None, return_attention: bool
+                ) -> tuple[Tensor, Tensor, list[Tensor] | None]:
         features, lengths = self._check_features(features, lengths)
         x, pad = self.embed_tokens(features, lengths)
         mask = pad if pad.any() else None
         out = self.transformer(x, key_padding_mask=mask, return_attention=return_attention)
         if return_attention:
-            x, maps = out
-            return x, pad, maps["self"]
-        return out, pad
+            return out[0], pad, out[1]["self"]
+        return out, pad, None
 
-    def pool(self, tokens: Tensor, padding_mask: Tensor) -> Tensor:
-        """Class token, or the mean over valid tokens: ``sum_n m_n x_n / sum_n m_n``."""
+    def forward_features(
+        self, features: Tensor, lengths: Tensor | None = None, return_attention: bool = False,
+        return_padding_mask: bool = False,
+    ) -> Tensor | tuple[Tensor, ...]:
+        """Encoder output ``(B, prefix + N, dim)`` after the final norm; with
+        ``return_padding_mask`` also its padding mask ``(B, prefix + N)`` (True = padding),
+        with ``return_attention`` also the attention maps (in that order)."""
+        tokens, pad, maps = self._encode(features, lengths, return_attention)
+        out = (tokens, *((pad,) if return_padding_mask else ()),
+               *((maps,) if return_attention else ()))
+        return out if len(out) > 1 else tokens
+
+    def pool(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Class token, or the mean over valid tokens: ``sum_n m_n x_n / sum_n m_n``
+        (``padding_mask`` True at padding; None: every token is valid)."""
         if self.config.pool == "cls":
             return tokens[:, 0]
+        if padding_mask is None:
+            return tokens.mean(dim=1)
         keep = (~padding_mask).unsqueeze(-1).to(tokens.dtype)
         return (tokens * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
 
-    def forward_head(self, tokens: Tensor, padding_mask: Tensor,
+    def forward_head(self, tokens: Tensor, padding_mask: Tensor | None = None,
                      pre_logits: bool = False) -> Tensor:
+        """Class logits ``(B, num_classes)`` of the pooled tokens (``pre_logits``: the pooled
+        tokens; ``num_classes=0``: likewise)."""
         pooled = self.pool(tokens, padding_mask)
         return pooled if pre_logits else self.head(pooled)
 
@@ -347,11 +355,9 @@ class AudioClassifier(PretrainedMixin, nn.Module):
                              "waveform=(B, samples)")
         if waveform is not None:
             features, lengths = self.features_from_waveform(waveform, lengths, sample_rate)
-        if return_attention:
-            tokens, pad, maps = self.forward_features(features, lengths, return_attention=True)
-            return self.forward_head(tokens, pad), maps
-        tokens, pad = self.forward_features(features, lengths)
-        return self.forward_head(tokens, pad)
+        tokens, pad, maps = self._encode(features, lengths, return_attention)
+        logits = self.forward_head(tokens, pad)
+        return (logits, maps) if return_attention else logits
 
     @torch.no_grad()
     def predict_waveform(self, waveform: Any, sample_rate: int | None = None) -> Tensor:

@@ -17,47 +17,37 @@ is a start token: one learned vector (unconditional) or one vector per class
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
-from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.generation import check_sampling_args, generate, next_token
+from multimodal.models.backbone import model_config
+from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import LearnedPositions
 from multimodal.registry import register_model, register_preset
 from multimodal.tokenizers.image import _pair
+from multimodal.weights import PretrainedMixin
 
 __all__ = ["ImageGPT", "ImageGPTConfig", "bits_per_dim"]
 
 
-@dataclass
+@model_config(dim=256, depth=8, heads=8, norm_eps=1e-5, activation="gelu",
+              fixed={"causal": True, "norm": "pre"})
 class ImageGPTConfig:
     """``image_size``: int or (H, W) pixels; ``vocab_size``: number of pixel tokens (grey
     levels or palette colours); ``num_classes``: 0 = unconditional, else one start token
-    per class."""
+    per class. ``backbone`` is causal and pre-norm; sparse self-attention
+    (``attention_pattern`` "sliding" / "strided", see nn.masks) against the O(N^2) cost of
+    long pixel sequences."""
 
     image_size: int | tuple[int, int] = 28
     vocab_size: int = 256
-    dim: int = 256
-    depth: int = 8
-    heads: int = 8
-    mlp_dim: int | None = None  # default 4 * dim
     num_classes: int = 0
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    norm_eps: float = 1e-5
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
-    qkv_bias: bool = True
-    checkpoint_activations: bool = False
-    # sparse self-attention against the O(N^2) cost of long pixel sequences: "sliding"
-    # (the last attention_window pixels) or "strided" (Child et al. 2019); see nn.masks
-    attention_pattern: Literal["full", "sliding", "strided"] = "full"
-    attention_window: int = 256
 
     def __post_init__(self) -> None:
         h, w = _pair(self.image_size)
@@ -77,15 +67,6 @@ class ImageGPTConfig:
     def num_pixels(self) -> int:
         h, w = self.grid
         return h * w
-
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim, norm="pre",
-            norm_eps=self.norm_eps, activation=self.activation, qkv_bias=self.qkv_bias,
-            dropout=self.dropout, attn_dropout=self.attn_dropout, causal=True,
-            checkpoint_activations=self.checkpoint_activations,
-            attention_pattern=self.attention_pattern, attention_window=self.attention_window,
-        )
 
 
 def bits_per_dim(nll_nats: Tensor | float) -> Tensor | float:
@@ -107,6 +88,7 @@ class ImageGPT(PretrainedMixin, nn.Module):
     """
 
     config_class = ImageGPTConfig
+    modality = "image"
 
     def __init__(self, config: ImageGPTConfig) -> None:
         super().__init__()
@@ -116,7 +98,7 @@ class ImageGPT(PretrainedMixin, nn.Module):
         self.start_token = nn.Parameter(torch.zeros(max(config.num_classes, 1), config.dim))
         self.pos_embed = LearnedPositions(config.num_pixels + 1, config.dim)
         self.drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.apply(init_weights)
         nn.init.normal_(self.tok_embed.weight, std=0.02)
@@ -167,6 +149,15 @@ class ImageGPT(PretrainedMixin, nn.Module):
                              f"{int(labels.min())}, max {int(labels.max())}")
         return self.start_token[labels.long()][:, None]
 
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """The first ``min(16, pixels)`` random pixel tokens of ``batch_size`` images."""
+        n = min(16, self.config.num_pixels)
+        return (torch.randint(0, self.config.vocab_size, (batch_size, n)),)
+
     def forward(
         self,
         input_ids: Tensor,
@@ -180,6 +171,30 @@ class ImageGPT(PretrainedMixin, nn.Module):
         ``attention_mask`` is accepted for the decoding protocol; images have no padding,
         so it must be all ones (or None).
         """
+        out = self.forward_features(input_ids, attention_mask, cache, class_label,
+                                    return_attention)
+        if return_attention:
+            return self.forward_head(out[0]), out[1]
+        return self.forward_head(out)
+
+    def pool(self, features: Tensor) -> Tensor:
+        """The last position's features ``(B, dim)`` (it has seen every pixel given)."""
+        return features[:, -1]
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
+        """Next-pixel logits ``(B, N, vocab)`` (``pre_logits``: :meth:`pool`)."""
+        return self.pool(features) if pre_logits else self.lm_head(features)
+
+    def forward_features(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        class_label: Tensor | int | None = None,
+        return_attention: bool = False,
+    ) -> Any:
+        """Hidden states after the final norm, one row per logit row of :meth:`forward`
+        (the start / class token first when the cache is empty)."""
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             raise ValueError("input_ids must be (batch, pixels) pixel tokens, got "
                              f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
@@ -196,10 +211,7 @@ class ImageGPT(PretrainedMixin, nn.Module):
             raise ValueError(f"{past + x.shape[1] - 1} pixel tokens exceed the image's "
                              f"{self.config.num_pixels}")
         x = self.drop(self.pos_embed(x, offset=past))
-        out = self.transformer(x, cache=cache, return_attention=return_attention)
-        if return_attention:
-            return self.lm_head(out[0]), out[1]
-        return self.lm_head(out)
+        return self.transformer(x, cache=cache, return_attention=return_attention)
 
     # -- likelihood ------------------------------------------------------------------
     def _as_sequence(self, tokens: Tensor, name: str) -> Tensor:
@@ -253,8 +265,6 @@ class ImageGPT(PretrainedMixin, nn.Module):
         is completed. ``class_label`` (conditional models): an int or (num_images,) labels;
         default ``arange(num_images) % num_classes``. ``do_sample=False``: greedy.
         """
-        from multimodal.generation import check_sampling_args, generate, next_token
-
         check_sampling_args(temperature, top_k, top_p)
         h, w = self.config.grid
         device = self.start_token.device

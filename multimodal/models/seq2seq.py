@@ -11,49 +11,105 @@ once).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import inspect
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
+from multimodal.generation import generate
+from multimodal.models.api import DecoderHeadMixin
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
 from multimodal.registry import register_model
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
+from multimodal.weights import PretrainedMixin
+
+
+def _default_encoder() -> TextEncoderConfig:
+    return TextEncoderConfig(vocab_size=8000, max_len=128, dim=128, depth=3, heads=4,
+                             num_classes=0, mlm_head=False)
+
+
+def _default_decoder() -> TextDecoderConfig:
+    return TextDecoderConfig(vocab_size=8000, max_len=64, dim=128, depth=3, heads=4)
+
+
+# the flat keywords of the config before it nested its two sides: keyword -> the
+# (side, field) pairs it sets
+# (in the order the init-only fields are declared below)
+_BOTH = lambda name: (("encoder", name), ("decoder", name))
+_FLAT: dict[str, tuple[tuple[str, str], ...]] = {
+    "source_vocab_size": (("encoder", "vocab_size"),),
+    "target_vocab_size": (("decoder", "vocab_size"),),
+    "max_source_len": (("encoder", "max_len"),),
+    "max_target_len": (("decoder", "max_len"),),
+    "dim": _BOTH("dim"),
+    "encoder_depth": (("encoder", "depth"),),
+    "decoder_depth": (("decoder", "depth"),),
+    "heads": _BOTH("heads"),
+    "mlp_dim": _BOTH("mlp_dim"),
+    "dropout": _BOTH("dropout"),
+}
 
 
 @dataclass
 class Seq2SeqConfig:
-    source_vocab_size: int = 8000
-    target_vocab_size: int = 8000
-    max_source_len: int = 128
-    max_target_len: int = 64
-    dim: int = 128
-    encoder_depth: int = 3
-    decoder_depth: int = 3
-    heads: int = 4
-    mlp_dim: int | None = None
-    dropout: float = 0.0
+    """A :class:`TextEncoderConfig` (no heads) and a cross-attending
+    :class:`TextDecoderConfig`, each with its own ``backbone``.
+
+    The flat keywords ``source_vocab_size``, ``target_vocab_size``, ``max_source_len``,
+    ``max_target_len``, ``encoder_depth``, ``decoder_depth`` and (both sides) ``dim``,
+    ``heads``, ``mlp_dim``, ``dropout`` are accepted too and fill in the two sides; they are
+    readable as properties (``dim`` / ``heads`` / ... : the encoder's).
+    ``decoder.cross_attention`` is always True and ``decoder.memory_dim`` the encoder width.
+    """
+
+    encoder: TextEncoderConfig = field(default_factory=_default_encoder)
+    decoder: TextDecoderConfig = field(default_factory=_default_decoder)
     share_embeddings: bool = False  # one token table for both sides (same vocabulary)
+    source_vocab_size: InitVar[int | None] = None
+    target_vocab_size: InitVar[int | None] = None
+    max_source_len: InitVar[int | None] = None
+    max_target_len: InitVar[int | None] = None
+    dim: InitVar[int | None] = None
+    encoder_depth: InitVar[int | None] = None
+    decoder_depth: InitVar[int | None] = None
+    heads: InitVar[int | None] = None
+    mlp_dim: InitVar[int | None] = None
+    dropout: InitVar[float | None] = None
 
-    def encoder_config(self) -> TextEncoderConfig:
-        return TextEncoderConfig(
-            vocab_size=self.source_vocab_size, max_len=self.max_source_len, dim=self.dim,
-            depth=self.encoder_depth, heads=self.heads, mlp_dim=self.mlp_dim, norm="pre",
-            dropout=self.dropout, num_classes=0, mlm_head=False,
-        )
+    def __post_init__(self, *flat: Any) -> None:
+        if isinstance(self.encoder, dict):
+            self.encoder = TextEncoderConfig(**self.encoder)
+        if isinstance(self.decoder, dict):
+            self.decoder = TextDecoderConfig(**self.decoder)
+        sides: dict[str, dict[str, Any]] = {"encoder": {}, "decoder": {}}
+        for name, value in zip(_FLAT, flat, strict=True):
+            if value is not None:
+                for side, key in _FLAT[name]:
+                    sides[side][key] = value
+        enc = dataclasses.replace(self.encoder, **sides["encoder"], num_classes=0,
+                                  mlm_head=False)
+        self.encoder = enc
+        self.decoder = dataclasses.replace(self.decoder, **sides["decoder"],
+                                           cross_attention=True, memory_dim=enc.dim)
 
-    def decoder_config(self) -> TextDecoderConfig:
-        return TextDecoderConfig(
-            vocab_size=self.target_vocab_size, max_len=self.max_target_len, dim=self.dim,
-            depth=self.decoder_depth, heads=self.heads, mlp_dim=self.mlp_dim,
-            dropout=self.dropout, cross_attention=True, memory_dim=self.dim,
-        )
+
+def _read(side: str, key: str) -> property:
+    return property(lambda self: getattr(getattr(self, side), key),
+                    doc=f"``{side}.{key}``")
+
+
+if list(inspect.signature(Seq2SeqConfig).parameters)[3:] != list(_FLAT):
+    raise TypeError("Seq2SeqConfig's init-only fields must be declared in _FLAT's order")
+for _name, ((_side, _key), *_) in _FLAT.items():
+    setattr(Seq2SeqConfig, _name, _read(_side, _key))
 
 
 @register_model
-class Seq2Seq(PretrainedMixin, nn.Module):
+class Seq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
     """``forward(source_ids, target_ids) -> (B, T, target_vocab)`` next-token logits of the
     target (teacher forcing); ``generate(source_ids) -> [BOS] + generated ids``.
 
@@ -61,6 +117,7 @@ class Seq2Seq(PretrainedMixin, nn.Module):
     """
 
     config_class = Seq2SeqConfig
+    modality = "text-text"
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__()
@@ -68,8 +125,8 @@ class Seq2Seq(PretrainedMixin, nn.Module):
             raise ValueError("share_embeddings needs source_vocab_size == target_vocab_size, "
                              f"got {config.source_vocab_size} and {config.target_vocab_size}")
         self.config = config
-        self.encoder = TextEncoder(config.encoder_config())
-        self.decoder = TextDecoder(config.decoder_config())
+        self.encoder = TextEncoder(config.encoder)
+        self.decoder = TextDecoder(config.decoder)
         if config.share_embeddings:
             self.decoder.tok_embed.weight = self.encoder.tok_embed.weight
             self.decoder.lm_head.weight = self.encoder.tok_embed.weight
@@ -83,8 +140,21 @@ class Seq2Seq(PretrainedMixin, nn.Module):
 
     def forward(self, source_ids: Tensor, target_ids: Tensor,
                 source_mask: Tensor | None = None) -> Tensor:
+        return self.forward_head(self.forward_features(source_ids, target_ids, source_mask))
+
+    def forward_features(self, source_ids: Tensor, target_ids: Tensor,
+                         source_mask: Tensor | None = None) -> Tensor:
+        """The decoder's hidden states (B, T, decoder.dim) after its final norm."""
         memory, pad = self.encode(source_ids, source_mask)
-        return self.decoder(target_ids, memory=memory, memory_padding_mask=pad)
+        return self.decoder.forward_features(target_ids, memory=memory,
+                                             memory_padding_mask=pad)
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random source ids and target ids starting with ``[BOS]``."""
+        (source,) = self.encoder.example_inputs(batch_size)
+        (target,) = self.decoder.example_inputs(batch_size)
+        target[:, 0] = BOS_ID
+        return source, target
 
     @torch.no_grad()
     def generate(self, source_ids: Tensor, source_mask: Tensor | None = None,
@@ -95,8 +165,6 @@ class Seq2Seq(PretrainedMixin, nn.Module):
         (B, 1 + generated) ids, ``[PAD]`` after ``[EOS]``. Other keyword arguments
         (``num_beams``, ``do_sample``, ``top_p`` ...) go to
         :func:`multimodal.generation.generate`."""
-        from multimodal.generation import generate
-
         was_training = self.training
         self.eval()
         try:

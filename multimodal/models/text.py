@@ -2,50 +2,31 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
-from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.generation import generate
+from multimodal.models.backbone import model_config
+from multimodal.nn.block import ACTIVATIONS, Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import LearnedPositions, SinusoidalPositions
 from multimodal.registry import register_model, register_preset
+from multimodal.weights import PretrainedMixin
 
 
-@dataclass
+@model_config(dim=256, depth=6, heads=8, norm_eps=1e-5, activation="gelu_tanh",
+              fixed={"causal": True, "norm": "pre"})
 class TextDecoderConfig:
+    """A GPT-style decoder; ``backbone`` is causal and pre-norm. Sparse self-attention for
+    long contexts: ``attention_pattern`` "sliding" / "strided" (see multimodal.nn.masks)."""
+
     vocab_size: int = 8000
     max_len: int = 256
-    dim: int = 256
-    depth: int = 6
-    heads: int = 8
-    mlp_dim: int | None = None
     pos_embed: Literal["learned", "sinusoidal"] = "learned"
-    norm_eps: float = 1e-5
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu_tanh"
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
     tie_embeddings: bool = True
-    cross_attention: bool = False  # attend to an encoder's output (captioning, seq2seq)
-    memory_dim: int | None = None
-    checkpoint_activations: bool = False
-    # sparse self-attention for long contexts: "sliding" (the last attention_window
-    # tokens) or "strided" (Child et al. 2019); see multimodal.nn.masks
-    attention_pattern: Literal["full", "sliding", "strided"] = "full"
-    attention_window: int = 256
-
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim, norm="pre",
-            norm_eps=self.norm_eps, activation=self.activation, dropout=self.dropout,
-            attn_dropout=self.attn_dropout, causal=True, cross_attention=self.cross_attention,
-            memory_dim=self.memory_dim, checkpoint_activations=self.checkpoint_activations,
-            attention_pattern=self.attention_pattern, attention_window=self.attention_window,
-        )
 
 
 def check_token_ids(input_ids: Tensor, vocab_size: int, name: str = "input_ids") -> None:
@@ -63,6 +44,16 @@ def _positions(kind: str, max_len: int, dim: int) -> nn.Module:
     if kind == "learned":
         return LearnedPositions(max_len, dim)
     return SinusoidalPositions(max_len, dim)
+
+
+def last_token(features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """``features[b, last real token of b]`` ``(B, dim)`` for right or left padding
+    (``attention_mask`` 1 at tokens); the last position when there is no mask."""
+    if attention_mask is None:
+        return features[:, -1]
+    positions = torch.arange(features.shape[1], device=features.device)
+    last = (attention_mask.bool() * positions).argmax(dim=1)
+    return features[torch.arange(features.shape[0], device=features.device), last]
 
 
 def position_ids_from_mask(attention_mask: Tensor, past: int = 0) -> Tensor:
@@ -83,6 +74,7 @@ class TextDecoder(PretrainedMixin, nn.Module):
     """
 
     config_class = TextDecoderConfig
+    modality = "text"
 
     def __init__(self, config: TextDecoderConfig) -> None:
         super().__init__()
@@ -90,7 +82,7 @@ class TextDecoder(PretrainedMixin, nn.Module):
         self.tok_embed = nn.Embedding(config.vocab_size, config.dim)
         self.pos_embed = _positions(config.pos_embed, config.max_len, config.dim)
         self.drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.apply(init_weights)
         nn.init.normal_(self.tok_embed.weight, std=0.02)
@@ -100,6 +92,14 @@ class TextDecoder(PretrainedMixin, nn.Module):
     @property
     def max_len(self) -> int:
         return self.config.max_len
+
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random token ids ``(B, min(8, max_len))``."""
+        return (torch.randint(0, self.config.vocab_size, (batch_size, min(8, self.max_len))),)
 
     def make_cache(self, max_len: int | None = None) -> KVCache:
         return self.transformer.make_cache(max_len or self.config.max_len)
@@ -136,49 +136,43 @@ class TextDecoder(PretrainedMixin, nn.Module):
             return_attention=return_attention,
         )
 
+    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The last real token's features ``(B, dim)`` (the last one when no mask)."""
+        return last_token(features, attention_mask)
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """Next-token logits ``(B, N, vocab)`` (``pre_logits``: :meth:`pool`)."""
+        return self.pool(features, attention_mask) if pre_logits else self.lm_head(features)
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 **kwargs: Any) -> Any:
         out = self.forward_features(input_ids, attention_mask, **kwargs)
         if isinstance(out, tuple):
-            return self.lm_head(out[0]), out[1]
-        return self.lm_head(out)
+            return self.forward_head(out[0]), out[1]
+        return self.forward_head(out)
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int = 20, **kwargs: Any) -> Tensor:
         """Continue ``input_ids`` (B, N); see :func:`multimodal.generation.generate` for
         ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``num_beams``,
         ``length_penalty``, ``eos_token_id``, ``attention_mask``, ``generator``."""
-        from multimodal.generation import generate
-
         return generate(self, input_ids, max_new_tokens=max_new_tokens, **kwargs)
 
 
-@dataclass
+@model_config(dim=256, depth=6, heads=8, norm_eps=1e-6, activation="gelu")
 class TextEncoderConfig:
+    """A BERT-style encoder (BERT itself: ``norm="post"``, ``embed_norm=True``,
+    ``type_vocab_size=2``, ``pooler=True``)."""
+
     vocab_size: int = 8000
     max_len: int = 256
-    dim: int = 256
-    depth: int = 6
-    heads: int = 8
-    mlp_dim: int | None = None
-    norm: Literal["pre", "post"] = "pre"  # BERT itself is post-norm
-    norm_eps: float = 1e-6
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
     pos_embed: Literal["learned", "sinusoidal"] = "learned"
     type_vocab_size: int = 0  # BERT's segment embeddings (2); 0 = none
     embed_norm: bool = False  # LayerNorm on the summed embeddings (BERT: True)
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
     num_classes: int = 0  # > 0: a classification head on the [CLS] token
     mlm_head: bool = True  # BERT's masked-LM head (dense, act, norm, tied decoder)
     pooler: bool = False  # BERT's tanh pooler on [CLS] before the classifier
-
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim,
-            norm=self.norm, norm_eps=self.norm_eps, activation=self.activation,
-            dropout=self.dropout, attn_dropout=self.attn_dropout,
-        )
 
 
 class MaskedLMHead(nn.Module):
@@ -202,11 +196,10 @@ class TextEncoder(PretrainedMixin, nn.Module):
     ``mlm_logits`` the masked-LM logits; ``classify`` the [CLS] classification logits."""
 
     config_class = TextEncoderConfig
+    modality = "text"
 
     def __init__(self, config: TextEncoderConfig) -> None:
         super().__init__()
-        from multimodal.nn.block import ACTIVATIONS
-
         self.config = config
         self.tok_embed = nn.Embedding(config.vocab_size, config.dim)
         self.pos_embed = _positions(config.pos_embed, config.max_len, config.dim)
@@ -215,7 +208,7 @@ class TextEncoder(PretrainedMixin, nn.Module):
         self.embed_norm = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.embed_norm \
             else nn.Identity()
         self.drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         act = ACTIVATIONS[config.activation]()
         self.mlm = MaskedLMHead(config.dim, config.vocab_size, act, config.norm_eps) \
             if config.mlm_head else None
@@ -227,6 +220,15 @@ class TextEncoder(PretrainedMixin, nn.Module):
         if self.mlm is not None:
             self.mlm.decoder.weight = self.tok_embed.weight
 
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random token ids ``(B, min(8, max_len))``."""
+        return (torch.randint(0, self.config.vocab_size,
+                              (batch_size, min(8, self.config.max_len))),)
+
     def forward(
         self,
         input_ids: Tensor,
@@ -234,6 +236,21 @@ class TextEncoder(PretrainedMixin, nn.Module):
         token_type_ids: Tensor | None = None,
         return_attention: bool = False,
     ) -> Any:
+        """Hidden states ``(B, N, dim)``: the same as :meth:`forward_features` (as
+        ``BertModel``); the heads are :meth:`forward_head`, :meth:`mlm_logits`,
+        :meth:`classify`."""
+        return self.forward_features(input_ids, attention_mask, token_type_ids,
+                                     return_attention)
+
+    def forward_features(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        return_attention: bool = False,
+    ) -> Any:
+        """Hidden states ``(B, N, dim)`` after the final norm (with ``return_attention``
+        also the attention maps)."""
         check_token_ids(input_ids, self.config.vocab_size)
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, "
@@ -252,14 +269,28 @@ class TextEncoder(PretrainedMixin, nn.Module):
             raise ValueError("this TextEncoder was built with mlm_head=False")
         return self.mlm(hidden)
 
-    def pooled(self, hidden: Tensor) -> Tensor:
-        cls = hidden[:, 0]
+    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The ``[CLS]`` (first) token, through BERT's tanh pooler when the model has one:
+        ``(B, dim)``. ``attention_mask`` is accepted for the common API; the first token is
+        always real."""
+        cls = features[:, 0]
         return self.pooler(cls) if self.pooler is not None else cls
+
+    pooled = pool  # the name used before the common API
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """The classification logits ``(B, num_classes)`` when the model has a classifier,
+        else the masked-LM logits ``(B, N, vocab)``, else (no head) the pooled features;
+        ``pre_logits``: :meth:`pool`."""
+        if pre_logits or (self.head is None and self.mlm is None):
+            return self.pool(features, attention_mask)
+        return self.classify(features) if self.head is not None else self.mlm_logits(features)
 
     def classify(self, hidden: Tensor) -> Tensor:
         if self.head is None:
             raise ValueError("this TextEncoder has no classification head (num_classes=0)")
-        return self.head(self.pooled(hidden))
+        return self.head(self.pool(hidden))
 
 
 @register_preset("gpt_tiny")

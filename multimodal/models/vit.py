@@ -2,43 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from multimodal.hub import PretrainedMixin
-from multimodal.nn.block import Transformer, TransformerConfig
+from multimodal.models.backbone import model_config
+from multimodal.nn.block import Transformer
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import resample_grid, sincos_2d_positions
 from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.image import ConvStem, PatchEmbed, _pair, check_images
+from multimodal.weights import PretrainedMixin
 
 
-@dataclass
+@model_config(dim=192, depth=12, heads=3, norm_eps=1e-6, activation="gelu")
 class ViTConfig:
+    """A ViT: patches of ``image_size`` images, a ``backbone`` (``dim``, ``depth``, ``heads``,
+    ``mlp_dim``, ... are its fields, also accepted and readable here), a pooled head."""
+
     image_size: int | tuple[int, int] = 224
     patch_size: int | tuple[int, int] = 16
     in_channels: int = 3
     num_classes: int = 1000  # 0: no head, forward returns pooled features
-    dim: int = 192
-    depth: int = 12
-    heads: int = 3
-    mlp_dim: int | None = None  # default 4 * dim
     pool: Literal["cls", "mean"] = "cls"
     class_token: bool = True
     pos_embed: Literal["learned", "sincos"] = "learned"
     stem: Literal["patch", "conv"] = "patch"  # linear patches, or ConvStem (3x3 convs)
     dynamic_size: bool = True  # other image sizes: resample positions, else error
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    drop_path: float = 0.0
-    norm: Literal["pre", "post"] = "pre"
-    norm_eps: float = 1e-6
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
-    qkv_bias: bool = True
-    checkpoint_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.pool == "cls" and not self.class_token:
@@ -58,14 +49,6 @@ class ViTConfig:
         ph, pw = _pair(self.patch_size)
         return h // ph, w // pw
 
-    def transformer_config(self) -> TransformerConfig:
-        return TransformerConfig(
-            dim=self.dim, depth=self.depth, heads=self.heads, mlp_dim=self.mlp_dim,
-            norm=self.norm, norm_eps=self.norm_eps, activation=self.activation,
-            qkv_bias=self.qkv_bias, dropout=self.dropout, attn_dropout=self.attn_dropout,
-            drop_path=self.drop_path, checkpoint_activations=self.checkpoint_activations,
-        )
-
 
 @register_model
 class ViT(PretrainedMixin, nn.Module):
@@ -79,6 +62,7 @@ class ViT(PretrainedMixin, nn.Module):
     """
 
     config_class = ViTConfig
+    modality = "image"
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
@@ -98,10 +82,18 @@ class ViT(PretrainedMixin, nn.Module):
         else:
             self.register_parameter("pos_embed", None)
         self.pos_drop = nn.Dropout(config.dropout)
-        self.transformer = Transformer(config.transformer_config())
+        self.transformer = Transformer(config.backbone)
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
         self.apply(init_weights)
+
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random images at the config's size: ``(B, in_channels, H, W)``."""
+        return (torch.randn(batch_size, self.config.in_channels, *_pair(self.config.image_size)),)
 
     # -- positions ---------------------------------------------------------------------
     def _positions(self, grid: tuple[int, int], x: Tensor) -> Tensor:
@@ -142,11 +134,14 @@ class ViT(PretrainedMixin, nn.Module):
         return out
 
     def pool(self, features: Tensor) -> Tensor:
+        """The class token, or the mean of the patch tokens: ``(B, dim)``."""
         if self.config.pool == "cls":
             return features[:, 0]
         return features[:, self.num_prefix_tokens :].mean(dim=1)
 
     def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
+        """Class logits ``(B, num_classes)`` of the pooled features (``pre_logits``: the pooled
+        features; ``num_classes=0``: likewise)."""
         pooled = self.pool(features)
         return pooled if pre_logits else self.head(pooled)
 

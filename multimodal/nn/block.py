@@ -69,7 +69,9 @@ class Block(nn.Module):
     """Self-attention, optional cross-attention and MLP, each with a residual.
 
     Layers are passed in: ``norm_layer(dim)`` builds each norm, ``act_layer()`` the MLP
-    activation. ``norm="pre"`` or ``"post"`` picks the layer order (module docstring).
+    activation, ``attn_layer(dim, heads, qkv_bias=, attn_dropout=, proj_dropout=[, cross=,
+    memory_dim=])`` each attention and ``mlp_layer(dim, hidden_dim, act_layer, dropout)`` the
+    MLP. ``norm="pre"`` or ``"post"`` picks the layer order (module docstring).
     """
 
     def __init__(
@@ -87,19 +89,21 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         cross_attention: bool = False,
         memory_dim: int | None = None,
+        attn_layer: Callable[..., nn.Module] = Attention,
+        mlp_layer: Callable[..., nn.Module] = MLP,
     ) -> None:
         super().__init__()
         if norm not in ("pre", "post"):
             raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
         self.norm_first = norm == "pre"
-        attn = partial(Attention, dim, heads, qkv_bias=qkv_bias, attn_dropout=attn_dropout,
+        attn = partial(attn_layer, dim, heads, qkv_bias=qkv_bias, attn_dropout=attn_dropout,
                        proj_dropout=dropout)
         self.norm1 = norm_layer(dim)
         self.attn = attn()
         self.norm_cross = norm_layer(dim) if cross_attention else None
         self.cross_attn = attn(cross=True, memory_dim=memory_dim) if cross_attention else None
         self.norm2 = norm_layer(dim)
-        self.mlp = MLP(dim, mlp_dim or 4 * dim, act_layer, dropout)
+        self.mlp = mlp_layer(dim, mlp_dim or 4 * dim, act_layer, dropout)
         self.drop_path = DropPath(drop_path)
 
     def forward(
@@ -136,9 +140,19 @@ class Block(nn.Module):
         return x, (w_self, w_cross)
 
 
+# Layer variants chosen by name in TransformerConfig (``norm_type``, ``mlp_type``,
+# ``attention_type``): a new variant is one entry here (and a value of the Literal), never a
+# fork of Block or Transformer. Signatures: norm ``(dim, eps=)``; MLP and attention as
+# Block calls them (its docstring).
+NORM_LAYERS: dict[str, Callable[..., nn.Module]] = {"layernorm": nn.LayerNorm}
+MLP_LAYERS: dict[str, Callable[..., nn.Module]] = {"mlp": MLP}
+ATTENTION_LAYERS: dict[str, Callable[..., nn.Module]] = {"mha": Attention}
+
+
 @dataclass
 class TransformerConfig:
-    """Width, depth and layer choices of the shared backbone."""
+    """Width, depth and layer choices of the shared backbone; every model config nests
+    one as ``backbone``."""
 
     dim: int = 192
     depth: int = 12
@@ -160,6 +174,10 @@ class TransformerConfig:
     # attention_window keys, "strided" = Child et al. (2019) with stride attention_window.
     attention_pattern: Literal["full", "sliding", "strided"] = "full"
     attention_window: int = 256
+    # layer variants, by name (NORM_LAYERS, MLP_LAYERS, ATTENTION_LAYERS)
+    norm_type: Literal["layernorm"] = "layernorm"
+    mlp_type: Literal["mlp"] = "mlp"
+    attention_type: Literal["mha"] = "mha"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,8 +200,13 @@ class Transformer(nn.Module):
                              f"got {config.attention_pattern!r}")
         if config.attention_pattern != "full" and config.attention_window < 1:
             raise ValueError(f"attention_window must be >= 1, got {config.attention_window}")
+        for kind, name, table in (("norm_type", config.norm_type, NORM_LAYERS),
+                                  ("mlp_type", config.mlp_type, MLP_LAYERS),
+                                  ("attention_type", config.attention_type, ATTENTION_LAYERS)):
+            if name not in table:
+                raise ValueError(f"{kind} must be one of {sorted(table)}, got {name!r}")
         self.config = config
-        norm_layer = norm_layer or partial(nn.LayerNorm, eps=config.norm_eps)
+        norm_layer = norm_layer or partial(NORM_LAYERS[config.norm_type], eps=config.norm_eps)
         rates = torch.linspace(0, config.drop_path, config.depth).tolist()
         self.blocks = nn.ModuleList(
             Block(
@@ -192,6 +215,8 @@ class Transformer(nn.Module):
                 act_layer=ACTIVATIONS[config.activation], qkv_bias=config.qkv_bias,
                 dropout=config.dropout, attn_dropout=config.attn_dropout, drop_path=rate,
                 cross_attention=config.cross_attention, memory_dim=config.memory_dim,
+                attn_layer=ATTENTION_LAYERS[config.attention_type],
+                mlp_layer=MLP_LAYERS[config.mlp_type],
             )
             for rate in rates
         )

@@ -22,7 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor, nn
+
+from multimodal.weights import load_safetensors
 
 
 class LoRALinear(nn.Module):
@@ -178,8 +182,6 @@ def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
 def save_lora(model: nn.Module, path: str | Path) -> Path:
     """Write :func:`lora_state_dict` to a safetensors file, with the LoRA settings as
     metadata so that :func:`load_lora` can wrap a fresh model the same way."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     settings = getattr(model, "_lora_settings", None)
@@ -195,10 +197,6 @@ def load_lora(model: nn.Module, path: str | Path) -> nn.Module:
     A model without LoRA layers is first wrapped with the settings stored in the file.
     Missing, unexpected or mis-shaped adapter tensors are listed in a ValueError.
     """
-    from safetensors import safe_open
-
-    from multimodal.hub import load_safetensors
-
     state = load_safetensors(path)  # refuses anything that is not safetensors
     if not lora_layers(model):
         with safe_open(str(path), framework="pt") as f:

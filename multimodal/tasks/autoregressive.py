@@ -15,12 +15,25 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.data import Dataset
 
 from multimodal.models.image_gpt import ImageGPT
 from multimodal.tasks.base import ModelTask
 from multimodal.tokenizers.image import PixelTokenizer
 
 __all__ = ["AutoregressiveImageTask"]
+
+
+def evenly_spaced_items(dataset: Dataset, num: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images and labels of ``num`` ``(image, label)`` items at indices
+    ``round(linspace(0, len - 1, num))`` (repeats dropped), so a split stored class by
+    class still gives every class."""
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty")
+    index = torch.linspace(0, len(dataset) - 1, num).round().long().unique()
+    items = [dataset[int(i)] for i in index]
+    images = torch.stack([torch.as_tensor(x) for x, _ in items])
+    return images, torch.tensor([int(y) for _, y in items])
 
 
 class AutoregressiveImageTask(ModelTask):
@@ -57,7 +70,7 @@ class AutoregressiveImageTask(ModelTask):
         self._val_images: Tensor | None = None
 
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         if dm is None:
             return
         h, w = self.model.config.grid
@@ -130,9 +143,7 @@ class AutoregressiveImageTask(ModelTask):
         """``num`` validation images and labels to complete: evenly spaced over the whole
         validation split when the data module gives one (a split stored class by class
         would otherwise give one class only), else the first validation batch."""
-        from multimodal.data.pixels import evenly_spaced_items
-
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         split_dataset = getattr(dm, "split_dataset", None)
         dataset = split_dataset("val") if callable(split_dataset) else None
         if dataset is not None and len(dataset) > 0:

@@ -13,15 +13,19 @@ Metrics on val / test, from greedy (or beam) decoding:
 - ``bleu4``: corpus BLEU-4 (``torchmetrics.text.BLEUScore``) against the one reference;
 - ``exact_match``: the generated caption equals the reference word for word (both
   normalised by the tokenizer);
-- ``scene_match`` (scenes only): :func:`multimodal.data.scenes.caption_matches_scene`, the
-  caption is grammatical, names exactly the scene's shapes and every stated relation
-  holds, in any naming order. Scene captions name the shapes in a random order, so this
-  is the compositional exact match (``exact_match`` would also demand the random order).
+- whatever checks the data module supplies with ``caption_checks(split)`` (a dict
+  ``name -> check(caption, index)``), logged as the fraction that pass: the scenes give
+  ``scene_match``, the caption is grammatical, names exactly the scene's shapes and every
+  stated relation holds, in any naming order. Scene captions name the shapes in a random
+  order, so this is the compositional exact match (``exact_match`` would also demand the
+  random order). The val / test loaders must not shuffle (item ``i`` of batch ``k`` is
+  item ``k * batch_size + i`` of the split).
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,9 +84,9 @@ def _tokenizer_from_json(text: str) -> TextTokenizer:
 class CaptioningTask(ModelTask):
     """Train a :class:`Captioner` on batches ``{"images", "captions"}`` from
     :class:`~multimodal.data.captions.CaptionDataModule` with AdamW and warm-up + cosine.
-    Logs ``{train,val,test}/loss`` and ``{val,test}/bleu4``, ``/exact_match`` (and
-    ``/scene_match`` on scenes); after test prints example captions and writes them to
-    ``captions_test.txt`` in the run's log folder.
+    Logs ``{train,val,test}/loss`` and ``{val,test}/bleu4``, ``/exact_match`` (and the
+    data module's ``caption_checks``, e.g. ``/scene_match`` on scenes); after test prints
+    example captions and writes them to ``captions_test.txt`` in the run's log folder.
     """
 
     def __init__(
@@ -112,12 +116,12 @@ class CaptioningTask(ModelTask):
         self.val_bleu = BLEUScore(n_gram=4)
         self.test_bleu = BLEUScore(n_gram=4)
         self.examples: list[tuple[str, str]] = []
-        self._scenes: dict[str, list[Any]] = {}
-        self._scene_batch_size = 0
+        self._checks: dict[str, dict[str, Callable[[str, int], bool]]] = {}
+        self._eval_batch_size = 0
 
     # -- data plumbing -----------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         if self.tokenizer is None:
             if dm is None or not hasattr(dm, "train_captions"):
                 raise ValueError("CaptioningTask trains its tokenizer on the data module's "
@@ -125,14 +129,13 @@ class CaptioningTask(ModelTask):
             self.tokenizer = train_caption_tokenizer(
                 dm.train_captions(), self.hparams.tokenizer,
                 self.model.config.decoder.vocab_size)
-        if dm is not None and getattr(dm, "dataset", None) == "scenes":
-            self._prepare_scenes(dm)
+        if dm is not None and callable(getattr(dm, "caption_checks", None)):
+            self._prepare_checks(dm)
 
-    def _prepare_scenes(self, dm: Any) -> None:
-        """The val / test scenes behind the data module's captions, to score generated
-        captions with ``caption_matches_scene``."""
-        self._scenes = {split: dm.scenes(split) for split in ("val", "test")}
-        self._scene_batch_size = dm.batch_size
+    def _prepare_checks(self, dm: Any) -> None:
+        """The data module's own checks of generated val / test captions."""
+        self._checks = {split: dm.caption_checks(split) for split in ("val", "test")}
+        self._eval_batch_size = dm.batch_size
 
     def encode_captions(self, captions: list[str]) -> Tensor:
         """Right-padded ``[BOS] .. [EOS]`` ids (B, T); a caption longer than the decoder's
@@ -200,14 +203,10 @@ class CaptioningTask(ModelTask):
         self.log(f"{split}/bleu4", bleu, batch_size=b)
         em = sum(p == r for p, r in zip(preds, refs, strict=True)) / b
         self.log(f"{split}/exact_match", em, prog_bar=True, batch_size=b)
-        scenes = self._scenes.get(split)
-        if scenes is not None:
-            from multimodal.data.scenes import caption_matches_scene
-
-            start = batch_idx * self._scene_batch_size
-            hits = [caption_matches_scene(p, s)
-                    for p, s in zip(preds, scenes[start : start + b], strict=True)]
-            self.log(f"{split}/scene_match", sum(hits) / b, prog_bar=True, batch_size=b)
+        start = batch_idx * self._eval_batch_size
+        for name, check in self._checks.get(split, {}).items():
+            hits = [check(p, start + i) for i, p in enumerate(preds)]
+            self.log(f"{split}/{name}", sum(hits) / b, prog_bar=True, batch_size=b)
         if split == "test" and len(self.examples) < self.hparams.num_examples:
             self.examples.extend(zip(preds, refs, strict=True))
             self.examples = self.examples[: self.hparams.num_examples]

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from multimodal.plots import plot_confusion_matrix
 from multimodal.tasks.base import ModelTask
 
 
@@ -50,7 +51,7 @@ class ClassificationTask(ModelTask):
 
     # -- data plumbing ---------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         if dm is None:
             return
         n = getattr(dm, "num_classes", None)
@@ -107,8 +108,6 @@ class ClassificationTask(ModelTask):
         self.confusion.reset()
         folder = self.trainer.log_dir or self.trainer.default_root_dir
         if self.trainer.is_global_zero and folder:
-            from multimodal.plots import plot_confusion_matrix
-
             path = Path(folder) / "confusion_matrix.png"
             plot_confusion_matrix(matrix, self.class_names, path)
             print(f"confusion matrix: {path}")

@@ -1,0 +1,227 @@
+"""The package's imports point one way.
+
+Every ``import`` of a ``multimodal`` module, at module level or inside a function, is read
+with ``ast`` (nothing is imported to find them) and checked against the layer order
+
+    weights, registry          the weight format and the model/preset registries (no models)
+    nn, tokenizers             layers and modality tokenizers
+    generation                 the model-agnostic decoding loop; imports only nn. Models call
+                               it from ``.generate``, so it sits beside nn, below the models
+    models                     every model; imports the layers above, never Lightning
+    hub, convert               what knows every model: loading by model_type, checkpoints,
+                               encoders, presets, conversion from other libraries
+    tasks | data | callbacks   Lightning; data sits beside tasks and neither imports the other
+    cli, plots_*               entry points
+
+A module may import its own package and any package listed for it in ``ALLOWED``;
+anything else, and any cycle between modules, fails the test.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "multimodal"
+
+# package (first part after "multimodal.") -> the packages it may import
+_BASE = {"weights", "registry", "plots"}  # plots: figure helpers, matplotlib only
+_LAYERS = {*_BASE, "nn", "tokenizers"}
+_MODELS = {*_LAYERS, "generation", "models"}
+_ZOO = {*_MODELS, "hub", "convert", "embeddings"}
+ALLOWED: dict[str, set[str]] = {
+    "__init__": set(),  # lazy attribute access only, never a module-level import
+    "weights": set(),
+    "registry": {"weights"},
+    "plots": set(),
+    "nn": {"weights", "nn"},
+    "tokenizers": {"tokenizers"},
+    "generation": {"nn"},
+    "models": _MODELS,
+    "hub": _ZOO,
+    "convert": _ZOO,
+    "embeddings": {"tokenizers"},
+    "tasks": {*_ZOO, "tasks"},
+    "data": {*_LAYERS, "data"},
+    "callbacks": set(),
+    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli"},
+    "plots_pixels": {*_ZOO, "tasks", "data"},
+    "plots_attention": {*_ZOO, "tasks", "data"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The package module that ``name`` (``a.b.c``, maybe a name inside a module) lives in."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int, bool]]:
+    """``(imported module, line, at module level?)`` for every package import in ``path``.
+    Imports under ``if TYPE_CHECKING:`` are left out: they never run."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for sub in child.orelse:
+                    visit(sub, top)
+                continue
+            names: list[str] = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    pkg = module.split(".") if is_pkg else module.split(".")[:-1]
+                    pkg = pkg[: len(pkg) - child.level + 1]
+                    base = ".".join([*pkg, base] if base else pkg)
+                names = [f"{base}.{a.name}" for a in child.names] if base else []
+            for name in names:
+                if name == "multimodal" or name.startswith("multimodal."):
+                    target = _resolve(name, modules)
+                    if target and target != module:
+                        found.append((target, child.lineno, top))
+            inside = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(child, top and not inside)
+
+    visit(tree, True)
+    return found
+
+
+def _graph() -> dict[str, list[tuple[str, int, bool]]]:
+    modules = _modules()
+    return {m: _imports(m, p, modules) for m, p in modules.items()}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def find_cycles(graph: dict[str, list[tuple[str, int, bool]]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), sorted."""
+    edges = {m: sorted({t for t, _, _ in imps}) for m, imps in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, []):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return sorted(out)
+
+
+def test_the_walker_sees_function_level_imports(tmp_path: Path) -> None:
+    """The walker itself: a function-level import and a relative import are both edges,
+    a TYPE_CHECKING import is not, and a two-module loop is one cycle."""
+    pkg = tmp_path / "multimodal"
+    (pkg / "nn").mkdir(parents=True)
+    (pkg / "nn" / "__init__.py").write_text("")
+    (pkg / "nn" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from multimodal.models import m\n"
+        "def f():\n    from multimodal.models.m import X\n")
+    (pkg / "models").mkdir()
+    (pkg / "models" / "__init__.py").write_text("")
+    (pkg / "models" / "m.py").write_text("from ..nn.a import f\nX = 1\n")
+    modules = {_module_name_in(p, tmp_path): p for p in sorted(pkg.rglob("*.py"))}
+    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+    assert graph["multimodal.nn.a"] == [("multimodal.models.m", 5, False)]
+    assert graph["multimodal.models.m"] == [("multimodal.nn.a", 1, True)]
+    assert find_cycles(graph) == [["multimodal.models.m", "multimodal.nn.a"]]
+
+
+def _module_name_in(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_cycles() -> None:
+    cycles = find_cycles(_graph())
+    assert cycles == [], "import cycles (module-level and function-level imports):\n" + "\n".join(
+        " -> ".join(c) for c in cycles)
+
+
+def test_every_package_has_a_layer() -> None:
+    unknown = sorted({_package(m) for m in _modules()} - set(ALLOWED))
+    assert unknown == [], f"add these to ALLOWED in {__file__}: {unknown}"
+
+
+def test_imports_follow_the_layer_order() -> None:
+    modules = _modules()
+    wrong = []
+    for module, imps in _graph().items():
+        own = _package(module)
+        for target, line, top in imps:
+            other = _package(target)
+            if other != own and other not in ALLOWED.get(own, set()):
+                where = "module level" if top else "inside a function"
+                wrong.append(f"{modules[module].relative_to(ROOT.parent)}:{line} imports "
+                             f"{target} ({where}): {own} may import {sorted(ALLOWED[own])}")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_package_init_imports_nothing_eagerly() -> None:
+    """``import multimodal`` stays cheap: public names are resolved lazily."""
+    assert [t for t, _, top in _graph()["multimodal"] if top] == []
+
+
+@pytest.mark.parametrize("roots", [
+    ("multimodal.nn", "multimodal.tokenizers"),
+    ("multimodal.generation", "multimodal.weights", "multimodal.registry"),
+])
+def test_lower_layers_import_no_models(roots: tuple[str, ...]) -> None:
+    """Importing the lower layers loads no model, task or data module, and no Lightning."""
+    code = ("import json, sys\n" + "".join(f"import {r}\n" for r in roots)
+            + "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT.parent).stdout
+    loaded = json.loads(out)
+    ours = [m for m in loaded if m.startswith("multimodal.")]
+    assert set(roots) <= set(ours), "the subprocess did not import the roots"
+    assert [m for m in ours if m.split(".")[1] in {"models", "hub", "convert", "tasks",
+                                                     "data", "cli"}] == []
+    assert [m for m in loaded if m.split(".")[0] == "lightning"] == []
