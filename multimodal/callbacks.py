@@ -9,6 +9,8 @@ from typing import IO
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from multimodal.progress import is_terminal
+
 
 class EpochSummary(L.Callback):
     """One plain line per validation pass, for logs that are not a terminal.
@@ -31,8 +33,7 @@ class EpochSummary(L.Callback):
 
     @property
     def active(self) -> bool:
-        isatty = getattr(self.stream, "isatty", None)
-        return self.always or not (callable(isatty) and isatty())
+        return self.always or not is_terminal(self.stream)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.monotonic()

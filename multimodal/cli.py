@@ -8,21 +8,117 @@
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
 interrupted run with ``--ckpt_path last`` and, unless ``--test_after_fit false``,
 tests the best checkpoint when training ends. When standard output is not a terminal
-(a log file, a batch job) every validation also prints one plain line of metrics.
+(a log file, a batch job) every validation prints one plain line of metrics instead of
+Lightning's progress bar (``--trainer.enable_progress_bar true`` brings the bar back).
+
+Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
+shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
+checkpoints go to ``<root>/checkpoints`` unless a ModelCheckpoint names its own ``dirpath``,
+and the string ``${trainer.default_root_dir}`` in any config value (the loggers' ``save_dir``,
+a task's ``save_dir``, a tokenizer file) is replaced by the root after the command-line
+overrides are read. See :func:`place_run_outputs`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from pathlib import Path, PurePath
+from typing import Any
 
 import lightning as L
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from multimodal.callbacks import EpochSummary
+from multimodal.progress import is_terminal
+
+ROOT_PLACEHOLDER = "${trainer.default_root_dir}"
+"""Written in a config value, stands for the run's root folder (resolved after overrides)."""
+
+
+def _substitute(value: Any, root: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(ROOT_PLACEHOLDER, root)
+    if isinstance(value, PurePath):
+        return type(value)(str(value).replace(ROOT_PLACEHOLDER, root))
+    if isinstance(value, Namespace):
+        for key, item in vars(value).items():
+            setattr(value, key, _substitute(item, root))
+        return value
+    if isinstance(value, dict):
+        return {key: _substitute(item, root) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_substitute(item, root) for item in value)
+    return value
+
+
+def _is_model_checkpoint(class_path: Any) -> bool:
+    if not isinstance(class_path, str) or "." not in class_path:
+        return False
+    module, name = class_path.rsplit(".", 1)
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, ModelCheckpoint)
+
+
+def place_run_outputs(config: Namespace) -> str:
+    """Put every file a run writes under its ``trainer.default_root_dir``; returns the root.
+
+    ``config``: one subcommand's parsed config (after command-line overrides), changed in place.
+
+    * ``${trainer.default_root_dir}`` inside any string value becomes the root
+      (``save_dir: ${trainer.default_root_dir}`` for the loggers gives ``<root>/version_N``);
+    * a ``ModelCheckpoint`` without ``dirpath`` gets ``<root>/checkpoints``. A fixed folder, not
+      Lightning's default (inside the new logger version), so that ``--ckpt_path last`` finds
+      the ``last.ckpt`` of the interrupted run: Lightning looks for it only in the checkpoint
+      callbacks' folders;
+    * loggers that share one folder (TensorBoard + CSV) and name no ``version`` get the same
+      next free ``version_N``: each would otherwise count the other's folder and the logs of
+      one run would be split over two versions.
+
+    The root is the current directory when ``default_root_dir`` is not set (Lightning's default).
+    """
+    root = str(config.get("trainer.default_root_dir") or os.getcwd())
+    _substitute(config, root)
+    callbacks = config.get("trainer.callbacks")
+    for callback in callbacks if isinstance(callbacks, list) else []:
+        if not isinstance(callback, Namespace) or not _is_model_checkpoint(
+                callback.get("class_path")):
+            continue
+        if callback.get("init_args") is None:
+            callback["init_args"] = Namespace()
+        if callback.get("init_args.dirpath") is None:
+            callback["init_args.dirpath"] = os.path.join(root, "checkpoints")
+    _share_logger_version(config.get("trainer.logger"))
+    return root
+
+
+def _share_logger_version(loggers: Any) -> None:
+    folders: dict[str, list[Namespace]] = {}
+    for logger in loggers if isinstance(loggers, list) else []:
+        args = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if isinstance(args, Namespace) and args.get("save_dir") is not None \
+                and "version" in args and args.get("version") is None:
+            folder = os.path.join(str(args.save_dir), str(args.get("name") or ""))
+            folders.setdefault(folder, []).append(args)
+    for folder, shared in folders.items():
+        if len(shared) < 2:
+            continue
+        taken = [int(p.name[len("version_"):]) for p in Path(folder).glob("version_*")
+                 if p.is_dir() and p.name[len("version_"):].isdigit()]
+        for args in shared:
+            args["version"] = max(taken, default=-1) + 1
 
 
 class MultimodalCLI(LightningCLI):
+    def before_instantiate_classes(self) -> None:
+        place_run_outputs(self.config[self.subcommand] if self.subcommand else self.config)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="after fit, run test on the best checkpoint")
@@ -45,7 +141,9 @@ def main(args: list[str] | None = None) -> None:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [EpochSummary()]},  # plain lines when not a terminal
+        # not a terminal (a log file, CI): plain epoch lines instead of the redrawn bar
+        trainer_defaults={"callbacks": [EpochSummary()],
+                          "enable_progress_bar": is_terminal(sys.stdout)},
         args=args,
         auto_configure_optimizers=False,
     )

@@ -21,8 +21,7 @@ from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
 from multimodal.convert import convert
-from multimodal.models.text import TextDecoder, TextEncoder
-from multimodal.models.vit import ViT
+from multimodal.models.api import Model
 from multimodal.registry import PRESETS
 from multimodal.tokenizers.text import load_tokenizer
 from multimodal.weights import (
@@ -154,22 +153,26 @@ TOKENIZER_NAME = "tokenizer.json"
 class Encoder(nn.Module):
     """A pretrained backbone (and its tokenizer) as a frozen feature extractor.
 
-    ``encoder(images)`` -> ViT token features (B, 1 + N, dim) after the final norm;
-    ``encoder(input_ids, attention_mask)`` -> TextEncoder / TextDecoder hidden states
-    (B, L, dim). ``encoder.pool(features, attention_mask)`` -> one vector per input
-    (ViT: its pooling, class token or mean; TextEncoder: the [CLS] token; TextDecoder: the
-    last real token). ``encoder.encode(texts)`` tokenises with the tokenizer first.
+    Any model of the package that reads one modality, images or text (``model.modality``),
+    through the common model API (docs/models.md): ``encoder(images)`` -> token features
+    (B, tokens, dim) after the final norm; ``encoder(input_ids, attention_mask)`` -> hidden
+    states (B, L, dim). ``encoder.pool(features, attention_mask)`` -> one vector per input,
+    the model's ``pool`` (ViT: class token or mean; TextEncoder: [CLS], through its pooler
+    if it has one; TextDecoder: the last real token). ``encoder.encode(texts)`` tokenises
+    with the tokenizer first ([CLS] ... [SEP] for a bidirectional encoder).
     With ``freeze`` (the default) no parameter needs gradients and the backbone stays in
     eval mode even when a model holding the encoder is trained.
     """
 
+    MODALITIES = ("image", "text")
+
     def __init__(self, backbone: nn.Module, tokenizer: Any = None, freeze: bool = True) -> None:
         super().__init__()
-        kinds = {ViT: "image", TextEncoder: "text", TextDecoder: "text"}
-        modality = next((m for cls, m in kinds.items() if isinstance(backbone, cls)), None)
-        if modality is None:
-            raise ValueError(f"an Encoder wraps a ViT, TextEncoder or TextDecoder, got "
-                             f"{type(backbone).__name__}")
+        modality = getattr(backbone, "modality", None)
+        if not isinstance(backbone, Model) or modality not in self.MODALITIES:
+            raise ValueError(f"an Encoder wraps one of our image or text models (ViT, "
+                             f"TextEncoder, TextDecoder, ...), got {type(backbone).__name__}"
+                             + (f" (modality {modality!r})" if modality else ""))
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.modality = modality
@@ -187,42 +190,34 @@ class Encoder(nn.Module):
 
     @property
     def dim(self) -> int:
-        return int(self.backbone.config.dim)
+        return int(self.backbone.num_features)
 
     def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 **kwargs: Any) -> torch.Tensor:
         if self.modality == "image":
             if attention_mask is not None:
                 raise ValueError("attention_mask is for text; images take none")
-            return self.backbone.forward_features(inputs)
-        if isinstance(self.backbone, TextDecoder):
-            return self.backbone.forward_features(inputs, attention_mask, **kwargs)
-        return self.backbone(inputs, attention_mask, **kwargs)
+            return self.backbone.forward_features(inputs, **kwargs)
+        return self.backbone.forward_features(inputs, attention_mask, **kwargs)
 
     def pool(self, features: torch.Tensor,
              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.modality == "image":
-            return self.backbone.forward_head(features, pre_logits=True)
-        if isinstance(self.backbone, TextDecoder):
-            if attention_mask is None:
-                return features[:, -1]
-            positions = torch.arange(features.shape[1], device=features.device)
-            last = (attention_mask.bool() * positions).argmax(dim=1)
-            return features[torch.arange(features.shape[0]), last]
-        return features[:, 0]
+            return self.backbone.pool(features)
+        return self.backbone.pool(features, attention_mask)
 
     def encode(self, texts: list[str], max_length: int | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenise ``texts`` and return ``(features, attention_mask)``."""
-
         if self.tokenizer is None:
             raise ValueError("this Encoder has no tokenizer: pass token ids to forward, or "
                              "load_encoder(model, tokenizer=...)")
+        if self.modality != "text":
+            raise ValueError(f"encode() is for text; this Encoder reads {self.modality}s")
+        bidirectional = not self.backbone.config.backbone.causal  # BERT-style: [CLS] .. [SEP]
         max_length = max_length or self.backbone.config.max_len
-        batch = self.tokenizer.encode_batch(
-            texts, max_length=max_length, add_cls=isinstance(self.backbone, TextEncoder),
-            add_sep=isinstance(self.backbone, TextEncoder),
-        )
+        batch = self.tokenizer.encode_batch(texts, max_length=max_length,
+                                            add_cls=bidirectional, add_sep=bidirectional)
         mask = batch["attention_mask"]
         return self(batch["input_ids"], mask), mask
 
@@ -252,7 +247,7 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
             model = from_pretrained(path)
             if tokenizer is None and (path / TOKENIZER_NAME).is_file():
                 tokenizer = load_tokenizer(path / TOKENIZER_NAME)
-    elif isinstance(source, (ViT, TextEncoder, TextDecoder)):
+    elif isinstance(source, Model):
         model = source
     elif isinstance(source, nn.Module):
         model = convert(source)

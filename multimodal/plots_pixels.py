@@ -2,7 +2,7 @@
 from their top half (original / prompt / completion), from a trained ImageGPT checkpoint::
 
     python -m multimodal.plots_pixels \\
-        runs/igpt_mnist5k/lightning_logs/version_0/checkpoints/last.ckpt \\
+        runs/igpt_mnist5k/checkpoints/last.ckpt \\
         --out docs/figures --name igpt_mnist5k
 
 writes ``<name>_samples.png`` (one row per class, or a grid) and ``<name>_completion.png``.

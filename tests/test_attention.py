@@ -13,7 +13,11 @@ import torch
 
 from multimodal.nn import Attention, scaled_dot_product_attention, simple_self_attention
 
+# The modules compute in float32; results are compared with a float64 reference, so the
+# tolerances are torch.testing's float32 defaults: rtol (about ten float32 ulps) scales with
+# the values' magnitude, atol covers values near zero.
 ATOL = 1e-5
+RTOL = 1.3e-6
 
 
 def reference_attention(
@@ -93,10 +97,10 @@ def test_sdpa_matches_formula_with_masks(name: str, need_weights: bool) -> None:
     mask = _masks(2, 5, 5)[name]
     out, w = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
     want_out, want_w = reference_attention(q, k, v, mask)
-    torch.testing.assert_close(out.double(), want_out, atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.double(), want_out, atol=ATOL, rtol=RTOL)
     if need_weights:
         assert w is not None and w.shape == (2, 3, 5, 5)
-        torch.testing.assert_close(w.double(), want_w, atol=ATOL, rtol=0)
+        torch.testing.assert_close(w.double(), want_w, atol=ATOL, rtol=RTOL)
         if mask is not None:
             assert (w.masked_select(~mask.expand_as(w)) == 0).all()
     else:
@@ -109,7 +113,7 @@ def test_sdpa_causal_flag_is_bottom_right_in_both_paths(need_weights: bool, n: i
     q, k, v = _qkv(n=n, m=5)
     out, _ = scaled_dot_product_attention(q, k, v, causal=True, need_weights=need_weights)
     want, _ = reference_attention(q, k, v, bottom_right_causal(n, 5))
-    torch.testing.assert_close(out.double(), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.double(), want, atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
@@ -118,7 +122,7 @@ def test_sdpa_causal_flag_combines_with_mask(need_weights: bool) -> None:
     keep = _masks(2, 5, 5)["padding"]
     out, _ = scaled_dot_product_attention(q, k, v, keep, causal=True, need_weights=need_weights)
     want, _ = reference_attention(q, k, v, keep & bottom_right_causal(5, 5))
-    torch.testing.assert_close(out.double(), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.double(), want, atol=ATOL, rtol=RTOL)
 
 
 def test_sdpa_scale_is_one_over_sqrt_dk() -> None:
@@ -129,7 +133,7 @@ def test_sdpa_scale_is_one_over_sqrt_dk() -> None:
     v = torch.eye(2)[None, None]
     out, _ = scaled_dot_product_attention(q, k, v)
     p = 1.0 / (1.0 + math.exp(-d / math.sqrt(d)))
-    torch.testing.assert_close(out[0, 0, 0], torch.tensor([p, 1 - p]), atol=ATOL, rtol=0)
+    torch.testing.assert_close(out[0, 0, 0], torch.tensor([p, 1 - p]), atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
@@ -141,7 +145,7 @@ def test_fully_masked_row_gives_zero_not_nan(need_weights: bool) -> None:
     assert not out.isnan().any()
     assert (out[1, :, 2] == 0).all()
     want, _ = reference_attention(q.detach(), k.detach(), v.detach(), mask)
-    torch.testing.assert_close(out.detach().double(), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.detach().double(), want, atol=ATOL, rtol=RTOL)
     if need_weights:
         assert w is not None and (w[1, :, 2] == 0).all() and not w.isnan().any()
     (out * torch.randn_like(out)).sum().backward()
@@ -189,7 +193,7 @@ def test_multihead_self_attention_matches_per_head_loop(need_weights: bool) -> N
     with torch.no_grad():
         y, w = attn(x, need_weights=need_weights)
     want = _heads_by_hand(x, x, *_self_weights(attn), heads=3)
-    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=RTOL)
     if need_weights:
         assert w is not None and w.shape == (2, 3, 6, 6)
         torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 6))
@@ -204,8 +208,8 @@ def test_multihead_self_attention_with_causal_and_padding() -> None:
         y, _ = attn(x, causal=True, key_padding_mask=pad)
         y_w, _ = attn(x, causal=True, key_padding_mask=pad, need_weights=True)
     want = _heads_by_hand(x, x, *_self_weights(attn), heads=2, allowed=allowed)
-    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=0)
-    torch.testing.assert_close(y_w.double(), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(y_w.double(), want, atol=ATOL, rtol=RTOL)
 
 
 def test_multihead_self_attention_with_custom_attn_mask() -> None:
@@ -216,7 +220,7 @@ def test_multihead_self_attention_with_custom_attn_mask() -> None:
         y, _ = attn(x, causal=True, attn_mask=window)
     want = _heads_by_hand(x, x, *_self_weights(attn), heads=2,
                           allowed=window & bottom_right_causal(5, 5))
-    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
@@ -235,7 +239,7 @@ def test_cross_attention_matches_per_head_loop(need_weights: bool) -> None:
         attn.proj.weight.detach(), attn.proj.bias.detach(),
         heads=heads, allowed=~pad[:, None, :],
     )
-    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=RTOL)
     if need_weights:
         assert w is not None and w.shape == (2, heads, 3, 9)
         assert (w[1, :, :, 6:] == 0).all()
@@ -251,7 +255,7 @@ def test_attention_without_bias() -> None:
     zero = torch.zeros(8)
     want = _heads_by_hand(x, x, wq, zero, wk, zero, wv, zero, attn.proj.weight.detach(),
                           attn.proj.bias.detach(), heads=2)
-    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=0)
+    torch.testing.assert_close(y.double(), want, atol=ATOL, rtol=RTOL)
 
 
 def test_attention_bad_inputs_raise_value_error() -> None:

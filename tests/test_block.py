@@ -25,7 +25,10 @@ from multimodal.nn import (
     TransformerConfig,
 )
 
+# float32 results against a float64 formula: torch.testing's float32 defaults (rtol scales
+# with magnitude, about ten float32 ulps; atol covers values near zero).
 ATOL = 1e-5
+RTOL = 1.3e-6
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed=None) -> torch.Tensor:
@@ -107,7 +110,7 @@ def test_block_matches_layer_formula(norm: str, causal: bool) -> None:
     with torch.no_grad():
         y, _ = block(x, causal=causal)
     torch.testing.assert_close(y.double(), block_by_hand(block, x, causal=causal),
-                               atol=ATOL, rtol=0)
+                               atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
@@ -118,7 +121,7 @@ def test_block_with_cross_attention_matches_formula(norm: str) -> None:
     with torch.no_grad():
         y, (w_self, w_cross) = block(x, mem, causal=True, need_weights=True)
     torch.testing.assert_close(y.double(), block_by_hand(block, x, mem, causal=True),
-                               atol=ATOL, rtol=0)
+                               atol=ATOL, rtol=RTOL)
     assert w_self.shape == (2, 2, 4, 4) and w_cross.shape == (2, 2, 4, 7)
 
 
@@ -135,7 +138,7 @@ def test_gelu_tanh_activation_uses_tanh_approximation() -> None:
         y, _ = block(x)
     tanh = block_by_hand(block, x, approximate="tanh")
     exact = block_by_hand(block, x, approximate="none")
-    torch.testing.assert_close(y.double(), tanh, atol=ATOL, rtol=0)
+    torch.testing.assert_close(y.double(), tanh, atol=ATOL, rtol=RTOL)
     assert (y.double() - exact).abs().max() > 1e-4
 
 
@@ -147,7 +150,7 @@ def test_transformer_stack_is_blocks_then_final_norm() -> None:
     with torch.no_grad():
         y = model(x)
     want = block_by_hand(model.blocks[1], block_by_hand(model.blocks[0], x).float())
-    torch.testing.assert_close(y.double(), ln(want, model.norm), atol=ATOL, rtol=0)
+    torch.testing.assert_close(y.double(), ln(want, model.norm), atol=ATOL, rtol=RTOL)
     assert model.norm.eps == 1e-6 and model.blocks[0].norm1.eps == 1e-6
     post = Transformer(TransformerConfig(dim=8, depth=1, heads=2, norm="post"))
     assert isinstance(post.norm, nn.Identity)
@@ -167,7 +170,7 @@ def test_encoder_is_permutation_equivariant(norm: str) -> None:
     x = torch.randn(2, 6, 8)
     perm = torch.randperm(6)
     with torch.no_grad():
-        torch.testing.assert_close(model(x[:, perm]), model(x)[:, perm], atol=ATOL, rtol=0)
+        torch.testing.assert_close(model(x[:, perm]), model(x)[:, perm], atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
@@ -189,7 +192,7 @@ def test_causal_output_ignores_future_tokens(norm: str) -> None:
     decoder, encoder = tiny(norm=norm, causal=True), tiny(norm=norm)
     with torch.no_grad():
         y, y2 = decoder(x), decoder(x2)
-        torch.testing.assert_close(y[:, :4], y2[:, :4], atol=ATOL, rtol=0)
+        torch.testing.assert_close(y[:, :4], y2[:, :4], atol=ATOL, rtol=RTOL)
         assert (y[:, 4:] - y2[:, 4:]).abs().max() > 1e-3
         e, e2 = encoder(x), encoder(x2)
     assert (e[:, :4] - e2[:, :4]).abs().max() > 1e-3
@@ -204,8 +207,8 @@ def test_key_padding_hides_padded_tokens() -> None:
     with torch.no_grad():
         y, y2 = model(x, key_padding_mask=pad), model(x2, key_padding_mask=pad)
         short = model(x[:, :3])
-    torch.testing.assert_close(y[:, :3], y2[:, :3], atol=ATOL, rtol=0)
-    torch.testing.assert_close(y[:, :3], short, atol=ATOL, rtol=0)
+    torch.testing.assert_close(y[:, :3], y2[:, :3], atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(y[:, :3], short, atol=ATOL, rtol=RTOL)
 
 
 def test_return_attention_maps() -> None:
@@ -213,7 +216,7 @@ def test_return_attention_maps() -> None:
     x, mem = torch.randn(2, 5, 8), torch.randn(2, 3, 4)
     with torch.no_grad():
         y, maps = model(x, mem, return_attention=True)
-        torch.testing.assert_close(y, model(x, mem), atol=ATOL, rtol=0)
+        torch.testing.assert_close(y, model(x, mem), atol=ATOL, rtol=RTOL)
     assert len(maps["self"]) == 2 and len(maps["cross"]) == 2
     assert maps["self"][0].shape == (2, 2, 5, 5) and maps["cross"][0].shape == (2, 2, 5, 3)
     assert (maps["self"][1].triu(1) == 0).all()

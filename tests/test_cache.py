@@ -7,8 +7,6 @@ import torch
 
 from multimodal.nn import KVCache, LayerCache, Transformer, TransformerConfig
 
-ATOL = 1e-5
-
 
 def decoder(norm: str = "pre", cross: bool = False) -> Transformer:
     cfg = TransformerConfig(dim=8, depth=2, heads=2, mlp_dim=16, norm=norm, causal=True,
@@ -41,7 +39,7 @@ def test_incremental_decoding_matches_full_forward(norm: str, cross: bool, chunk
     with torch.no_grad():
         full = model(x, mem)
         steps = decode_in_chunks(model, x, mem, chunks)
-    torch.testing.assert_close(steps, full, atol=ATOL, rtol=0)
+    torch.testing.assert_close(steps, full)
 
 
 def test_incremental_decoding_with_left_padding() -> None:
@@ -54,8 +52,8 @@ def test_incremental_decoding_with_left_padding() -> None:
         steps = decode_in_chunks(model, x, mem, [3, 1, 1, 1], key_padding_mask=pad)
         alone = model(x[1:, 2:], mem[1:])  # sample 1 without its padding
     assert not full.isnan().any()
-    torch.testing.assert_close(steps, full, atol=ATOL, rtol=0)
-    torch.testing.assert_close(full[1:, 2:], alone, atol=ATOL, rtol=0)
+    torch.testing.assert_close(steps, full)
+    torch.testing.assert_close(full[1:, 2:], alone)
 
 
 def test_cache_overflow_raises() -> None:
@@ -102,4 +100,4 @@ def test_reorder_selects_batch_rows() -> None:
         # The next step continues the reordered rows' histories.
         step = model(x[index, 4:], cache=cache)
         full = model(x[index], mem[index])
-    torch.testing.assert_close(step, full[:, 4:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(step, full[:, 4:])

@@ -118,9 +118,30 @@ trainer:
     return cfg
 
 
-def test_cli_fast_dev_run(tmp_path):
+def test_cli_fast_dev_run(tmp_path, monkeypatch, capsys):
+    """``--trainer.fast_dev_run 2``: two training and two validation batches of the task
+    the YAML names, finite losses, one summary line, no test run after fit."""
+    calls: dict[str, list[float]] = {"train": [], "val": []}
+    train_step, val_step = ClassificationTask.training_step, ClassificationTask.validation_step
+
+    def training_step(self, batch, batch_idx):
+        loss = train_step(self, batch, batch_idx)
+        calls["train"].append(float(loss))
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        calls["val"].append(batch_idx)
+        return val_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(ClassificationTask, "training_step", training_step)
+    monkeypatch.setattr(ClassificationTask, "validation_step", validation_step)
     cfg = _digits_config(tmp_path)
     cli_main(["fit", "--config", str(cfg), "--trainer.fast_dev_run", "2"])
+    assert len(calls["train"]) == 2 and all(torch.isfinite(torch.tensor(calls["train"])))
+    assert calls["val"] == [0, 1]
+    out = capsys.readouterr().out
+    assert re.search(r"^epoch 1/1  step 2  .*val/acc", out, re.MULTILINE), out[-2000:]
+    assert "test/acc" not in out  # the CLI runs no test after a smoke run
 
 
 def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
@@ -182,6 +203,15 @@ def test_head_and_data_disagree(tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16-mixed"])
 def test_bf16_mixed_runs_on_cpu(tmp_path, precision):
+    """bf16-mixed on the CPU: the layers compute in bfloat16 under autocast, the weights
+    stay float32 and are updated."""
     dm = ImageClassificationDataModule("digits", batch_size=32)
     task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)))
+    before = _weights(task)
+    seen: list[torch.dtype] = []
+    task.model.head.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
     _trainer(tmp_path, fast_dev_run=2, precision=precision).fit(task, dm)
+    assert seen and set(seen) == {torch.bfloat16}
+    after = _weights(task)
+    assert all(v.dtype == torch.float32 for v in after.values())
+    assert not torch.equal(after["head.weight"], before["head.weight"])

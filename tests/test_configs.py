@@ -4,11 +4,16 @@ long data load)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
+from jsonargparse import Namespace
 
-from multimodal.cli import main
+from multimodal.cli import MultimodalCLI, main
+from multimodal.progress import is_terminal
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
@@ -19,12 +24,64 @@ def test_there_are_configs() -> None:
     assert len(CONFIGS) >= 10
 
 
+class _Parsed(Exception):
+    """Raised in place of instantiating the classes: carries the final config."""
+
+
+def _parse(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Namespace:
+    """The config the CLI would run with: parsed, overridden, run outputs placed."""
+    def stop(cli: MultimodalCLI) -> None:
+        raise _Parsed(cli.config[cli.subcommand])
+
+    monkeypatch.setattr(MultimodalCLI, "instantiate_classes", stop)
+    with pytest.raises(_Parsed) as info:
+        main(args)
+    return info.value.args[0]
+
+
+def _strings(value: object, key: str = "") -> list[tuple[str, str]]:
+    """Every string (or path) value of a config, with its dotted key."""
+    if isinstance(value, Namespace):
+        value = vars(value)
+    if isinstance(value, dict):
+        return [kv for k, v in value.items() for kv in _strings(v, f"{key}.{k}".strip("."))]
+    if isinstance(value, (list, tuple)):
+        return [kv for i, v in enumerate(value) for kv in _strings(v, f"{key}[{i}]")]
+    return [(key, str(value))] if isinstance(value, (str, Path)) else []
+
+
+# What a run reads from another run (bert_source_cls fine-tunes bert_mlm's encoder): inputs.
+INPUTS_FROM_OTHER_RUNS = {"model.init_args.init_from", "data.init_args.tokenizer_path"}
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
-def test_config_parses(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(path), "--print_config"])
-    assert exit_info.value.code in (0, None), capsys.readouterr().err[-2000:]
-    assert "class_path" in capsys.readouterr().out
+def test_config_parses_and_default_root_dir_moves_the_whole_run(
+        path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # documented default: each shipped run lives in runs/<config name>
+    assert yaml.safe_load(path.read_text())["trainer"]["default_root_dir"] == f"runs/{path.stem}"
+    root = tmp_path / "elsewhere"
+    config = _parse(["fit", "--config", str(path), "--trainer.default_root_dir", str(root)],
+                    monkeypatch)
+    assert config.model.class_path and config.data.class_path
+    # Lightning's redrawn bar only on a terminal; else plain epoch lines (EpochSummary)
+    assert config.trainer.enable_progress_bar is is_terminal(sys.stdout)
+    values = _strings({"model": config.model, "data": config.data, "trainer": config.trainer})
+    assert not [kv for kv in values if "${" in kv[1]], "unresolved placeholder"
+    # no output still points at runs/...: only another run's outputs, read as inputs
+    outside = [k for k, v in values if v.startswith("runs") and k not in INPUTS_FROM_OTHER_RUNS]
+    assert not outside, outside
+    checkpoints = [c for c in config.trainer.callbacks or []
+                   if c.class_path.endswith("ModelCheckpoint")]
+    assert checkpoints, "every shipped config keeps a last.ckpt to resume from"
+    for callback in checkpoints:
+        assert callback.init_args.dirpath == str(root / "checkpoints")
+    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else []
+    for logger in loggers:
+        assert logger.init_args.save_dir == str(root) and logger.init_args.name == ""
+    if path.stem in ("bert_mlm", "gpt_corpus"):  # their tokenizer is an output
+        assert config.data.init_args.tokenizer_path == str(root / "tokenizer.json")
+    if path.stem == "bert_mlm":
+        assert config.model.init_args.save_dir == str(root / "encoder")
 
 
 def test_a_bad_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,3 +90,45 @@ def test_a_bad_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
         main(["fit", "--config", str(path), "--print_config",
               "--model.init_args.model.init_args.config.encoder.stem", "cnv"])
     assert exit_info.value.code not in (0, None)
+
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+
+
+@pytest.mark.slow  # two short fits and a test: about 10 s
+@pytest.mark.skipif(not FASHION_MNIST.is_file(), reason="needs Debian dataset-fashion-mnist")
+def test_a_moved_run_writes_only_under_its_root_and_resumes_from_last(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The main job's config, a few batches: one --trainer.default_root_dir moves checkpoints,
+    logs and the figure; nothing lands in the working directory; ``--ckpt_path last`` resumes."""
+    config = Path(__file__).parents[1] / "configs" / "vit_fashion_mnist.yaml"
+    cwd, root = tmp_path / "cwd", tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # where the config's runs/vit_fashion_mnist would have gone
+    tiny = ["--trainer.default_root_dir", str(root), "--trainer.accelerator", "cpu",
+            "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+            "--trainer.limit_test_batches", "1", "--data.init_args.batch_size", "16",
+            "--data.init_args.val_size", "64"]
+    main(["fit", "--config", str(config), *tiny, "--trainer.max_epochs", "1"])
+    assert list(cwd.iterdir()) == []
+    out = capsys.readouterr().out  # not a terminal: no bar frames, one plain line per epoch
+    assert "\r" not in out and [ln for ln in out.splitlines() if ln.startswith("epoch 1/1 ")]
+    names = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    assert "checkpoints/last.ckpt" in names
+    assert any(n.startswith("checkpoints/best-") for n in names)
+    assert {"version_0/metrics.csv", "version_0/config.yaml",
+            "version_0/confusion_matrix.png"} <= names
+    assert any(n.startswith("version_0/events.out.tfevents") for n in names)
+    # resume: only the second epoch runs, from the first run's last.ckpt under the new root
+    main(["fit", "--config", str(config), *tiny, "--trainer.max_epochs", "2",
+          "--ckpt_path", "last", "--test_after_fit", "false"])
+    epochs = [ln.split()[1] for ln in capsys.readouterr().out.splitlines()
+              if ln.startswith("epoch ")]
+    assert epochs == ["2/2"]
+    assert list(cwd.iterdir()) == []
+    ckpt = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 4  # 2 batches in each of the 2 epochs
+    # the resumed run logs in its own version, TensorBoard and CSV together
+    assert (root / "version_1" / "metrics.csv").is_file()
+    assert list((root / "version_1").glob("events.out.tfevents*"))

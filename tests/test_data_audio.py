@@ -83,12 +83,17 @@ def test_trim_silence_keeps_the_word_and_a_margin() -> None:
 
 
 @pytest.mark.skipif(not HAS_ESPEAK, reason="espeak-ng not installed (bash data/get_audio.sh)")
-def test_synthesize_two_words_two_voices(tmp_path: Path) -> None:
+def test_synthesize_two_words_two_voices(tmp_path: Path, capsys) -> None:
     root = tmp_path / "sw"
     voices = ["espeak:en-us", "espeak:en+f2"]
     manifest = synthesize_spoken_words(
-        root, voices=voices, words=["yes", "seven"], takes_per_word=1, workers=1, progress=False
+        root, voices=voices, words=["yes", "seven"], takes_per_word=1, workers=1
     )
+    # stderr is not a terminal here (as under CI): plain progress lines, no redrawn bar
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("spoken words: ")]
+    assert [ln.split()[2] for ln in lines] == ["1/4", "2/4", "3/4", "4/4"]  # a 10 % step each
     rows = read_manifest(root)
     assert len(rows) == 4
     assert {r["word"] for r in rows} == {"yes", "seven"}

@@ -36,7 +36,7 @@ def test_lora_linear_is_the_formula():
     merged = layer.merged()
     assert type(merged) is nn.Linear
     torch.testing.assert_close(merged.weight, base.weight + 4 * layer.lora_B @ layer.lora_A)
-    torch.testing.assert_close(merged(x), want)  # float32 defaults: rtol 1.3e-6, atol 1e-5
+    torch.testing.assert_close(merged(x), want)  # float32 defaults: rtol scales with |y| ~ 10
 
 
 def test_apply_lora_starts_as_identity_and_freezes_the_rest():
@@ -87,10 +87,10 @@ def test_fine_tuning_changes_only_the_adapters_and_merges_exactly():
     merged = merge_lora(model)
     assert not lora_layers(merged) and lora_layers(model)  # a copy by default
     assert set(merged.state_dict()) == set(reference)  # a plain ViT again
-    torch.testing.assert_close(merged(x), model(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(merged(x), model(x))
     fresh = tiny_vit()
     fresh.load_state_dict(merged.state_dict())
-    torch.testing.assert_close(fresh.eval()(x), model(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(fresh.eval()(x), model(x))
     assert all(p.requires_grad for p in merged.parameters())
 
 

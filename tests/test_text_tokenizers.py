@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,51 @@ def test_case_preserved_when_not_lowercase():
 
 def test_clean_up_spaces():
     assert clean_up_spaces("hello , world ! ( yes ) .") == "hello, world! (yes)."
+
+
+# --- unknown text stays visible (issue 15) ----------------------------------------------------
+
+HAVE_BIBLE = shutil.which("bible") is not None
+SNOW = "snow \u2603 and \u6f22\u5b57"  # a snowman and two CJK characters, none in the KJV
+
+
+@pytest.fixture(scope="module")
+def kjv_genesis() -> list[str]:
+    if not HAVE_BIBLE:
+        pytest.skip("needs Debian bible-kjv: bash data/get_text.sh")
+    from multimodal.data.text import read_bible
+
+    return [doc.text for doc in read_bible(verses="gen1:1-gen50:26")]  # 50 chapters
+
+
+def test_wordpiece_trained_on_kjv_decodes_unknown_symbols_as_unk(kjv_genesis, tmp_path):
+    tok = WordPieceTokenizer.train(kjv_genesis, vocab_size=2000)
+    ids = tok.encode(SNOW)
+    assert ids.count(tok.unk_token_id) == 3 and tok.last_unknown_count == 3
+    # the snowman and each CJK character (split off one by one) become [UNK], visibly
+    assert tok.decode(ids) == "snow [UNK] and [UNK] [UNK]"
+    assert tok.unknowns(SNOW) == ["\u2603", "\u6f22", "\u5b57"]
+    # structural specials are still skipped, [UNK] is not
+    framed = tok.encode(SNOW, add_cls=True, add_sep=True)
+    assert tok.decode(framed + [tok.pad_token_id] * 2) == "snow [UNK] and [UNK] [UNK]"
+    assert tok.decode(framed, skip_special_tokens=False) == "[CLS] snow [UNK] and [UNK] [UNK] [SEP]"
+    # in-vocabulary text: nothing unknown, and the count is reset by the next call
+    verse = "In the beginning God created the heaven and the earth."
+    assert tok.decode(tok.encode(verse)) == tok.normalize(verse)
+    assert tok.last_unknown_count == 0 and tok.unknowns(verse) == []
+    tok.encode_batch([SNOW, verse, "\u2603\u2603"])
+    assert tok.last_unknown_count == 3 + 0 + 1  # "☃☃" is one word of unseen characters
+    # a saved and reloaded tokenizer decodes the same way
+    assert load_tokenizer(tok.save(tmp_path / "t.json")).decode(ids) == "snow [UNK] and [UNK] [UNK]"
+
+
+def test_word_and_char_tokenizers_trained_on_kjv_keep_unknowns_visible(kjv_genesis):
+    word = WordTokenizer.train(kjv_genesis, vocab_size=3000)
+    ids = word.encode("the snow \u2603 and aeroplane")
+    assert word.last_unknown_count == 3  # snowman, "aeroplane" (and "snow": not in Genesis)
+    assert word.unknowns("the snow \u2603 and aeroplane") == ["snow", "\u2603", "aeroplane"]
+    assert word.decode(ids) == "the [UNK] [UNK] and [UNK]"
+    char = CharTokenizer.train(kjv_genesis)
+    ids = char.encode(SNOW)
+    assert char.last_unknown_count == 3 and char.unknowns(SNOW) == ["\u2603", "\u6f22", "\u5b57"]
+    assert char.decode(ids) == "snow [UNK] and [UNK][UNK]"

@@ -249,7 +249,8 @@ def synthesize_spoken_words(
 
     Cached: when the manifest exists and all its files are there, nothing is done (delete
     ``root`` to make it again); existing WAVs of an interrupted run are kept. Runs on a
-    process pool of ``workers`` processes (default: the usable cores) with a tqdm bar.
+    process pool of ``workers`` processes (default: the usable cores), showing progress
+    (:func:`multimodal.progress.progress`: a bar on a terminal, a line every 10 % in a log).
     Speeds are espeak-ng words per minute (``-s``), pitches 0..99 (``-p``); flite gets
     ``duration_stretch = 175 / speed`` and ``F0 = base * 2^((pitch - 50) / 100)``.
     """
@@ -287,9 +288,9 @@ def synthesize_spoken_words(
 
 
 def _execute(jobs: list[_Job], workers: int, progress: bool) -> list[str]:
-    from tqdm.auto import tqdm
+    from multimodal.progress import progress as progress_bar
 
-    bar = tqdm(total=len(jobs), desc="spoken words", unit="clip", disable=not progress)
+    bar = progress_bar(total=len(jobs), desc="spoken words", unit="clip", disable=not progress)
     errors: list[str] = []
     with bar:
         if workers == 1:

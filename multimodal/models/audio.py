@@ -134,6 +134,7 @@ class AudioClassifier(PretrainedMixin, nn.Module):
     """
 
     config_class = AudioClassifierConfig
+    modality = "audio"
 
     def __init__(self, config: AudioClassifierConfig) -> None:
         super().__init__()
@@ -285,28 +286,54 @@ class AudioClassifier(PretrainedMixin, nn.Module):
             pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
         return self.pos_drop(x), pad
 
-    def forward_features(
-        self, features: Tensor, lengths: Tensor | None = None, return_attention: bool = False
-    ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, list[Tensor]]:
-        """Encoder output ``(B, prefix + N, dim)`` after the final norm and its padding mask."""
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random normalised log-mel features ``(B, frames, n_mels)``, frames enough for
+        a few tokens."""
+        frames = max(4 * self._min_frames, 32)
+        if self.config.max_frames is not None:
+            frames = min(frames, self.config.max_frames)
+        return (torch.randn(batch_size, frames, self.config.n_mels),)
+
+    def _encode(self, features: Tensor, lengths: Tensor | None, return_attention: bool
+                ) -> tuple[Tensor, Tensor, list[Tensor] | None]:
         features, lengths = self._check_features(features, lengths)
         x, pad = self.embed_tokens(features, lengths)
         mask = pad if pad.any() else None
         out = self.transformer(x, key_padding_mask=mask, return_attention=return_attention)
         if return_attention:
-            x, maps = out
-            return x, pad, maps["self"]
-        return out, pad
+            return out[0], pad, out[1]["self"]
+        return out, pad, None
 
-    def pool(self, tokens: Tensor, padding_mask: Tensor) -> Tensor:
-        """Class token, or the mean over valid tokens: ``sum_n m_n x_n / sum_n m_n``."""
+    def forward_features(
+        self, features: Tensor, lengths: Tensor | None = None, return_attention: bool = False,
+        return_padding_mask: bool = False,
+    ) -> Tensor | tuple[Tensor, ...]:
+        """Encoder output ``(B, prefix + N, dim)`` after the final norm; with
+        ``return_padding_mask`` also its padding mask ``(B, prefix + N)`` (True = padding),
+        with ``return_attention`` also the attention maps (in that order)."""
+        tokens, pad, maps = self._encode(features, lengths, return_attention)
+        out = (tokens, *((pad,) if return_padding_mask else ()),
+               *((maps,) if return_attention else ()))
+        return out if len(out) > 1 else tokens
+
+    def pool(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Class token, or the mean over valid tokens: ``sum_n m_n x_n / sum_n m_n``
+        (``padding_mask`` True at padding; None: every token is valid)."""
         if self.config.pool == "cls":
             return tokens[:, 0]
+        if padding_mask is None:
+            return tokens.mean(dim=1)
         keep = (~padding_mask).unsqueeze(-1).to(tokens.dtype)
         return (tokens * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
 
-    def forward_head(self, tokens: Tensor, padding_mask: Tensor,
+    def forward_head(self, tokens: Tensor, padding_mask: Tensor | None = None,
                      pre_logits: bool = False) -> Tensor:
+        """Class logits ``(B, num_classes)`` of the pooled tokens (``pre_logits``: the pooled
+        tokens; ``num_classes=0``: likewise)."""
         pooled = self.pool(tokens, padding_mask)
         return pooled if pre_logits else self.head(pooled)
 
@@ -328,11 +355,9 @@ class AudioClassifier(PretrainedMixin, nn.Module):
                              "waveform=(B, samples)")
         if waveform is not None:
             features, lengths = self.features_from_waveform(waveform, lengths, sample_rate)
-        if return_attention:
-            tokens, pad, maps = self.forward_features(features, lengths, return_attention=True)
-            return self.forward_head(tokens, pad), maps
-        tokens, pad = self.forward_features(features, lengths)
-        return self.forward_head(tokens, pad)
+        tokens, pad, maps = self._encode(features, lengths, return_attention)
+        logits = self.forward_head(tokens, pad)
+        return (logits, maps) if return_attention else logits
 
     @torch.no_grad()
     def predict_waveform(self, waveform: Any, sample_rate: int | None = None) -> Tensor:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.generation import generate
+from multimodal.models.api import DecoderHeadMixin
 from multimodal.models.text import TextDecoder, TextDecoderConfig, check_token_ids
 from multimodal.models.vit import ViT, ViTConfig
 from multimodal.registry import register_model, register_preset
@@ -81,7 +82,7 @@ class CaptionerConfig:
 
 
 @register_model
-class Captioner(PretrainedMixin, nn.Module):
+class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
     """Images (B, C, H, W) + caption ids (B, T) -> next-token logits (B, T, vocab).
 
     ``generate(images)`` returns ``[BOS] + generated ids`` (B, 1 + T), ``[PAD]`` after
@@ -90,6 +91,7 @@ class Captioner(PretrainedMixin, nn.Module):
     """
 
     config_class = CaptionerConfig
+    modality = "image-text"
 
     def __init__(self, config: CaptionerConfig) -> None:
         super().__init__()
@@ -135,10 +137,23 @@ class Captioner(PretrainedMixin, nn.Module):
         """Logits (B, T, vocab): row t scores the token after ``input_ids[:, :t+1]``.
         ``attention_mask`` (B, T) is 1 at tokens and 0 at padding. With right padding it
         may be omitted: the causal mask already keeps real tokens from seeing later pads."""
+        return self.forward_head(self.forward_features(images, input_ids, attention_mask))
+
+    def forward_features(self, images: Tensor, input_ids: Tensor,
+                         attention_mask: Tensor | None = None) -> Tensor:
+        """The decoder's hidden states (B, T, decoder.dim) after its final norm."""
         self._check_images(images)
         self._check_ids(input_ids, images.shape[0])
         memory = self.encode(images)
-        return self.decoder(input_ids, attention_mask, memory=memory)
+        return self.decoder.forward_features(input_ids, attention_mask, memory=memory)
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random images and caption ids ``[BOS] + 7 random tokens`` (fewer if the decoder's
+        context is shorter)."""
+        (images,) = self.encoder.example_inputs(batch_size)
+        (ids,) = self.decoder.example_inputs(batch_size)
+        ids[:, 0] = self.config.bos_token_id
+        return images, ids
 
     # -- attention ----------------------------------------------------------------------
     @torch.no_grad()
@@ -232,7 +247,8 @@ class Captioner(PretrainedMixin, nn.Module):
 def caption(model: Captioner, images: Tensor, tokenizer: Any, **generate_kwargs: Any
             ) -> list[str]:
     """Generated captions as strings: ``model.generate`` then ``tokenizer.decode_batch``
-    (special tokens dropped, everything after the first ``[EOS]`` cut)."""
+    (structural special tokens dropped, ``[UNK]`` kept visible, everything after the first
+    ``[EOS]`` cut)."""
     ids = model.generate(images, **generate_kwargs)
     if isinstance(ids, tuple):
         ids = ids[0]
@@ -240,8 +256,9 @@ def caption(model: Captioner, images: Tensor, tokenizer: Any, **generate_kwargs:
 
 
 def decode_captions(ids: Tensor, tokenizer: Any, eos_token_id: int = EOS_ID) -> list[str]:
-    """Strings of generated ids (B, N): cut at the first EOS, special tokens dropped. Ids
-    beyond the tokenizer's vocabulary (the decoder's table may be larger) count as [UNK]."""
+    """Strings of generated ids (B, N): cut at the first EOS, structural special tokens dropped
+    (``[UNK]`` is written out). Ids beyond the tokenizer's vocabulary (the decoder's table may be
+    larger) count as [UNK]."""
     rows = [[i if i < tokenizer.vocab_size else UNK_ID for i in row]
             for row in cut_at_eos(ids, eos_token_id)]
     return tokenizer.decode_batch(rows)

@@ -88,6 +88,7 @@ class ImageGPT(PretrainedMixin, nn.Module):
     """
 
     config_class = ImageGPTConfig
+    modality = "image"
 
     def __init__(self, config: ImageGPTConfig) -> None:
         super().__init__()
@@ -148,6 +149,15 @@ class ImageGPT(PretrainedMixin, nn.Module):
                              f"{int(labels.min())}, max {int(labels.max())}")
         return self.start_token[labels.long()][:, None]
 
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """The first ``min(16, pixels)`` random pixel tokens of ``batch_size`` images."""
+        n = min(16, self.config.num_pixels)
+        return (torch.randint(0, self.config.vocab_size, (batch_size, n)),)
+
     def forward(
         self,
         input_ids: Tensor,
@@ -161,6 +171,30 @@ class ImageGPT(PretrainedMixin, nn.Module):
         ``attention_mask`` is accepted for the decoding protocol; images have no padding,
         so it must be all ones (or None).
         """
+        out = self.forward_features(input_ids, attention_mask, cache, class_label,
+                                    return_attention)
+        if return_attention:
+            return self.forward_head(out[0]), out[1]
+        return self.forward_head(out)
+
+    def pool(self, features: Tensor) -> Tensor:
+        """The last position's features ``(B, dim)`` (it has seen every pixel given)."""
+        return features[:, -1]
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
+        """Next-pixel logits ``(B, N, vocab)`` (``pre_logits``: :meth:`pool`)."""
+        return self.pool(features) if pre_logits else self.lm_head(features)
+
+    def forward_features(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        class_label: Tensor | int | None = None,
+        return_attention: bool = False,
+    ) -> Any:
+        """Hidden states after the final norm, one row per logit row of :meth:`forward`
+        (the start / class token first when the cache is empty)."""
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             raise ValueError("input_ids must be (batch, pixels) pixel tokens, got "
                              f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
@@ -177,10 +211,7 @@ class ImageGPT(PretrainedMixin, nn.Module):
             raise ValueError(f"{past + x.shape[1] - 1} pixel tokens exceed the image's "
                              f"{self.config.num_pixels}")
         x = self.drop(self.pos_embed(x, offset=past))
-        out = self.transformer(x, cache=cache, return_attention=return_attention)
-        if return_attention:
-            return self.lm_head(out[0]), out[1]
-        return self.lm_head(out)
+        return self.transformer(x, cache=cache, return_attention=return_attention)
 
     # -- likelihood ------------------------------------------------------------------
     def _as_sequence(self, tokens: Tensor, name: str) -> Tensor:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.generation import generate
+from multimodal.models.api import DecoderHeadMixin
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
 from multimodal.registry import register_model
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
@@ -108,7 +109,7 @@ for _name, ((_side, _key), *_) in _FLAT.items():
 
 
 @register_model
-class Seq2Seq(PretrainedMixin, nn.Module):
+class Seq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
     """``forward(source_ids, target_ids) -> (B, T, target_vocab)`` next-token logits of the
     target (teacher forcing); ``generate(source_ids) -> [BOS] + generated ids``.
 
@@ -116,6 +117,7 @@ class Seq2Seq(PretrainedMixin, nn.Module):
     """
 
     config_class = Seq2SeqConfig
+    modality = "text-text"
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__()
@@ -138,8 +140,21 @@ class Seq2Seq(PretrainedMixin, nn.Module):
 
     def forward(self, source_ids: Tensor, target_ids: Tensor,
                 source_mask: Tensor | None = None) -> Tensor:
+        return self.forward_head(self.forward_features(source_ids, target_ids, source_mask))
+
+    def forward_features(self, source_ids: Tensor, target_ids: Tensor,
+                         source_mask: Tensor | None = None) -> Tensor:
+        """The decoder's hidden states (B, T, decoder.dim) after its final norm."""
         memory, pad = self.encode(source_ids, source_mask)
-        return self.decoder(target_ids, memory=memory, memory_padding_mask=pad)
+        return self.decoder.forward_features(target_ids, memory=memory,
+                                             memory_padding_mask=pad)
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random source ids and target ids starting with ``[BOS]``."""
+        (source,) = self.encoder.example_inputs(batch_size)
+        (target,) = self.decoder.example_inputs(batch_size)
+        target[:, 0] = BOS_ID
+        return source, target
 
     @torch.no_grad()
     def generate(self, source_ids: Tensor, source_mask: Tensor | None = None,

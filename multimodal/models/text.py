@@ -46,6 +46,16 @@ def _positions(kind: str, max_len: int, dim: int) -> nn.Module:
     return SinusoidalPositions(max_len, dim)
 
 
+def last_token(features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """``features[b, last real token of b]`` ``(B, dim)`` for right or left padding
+    (``attention_mask`` 1 at tokens); the last position when there is no mask."""
+    if attention_mask is None:
+        return features[:, -1]
+    positions = torch.arange(features.shape[1], device=features.device)
+    last = (attention_mask.bool() * positions).argmax(dim=1)
+    return features[torch.arange(features.shape[0], device=features.device), last]
+
+
 def position_ids_from_mask(attention_mask: Tensor, past: int = 0) -> Tensor:
     """Positions that skip left padding: ``cumsum(mask) - 1`` (0 at pads), sliced after
     ``past`` cached tokens."""
@@ -64,6 +74,7 @@ class TextDecoder(PretrainedMixin, nn.Module):
     """
 
     config_class = TextDecoderConfig
+    modality = "text"
 
     def __init__(self, config: TextDecoderConfig) -> None:
         super().__init__()
@@ -81,6 +92,14 @@ class TextDecoder(PretrainedMixin, nn.Module):
     @property
     def max_len(self) -> int:
         return self.config.max_len
+
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random token ids ``(B, min(8, max_len))``."""
+        return (torch.randint(0, self.config.vocab_size, (batch_size, min(8, self.max_len))),)
 
     def make_cache(self, max_len: int | None = None) -> KVCache:
         return self.transformer.make_cache(max_len or self.config.max_len)
@@ -117,12 +136,21 @@ class TextDecoder(PretrainedMixin, nn.Module):
             return_attention=return_attention,
         )
 
+    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The last real token's features ``(B, dim)`` (the last one when no mask)."""
+        return last_token(features, attention_mask)
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """Next-token logits ``(B, N, vocab)`` (``pre_logits``: :meth:`pool`)."""
+        return self.pool(features, attention_mask) if pre_logits else self.lm_head(features)
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 **kwargs: Any) -> Any:
         out = self.forward_features(input_ids, attention_mask, **kwargs)
         if isinstance(out, tuple):
-            return self.lm_head(out[0]), out[1]
-        return self.lm_head(out)
+            return self.forward_head(out[0]), out[1]
+        return self.forward_head(out)
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int = 20, **kwargs: Any) -> Tensor:
@@ -168,6 +196,7 @@ class TextEncoder(PretrainedMixin, nn.Module):
     ``mlm_logits`` the masked-LM logits; ``classify`` the [CLS] classification logits."""
 
     config_class = TextEncoderConfig
+    modality = "text"
 
     def __init__(self, config: TextEncoderConfig) -> None:
         super().__init__()
@@ -191,6 +220,15 @@ class TextEncoder(PretrainedMixin, nn.Module):
         if self.mlm is not None:
             self.mlm.decoder.weight = self.tok_embed.weight
 
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random token ids ``(B, min(8, max_len))``."""
+        return (torch.randint(0, self.config.vocab_size,
+                              (batch_size, min(8, self.config.max_len))),)
+
     def forward(
         self,
         input_ids: Tensor,
@@ -198,6 +236,21 @@ class TextEncoder(PretrainedMixin, nn.Module):
         token_type_ids: Tensor | None = None,
         return_attention: bool = False,
     ) -> Any:
+        """Hidden states ``(B, N, dim)``: the same as :meth:`forward_features` (as
+        ``BertModel``); the heads are :meth:`forward_head`, :meth:`mlm_logits`,
+        :meth:`classify`."""
+        return self.forward_features(input_ids, attention_mask, token_type_ids,
+                                     return_attention)
+
+    def forward_features(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        return_attention: bool = False,
+    ) -> Any:
+        """Hidden states ``(B, N, dim)`` after the final norm (with ``return_attention``
+        also the attention maps)."""
         check_token_ids(input_ids, self.config.vocab_size)
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, "
@@ -216,14 +269,28 @@ class TextEncoder(PretrainedMixin, nn.Module):
             raise ValueError("this TextEncoder was built with mlm_head=False")
         return self.mlm(hidden)
 
-    def pooled(self, hidden: Tensor) -> Tensor:
-        cls = hidden[:, 0]
+    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The ``[CLS]`` (first) token, through BERT's tanh pooler when the model has one:
+        ``(B, dim)``. ``attention_mask`` is accepted for the common API; the first token is
+        always real."""
+        cls = features[:, 0]
         return self.pooler(cls) if self.pooler is not None else cls
+
+    pooled = pool  # the name used before the common API
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """The classification logits ``(B, num_classes)`` when the model has a classifier,
+        else the masked-LM logits ``(B, N, vocab)``, else (no head) the pooled features;
+        ``pre_logits``: :meth:`pool`."""
+        if pre_logits or (self.head is None and self.mlm is None):
+            return self.pool(features, attention_mask)
+        return self.classify(features) if self.head is not None else self.mlm_logits(features)
 
     def classify(self, hidden: Tensor) -> Tensor:
         if self.head is None:
             raise ValueError("this TextEncoder has no classification head (num_classes=0)")
-        return self.head(self.pooled(hidden))
+        return self.head(self.pool(hidden))
 
 
 @register_preset("gpt_tiny")

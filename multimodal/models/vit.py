@@ -62,6 +62,7 @@ class ViT(PretrainedMixin, nn.Module):
     """
 
     config_class = ViTConfig
+    modality = "image"
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
@@ -85,6 +86,14 @@ class ViT(PretrainedMixin, nn.Module):
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
         self.apply(init_weights)
+
+    @property
+    def num_features(self) -> int:
+        return self.config.dim
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random images at the config's size: ``(B, in_channels, H, W)``."""
+        return (torch.randn(batch_size, self.config.in_channels, *_pair(self.config.image_size)),)
 
     # -- positions ---------------------------------------------------------------------
     def _positions(self, grid: tuple[int, int], x: Tensor) -> Tensor:
@@ -125,11 +134,14 @@ class ViT(PretrainedMixin, nn.Module):
         return out
 
     def pool(self, features: Tensor) -> Tensor:
+        """The class token, or the mean of the patch tokens: ``(B, dim)``."""
         if self.config.pool == "cls":
             return features[:, 0]
         return features[:, self.num_prefix_tokens :].mean(dim=1)
 
     def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
+        """Class logits ``(B, num_classes)`` of the pooled features (``pre_logits``: the pooled
+        features; ``num_classes=0``: likewise)."""
         pooled = self.pool(features)
         return pooled if pre_logits else self.head(pooled)
 

@@ -70,7 +70,7 @@ class AutoregressiveImageTask(ModelTask):
         self._val_images: Tensor | None = None
 
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         if dm is None:
             return
         h, w = self.model.config.grid
@@ -143,7 +143,7 @@ class AutoregressiveImageTask(ModelTask):
         """``num`` validation images and labels to complete: evenly spaced over the whole
         validation split when the data module gives one (a split stored class by class
         would otherwise give one class only), else the first validation batch."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         split_dataset = getattr(dm, "split_dataset", None)
         dataset = split_dataset("val") if callable(split_dataset) else None
         if dataset is not None and len(dataset) > 0:

@@ -9,7 +9,7 @@ from typing import Any
 import lightning as L
 from torch import nn
 
-from multimodal.tasks.optim import adamw, warmup_cosine
+from multimodal.tasks.optim import OptimizerConfig
 
 CHECKPOINT_KEY = "multimodal_model"
 
@@ -39,6 +39,21 @@ class ModelTask(L.LightningModule):
             model.compile()
         self.model = model
 
+    @property
+    def datamodule(self) -> Any:
+        """The trainer's data module, or None (no trainer attached, or no data module)."""
+        return getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+
+    @property
+    def optimizer_config(self) -> OptimizerConfig:
+        """The task's optimiser settings, from its hyper-parameters (``lr``,
+        ``weight_decay``, ``warmup_fraction``, ``min_lr_ratio`` and optional ``betas``: the
+        keywords every task takes, each with its own defaults)."""
+        hp = self.hparams
+        return OptimizerConfig(lr=hp.lr, weight_decay=hp.weight_decay,
+                               betas=tuple(hp.get("betas", (0.9, 0.999))),
+                               warmup_fraction=hp.warmup_fraction, min_lr_ratio=hp.min_lr_ratio)
+
     def model_description(self) -> dict[str, Any]:
         return {"model_type": type(self.model).__name__,
                 "model_config": dataclasses.asdict(self.model.config)}
@@ -56,11 +71,6 @@ class ModelTask(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         """AdamW (weight decay on matrices only) with linear warm-up over
-        ``warmup_fraction`` of the steps, then cosine decay to ``min_lr_ratio`` x ``lr``;
-        reads ``lr``, ``weight_decay``, ``warmup_fraction``, ``min_lr_ratio`` and optional
-        ``betas`` from the task's hyper-parameters."""
-        hp = self.hparams
-        opt = adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.get("betas", (0.9, 0.999))))
-        total = int(self.trainer.estimated_stepping_batches)
-        sched = warmup_cosine(opt, int(hp.warmup_fraction * total), total, hp.min_lr_ratio)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        ``warmup_fraction`` of the steps, then cosine decay to ``min_lr_ratio`` x ``lr``
+        (:attr:`optimizer_config`)."""
+        return self.optimizer_config.build(self.model, int(self.trainer.estimated_stepping_batches))

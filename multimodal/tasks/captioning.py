@@ -121,7 +121,7 @@ class CaptioningTask(ModelTask):
 
     # -- data plumbing -----------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         if self.tokenizer is None:
             if dm is None or not hasattr(dm, "train_captions"):
                 raise ValueError("CaptioningTask trains its tokenizer on the data module's "

@@ -51,7 +51,7 @@ class ClassificationTask(ModelTask):
 
     # -- data plumbing ---------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         if dm is None:
             return
         n = getattr(dm, "num_classes", None)

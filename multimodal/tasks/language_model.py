@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchmetrics import Metric
 
 from multimodal.models.text import TextDecoder
 from multimodal.tasks.base import ModelTask
@@ -37,22 +38,30 @@ def next_token_nll(logits: Tensor, targets: Tensor,
     return total, (targets != ignore_index).sum()
 
 
-class TokenNLL:
-    """Running sum of NLL and token count; ``perplexity = exp(sum / count)``."""
+class TokenNLL(Metric):
+    """Summed NLL and token count over every batch (and, under DDP, every process: both
+    states are summed across processes before :meth:`compute`);
+    ``compute() = mean NLL = sum / count``, ``perplexity = exp(sum / count)``."""
 
-    def __init__(self) -> None:
-        self.reset()
+    full_state_update = False
+    higher_is_better = False
 
-    def reset(self) -> None:
-        self.total, self.count = 0.0, 0
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, nll_sum: Tensor, count: Tensor) -> None:
-        self.total += float(nll_sum)
-        self.count += int(count)
+        self.total += torch.as_tensor(nll_sum, dtype=torch.float64, device=self.total.device)
+        self.count += torch.as_tensor(count, dtype=torch.long, device=self.count.device)
+
+    def compute(self) -> Tensor:
+        return self.total / self.count.clamp(min=1)
 
     @property
     def mean(self) -> float:
-        return self.total / max(self.count, 1)
+        """Mean NLL per token (nats), over every process."""
+        return float(self.compute())
 
     @property
     def perplexity(self) -> float:
@@ -85,10 +94,11 @@ class LanguageModelTask(ModelTask):
             raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "
                              "has cross_attention=True (use Seq2SeqTask)")
         self.save_hyperparameters(ignore=["model"])
-        self._nll = {"val": TokenNLL(), "test": TokenNLL()}
+        self.val_nll = TokenNLL()
+        self.test_nll = TokenNLL()
 
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         vocab = getattr(dm, "vocab_size", None) if dm is not None else None
         if vocab is not None and vocab > self.model.config.vocab_size:
             raise ValueError(f"the tokenizer has {vocab} tokens but the model's vocab_size is "
@@ -113,15 +123,22 @@ class LanguageModelTask(ModelTask):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
+    def _metric(self, split: str) -> TokenNLL:
+        return self.val_nll if split == "val" else self.test_nll
+
     def _eval_step(self, batch: dict[str, Tensor], split: str) -> None:
         total, count = self._nll_sum(batch)
-        self._nll[split].update(total, count)
+        self._metric(split).update(total, count)
 
     def _eval_end(self, split: str) -> None:
-        acc = self._nll[split]
-        if acc.count:
-            self.log(f"{split}/loss", acc.mean, prog_bar=True)
-            self.log(f"{split}/ppl", acc.perplexity, prog_bar=True)
+        """Log the NLL and perplexity of every held-out token of every process (the metric
+        sums its states across processes in ``compute``, so every rank logs the global
+        value)."""
+        acc = self._metric(split)
+        if acc.update_count:
+            mean = acc.compute()
+            self.log(f"{split}/loss", mean.float(), prog_bar=True)
+            self.log(f"{split}/ppl", mean.exp().float(), prog_bar=True)
         acc.reset()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
@@ -139,7 +156,7 @@ class LanguageModelTask(ModelTask):
     @torch.no_grad()
     def evaluate(self, loader: Any) -> TokenNLL:
         """Mean NLL / perplexity of the model over every batch of ``loader``."""
-        acc = TokenNLL()
+        acc = TokenNLL().to(self.device)
         was_training = self.model.training
         self.model.eval()
         for batch in loader:

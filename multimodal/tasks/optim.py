@@ -3,10 +3,51 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimiser every task uses: :func:`adamw` with :func:`warmup_cosine`.
+
+    Tasks take these as keywords (``lr``, ``weight_decay``, ``betas`` where a task has
+    it, ``warmup_fraction``, ``min_lr_ratio``) with their own defaults, so a YAML sets
+    ``model.init_args.lr`` as before; ``ModelTask.optimizer_config`` gathers them here.
+    """
+
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_fraction: float = 0.05
+    min_lr_ratio: float = 0.01
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            problems.append(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if not 0 <= self.warmup_fraction < 1:
+            problems.append(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            problems.append(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def build(self, module: nn.Module, total_steps: int) -> dict[str, Any]:
+        """Lightning's ``configure_optimizers`` answer for ``module`` trained for
+        ``total_steps`` steps (the schedule steps every batch)."""
+        opt = adamw(module, self.lr, self.weight_decay, tuple(self.betas))
+        sched = warmup_cosine(opt, int(self.warmup_fraction * total_steps), total_steps,
+                              self.min_lr_ratio)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
 def adamw(module: nn.Module, lr: float, weight_decay: float = 0.05,

@@ -62,7 +62,7 @@ class Seq2SeqTask(ModelTask):
         self.save_hyperparameters(ignore=["model"])
 
     def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         cfg = self.model.config
         for side in ("source", "target"):
             n = getattr(dm, f"{side}_vocab_size", None)

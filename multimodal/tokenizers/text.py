@@ -23,6 +23,11 @@ Conventions (documented behaviour for edge cases):
 * A text longer than ``max_length`` is cut at the end when ``truncation=True`` and raises
   ``ValueError`` when ``truncation=False``. Special tokens are kept when cutting.
 * ``decode`` raises ``ValueError`` on an id outside ``[0, vocab_size)``.
+* Unknown text stays visible: ``decode`` writes ``[UNK]`` for it even with
+  ``skip_special_tokens=True`` (which drops only the structural tokens ``[PAD] [CLS] [SEP]
+  [MASK] [BOS] [EOS]``), as BERT tokenizers do. After every ``encode`` / ``encode_many`` /
+  ``encode_batch`` call, ``last_unknown_count`` holds how many ``[UNK]`` ids it produced, and
+  ``unknowns(text)`` lists the pieces of a text that become ``[UNK]``.
 * ``encode`` raises ``TypeError`` when given anything but a ``str``.
 """
 
@@ -112,9 +117,19 @@ class TextTokenizer:
     eos_token_id: ClassVar[int] = EOS_ID
     special_tokens: ClassVar[tuple[str, ...]] = SPECIAL_TOKENS
 
+    last_unknown_count: int = 0
+    """How many ``[UNK]`` ids the latest ``encode`` / ``encode_many`` / ``encode_batch`` call
+    produced, over all its texts (after truncation). 0 means no text was lost."""
+
     @property
     def special_token_ids(self) -> list[int]:
         return list(range(len(SPECIAL_TOKENS)))
+
+    @staticmethod
+    def _drop_structural(ids: list[int]) -> list[int]:
+        """``ids`` without the structural special tokens; ``[UNK]`` stays (it stands for text)."""
+        n_special = len(SPECIAL_TOKENS)
+        return [i for i in ids if i >= n_special or i == UNK_ID]
 
     # --- to be provided by subclasses -----------------------------------------------------
     @property
@@ -137,6 +152,10 @@ class TextTokenizer:
     def tokenize(self, text: str) -> list[str]:
         """The token strings of ``text`` (no special tokens)."""
         return [self.id_to_token(i) for i in self.encode(text)]
+
+    def unknowns(self, text: str) -> list[str]:
+        """The pieces of ``text`` that encode to ``[UNK]``, in order; ``[]`` when none is lost."""
+        raise NotImplementedError
 
     def id_to_token(self, token_id: int) -> str:
         raise NotImplementedError
@@ -188,7 +207,10 @@ class TextTokenizer:
         max_length: int | None = None,
         truncation: bool = True,
     ) -> list[list[int]]:
-        """Token ids of several texts, unpadded (see :meth:`encode`)."""
+        """Token ids of several texts, unpadded (see :meth:`encode`).
+
+        Sets :attr:`last_unknown_count` to the number of ``[UNK]`` ids in the result.
+        """
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise TypeError(
                 f"expected a list of str, got {type(texts).__name__}; "
@@ -215,6 +237,7 @@ class TextTokenizer:
                     )
                 ids = ids[:budget]
             out.append(prefix + ids + suffix)
+        self.last_unknown_count = sum(ids.count(UNK_ID) for ids in out)
         return out
 
     def pad(
@@ -310,6 +333,8 @@ class TextTokenizer:
     ) -> str:
         """Text of a list (or 1-D tensor) of ids; tokens are joined with single spaces.
 
+        ``skip_special_tokens`` drops ``[PAD] [CLS] [SEP] [MASK] [BOS] [EOS]``; an unknown token
+        is always written as ``[UNK]`` so that lost text stays visible.
         ``clean_up_spaces=True`` also removes the space before punctuation (lossy, for display).
         """
         text = self._decode_ids(self._check_ids(ids), skip_special_tokens)
@@ -479,7 +504,16 @@ class WordPieceTokenizer(TextTokenizer):
         return [e.ids for e in encodings]
 
     def _decode_ids(self, ids: list[int], skip_special_tokens: bool) -> str:
-        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        if skip_special_tokens:
+            ids = self._drop_structural(ids)
+        # the backend would drop [UNK] with the other specials: we skip them ourselves
+        return self.backend.decode(ids, skip_special_tokens=False)
+
+    def unknowns(self, text: str) -> list[str]:
+        _check_text(text)
+        encoding = self.backend.encode(text, add_special_tokens=False)
+        pieces = zip(encoding.ids, encoding.offsets, strict=True)
+        return [text[start:end] for i, (start, end) in pieces if i == UNK_ID]
 
     def normalize(self, text: str) -> str:
         _check_text(text)
@@ -576,9 +610,13 @@ class _VocabTokenizer(TextTokenizer):
         return [[index.get(t, UNK_ID) for t in self._split(self._prepare(x))] for x in texts]
 
     def _decode_ids(self, ids: list[int], skip_special_tokens: bool) -> str:
-        n_special = len(SPECIAL_TOKENS)
-        tokens = [self.vocab[i] for i in ids if not (skip_special_tokens and i < n_special)]
-        return self._join(tokens)
+        if skip_special_tokens:
+            ids = self._drop_structural(ids)
+        return self._join([self.vocab[i] for i in ids])
+
+    def unknowns(self, text: str) -> list[str]:
+        _check_text(text)
+        return [t for t in self._split(self._prepare(text)) if t not in self._index]
 
     def tokenize(self, text: str) -> list[str]:
         _check_text(text)

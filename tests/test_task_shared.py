@@ -1,0 +1,59 @@
+"""What every task shares: one optimiser config, one ``datamodule`` look-up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import multimodal as mm
+from multimodal.tasks.classification import ClassificationTask
+from multimodal.tasks.language_model import LanguageModelTask
+from multimodal.tasks.optim import OptimizerConfig
+
+
+def _lm() -> mm.TextDecoder:
+    return mm.TextDecoder(mm.TextDecoderConfig(vocab_size=20, max_len=8, dim=16, depth=1,
+                                               heads=2))
+
+
+def test_tasks_gather_their_keywords_into_one_optimizer_config() -> None:
+    task = LanguageModelTask(_lm(), lr=0.01, betas=(0.8, 0.9))
+    assert task.optimizer_config == OptimizerConfig(lr=0.01, weight_decay=0.1,
+                                                    betas=(0.8, 0.9), warmup_fraction=0.05,
+                                                    min_lr_ratio=0.1)
+    vit = mm.ViT(mm.ViTConfig(image_size=8, patch_size=4, in_channels=1, num_classes=3,
+                              dim=16, depth=1, heads=2))
+    cls_task = ClassificationTask(vit, lr=0.002)
+    assert cls_task.optimizer_config.lr == 0.002
+    assert cls_task.optimizer_config.betas == (0.9, 0.999)  # a task without betas
+
+
+def test_optimizer_config_builds_adamw_with_warmup_cosine() -> None:
+    model = _lm()
+    cfg = OptimizerConfig(lr=0.1, weight_decay=0.5, warmup_fraction=0.25, min_lr_ratio=0.0)
+    out = cfg.build(model, total_steps=8)
+    opt, sched = out["optimizer"], out["lr_scheduler"]["scheduler"]
+    assert isinstance(opt, torch.optim.AdamW) and out["lr_scheduler"]["interval"] == "step"
+    decays = sorted(g["weight_decay"] for g in opt.param_groups)
+    assert decays == [0.0, 0.5]
+    # warm-up over int(0.25 * 8) = 2 steps: lr(0) = 0.1 * 1/2, lr(1) = 0.1 * 2/2
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("lr", 0.0, "lr must be > 0"),
+    ("warmup_fraction", 1.0, "warmup_fraction must be in"),
+    ("min_lr_ratio", 1.5, "min_lr_ratio must be in"),
+    ("betas", (0.9, 1.0), "betas must be"),
+    ("weight_decay", -1.0, "weight_decay must be >= 0"),
+])
+def test_optimizer_config_refuses_bad_values(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        OptimizerConfig(**{field: value})
+
+
+def test_datamodule_is_none_without_a_trainer() -> None:
+    assert LanguageModelTask(_lm()).datamodule is None
