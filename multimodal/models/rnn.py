@@ -36,7 +36,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from multimodal.generation import generate
-from multimodal.models.text import check_token_ids
+from multimodal.models.api import DecoderHeadMixin
+from multimodal.models.text import check_token_ids, last_token
 from multimodal.nn.alignment import AdditiveScore, MultiplicativeScore, attend
 from multimodal.registry import register_model
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
@@ -162,10 +163,16 @@ class RNNDecoder(nn.Module):
     def make_cache(self, max_len: int | None = None) -> RecurrentState:
         return RecurrentState(max_len or self.max_len)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                cache: RecurrentState | None = None, *, encoder_state: Tensor,
-                memory: Tensor | None = None, memory_padding_mask: Tensor | None = None,
-                return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
+    @property
+    def num_features(self) -> int:
+        return self.config.hidden_dim
+
+    def forward_features(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                         cache: RecurrentState | None = None, *, encoder_state: Tensor,
+                         memory: Tensor | None = None, memory_padding_mask: Tensor | None = None,
+                         return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
+        """``o_t = tanh(W_o [s_t; c_t])`` (B, T, hidden_dim), with ``return_attention``
+        also the attention weights (B, T, S) (None without attention)."""
         check_token_ids(input_ids, self.config.target_vocab_size, "target_ids")
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("the RNN decoder reads unpadded prefixes only (every row starts "
@@ -191,17 +198,32 @@ class RNNDecoder(nn.Module):
             context, weights = attend(self.score.scores(out, keys), memory, memory_padding_mask)
         else:  # the bottleneck: the top layer's final encoder state, at every step
             context = encoder_state[:, 0, -1, None, :].expand_as(out)
-        o = self.dropout(torch.tanh(self.combine(torch.cat([out, context], dim=-1))))
-        logits = self.lm_head(o)
+        features = self.dropout(torch.tanh(self.combine(torch.cat([out, context], dim=-1))))
         if cache is not None:
             cache.hidden = new_hidden if isinstance(new_hidden, tuple) else (new_hidden,)
             cache.keys = keys
             cache.length = past + input_ids.shape[1]
-        return (logits, weights) if return_attention else logits
+        return (features, weights) if return_attention else features
+
+    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The last real token's features ``(B, hidden_dim)`` (the last one when no mask)."""
+        return last_token(features, attention_mask)
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """Next-token logits ``(B, T, vocab)`` (``pre_logits``: :meth:`pool`)."""
+        return self.pool(features, attention_mask) if pre_logits else self.lm_head(features)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                **kwargs: Any) -> Tensor | tuple[Tensor, Tensor | None]:
+        out = self.forward_features(input_ids, attention_mask, **kwargs)
+        if isinstance(out, tuple):
+            return self.forward_head(out[0]), out[1]
+        return self.forward_head(out)
 
 
 @register_model
-class RNNSeq2Seq(PretrainedMixin, nn.Module):
+class RNNSeq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
     """``forward(source_ids, target_ids, source_mask) -> (B, T, target_vocab)`` next-token
     logits (teacher forcing), with ``return_attention=True`` also the attention weights
     (B, T, S) (None without attention); ``generate(source_ids, source_mask) -> [BOS] +
@@ -210,6 +232,7 @@ class RNNSeq2Seq(PretrainedMixin, nn.Module):
     either."""
 
     config_class = RNNSeq2SeqConfig
+    modality = "text-text"
 
     def __init__(self, config: RNNSeq2SeqConfig) -> None:
         super().__init__()
@@ -253,11 +276,30 @@ class RNNSeq2Seq(PretrainedMixin, nn.Module):
     def forward(self, source_ids: Tensor, target_ids: Tensor,
                 source_mask: Tensor | None = None, return_attention: bool = False
                 ) -> Tensor | tuple[Tensor, Tensor | None]:
+        out = self.forward_features(source_ids, target_ids, source_mask, return_attention)
+        if isinstance(out, tuple):
+            return self.forward_head(out[0]), out[1]
+        return self.forward_head(out)
+
+    def forward_features(self, source_ids: Tensor, target_ids: Tensor,
+                         source_mask: Tensor | None = None, return_attention: bool = False
+                         ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """The decoder's features ``o_t`` (B, T, hidden_dim) (module docstring), with
+        ``return_attention`` also the attention weights (B, T, S)."""
         if target_ids.dim() == 2 and target_ids.shape[1] == 0:
             raise ValueError("target_ids is empty: give at least [BOS]")
         memory, pad, state = self.encode(source_ids, source_mask)
-        return self.decoder(target_ids, memory=memory, memory_padding_mask=pad,
-                            encoder_state=state, return_attention=return_attention)
+        return self.decoder.forward_features(target_ids, memory=memory,
+                                             memory_padding_mask=pad, encoder_state=state,
+                                             return_attention=return_attention)
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """Random source ids and target ids starting with ``[BOS]``."""
+        cfg = self.config
+        source = torch.randint(0, cfg.source_vocab_size, (batch_size, min(8, cfg.max_source_len)))
+        target = torch.randint(0, cfg.target_vocab_size, (batch_size, min(8, cfg.max_target_len)))
+        target[:, 0] = BOS_ID
+        return source, target
 
     @torch.no_grad()
     def generate(self, source_ids: Tensor, source_mask: Tensor | None = None,
