@@ -37,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     "RNNSeq2SeqConfig": "multimodal.models.rnn",
     "AudioClassifier": "multimodal.models.audio",
     "AudioClassifierConfig": "multimodal.models.audio",
+    "CLIP": "multimodal.models.clip",
+    "CLIPConfig": "multimodal.models.clip",
     # tokenizers
     "WordPieceTokenizer": "multimodal.tokenizers.text",
     "WordTokenizer": "multimodal.tokenizers.text",
@@ -52,6 +54,9 @@ _EXPORTS: dict[str, str] = {
     "load_lora": "multimodal.nn.lora",
     "LoRALinear": "multimodal.nn.lora",
     "merge_lora": "multimodal.nn.lora",
+    # Hugging Face layout folders and transformers models (issue 18)
+    "from_hf": "multimodal.convert",
+    "mean_pool": "multimodal.embeddings",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",
