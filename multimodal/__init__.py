@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "CaptionerConfig": "multimodal.models.captioner",
     "Seq2Seq": "multimodal.models.seq2seq",
     "Seq2SeqConfig": "multimodal.models.seq2seq",
+    "RNNSeq2Seq": "multimodal.models.rnn",
+    "RNNSeq2SeqConfig": "multimodal.models.rnn",
     "AudioClassifier": "multimodal.models.audio",
     "AudioClassifierConfig": "multimodal.models.audio",
     "CLIP": "multimodal.models.clip",

@@ -8,7 +8,12 @@ per step).
 A *decoder* here is any module with
 ``model(input_ids, attention_mask=..., cache=..., **model_kwargs) -> logits (B, N, V)``,
 ``model.make_cache(max_len)`` and ``model.max_len`` (TextDecoder, ImageGPT, the
-Captioner's decoder with ``memory=`` in ``model_kwargs``).
+Captioner's decoder with ``memory=`` in ``model_kwargs``, the RNN decoder of
+:mod:`multimodal.models.rnn`). The loop never looks inside the cache: it passes it back to
+the model and calls ``cache.reorder(index)`` when beam search keeps some rows, so a
+recurrent decoder's state (:class:`~multimodal.models.rnn.RecurrentState`) serves as well as
+a :class:`~multimodal.nn.cache.KVCache`. Tensors in ``model_kwargs`` are batch-first: beam
+search repeats and reorders them along dim 0.
 """
 
 from __future__ import annotations
@@ -22,13 +27,19 @@ from torch import Tensor
 from multimodal.nn.cache import KVCache
 
 
+class Cache(Protocol):
+    """What the loop needs of a decoder's cache (a KV cache, a recurrent state)."""
+
+    def reorder(self, index: Tensor) -> None: ...
+
+
 class Decoder(Protocol):
     max_len: int
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor | None = ...,
                  **kwargs: Any) -> Tensor: ...
 
-    def make_cache(self, max_len: int | None = None) -> KVCache: ...
+    def make_cache(self, max_len: int | None = None) -> KVCache | Cache: ...
 
 
 # --- logits processing ----------------------------------------------------------------
