@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "WordPieceTokenizer": "multimodal.tokenizers.text",
     "WordTokenizer": "multimodal.tokenizers.text",
     "CharTokenizer": "multimodal.tokenizers.text",
+    "PhonemeTokenizer": "multimodal.tokenizers.phonemes",
     "PixelTokenizer": "multimodal.tokenizers.image",
     "AudioFrameTokenizer": "multimodal.tokenizers.audio",
     # weights in and out
