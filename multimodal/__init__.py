@@ -42,6 +42,8 @@ _EXPORTS: dict[str, str] = {
     "PhonemeTokenizer": "multimodal.tokenizers.phonemes",
     "PixelTokenizer": "multimodal.tokenizers.image",
     "AudioFrameTokenizer": "multimodal.tokenizers.audio",
+    "MelRVQCodec": "multimodal.tokenizers.codec",
+    "CodecConfig": "multimodal.tokenizers.codec",
     # weights in and out
     "from_pretrained": "multimodal.hub",
     "load_encoder": "multimodal.hub",
