@@ -43,8 +43,11 @@ _EXPORTS: dict[str, str] = {
     "WordPieceTokenizer": "multimodal.tokenizers.text",
     "WordTokenizer": "multimodal.tokenizers.text",
     "CharTokenizer": "multimodal.tokenizers.text",
+    "PhonemeTokenizer": "multimodal.tokenizers.phonemes",
     "PixelTokenizer": "multimodal.tokenizers.image",
     "AudioFrameTokenizer": "multimodal.tokenizers.audio",
+    "MelRVQCodec": "multimodal.tokenizers.codec",
+    "CodecConfig": "multimodal.tokenizers.codec",
     # weights in and out
     "from_pretrained": "multimodal.hub",
     "load_encoder": "multimodal.hub",
