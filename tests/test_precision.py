@@ -10,10 +10,10 @@ from multimodal.precision import (
     native_bf16,
 )
 
-ZEN4 = "fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni".split()
-SPR = "fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8".split()
-AMX_ONLY = "fpu avx2 amx_tile amx_bf16".split()
-HASWELL = "fpu sse2 avx avx2 fma".split()
+ZEN4 = ["fpu", "sse2", "avx2", "avx512f", "avx512_bf16", "avx512_vnni"]
+SPR = ["fpu", "sse2", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"]
+AMX_ONLY = ["fpu", "avx2", "amx_tile", "amx_bf16"]
+HASWELL = ["fpu", "sse2", "avx", "avx2", "fma"]
 
 
 @pytest.mark.parametrize("flags, expected", [(ZEN4, True), (SPR, True), (AMX_ONLY, True),
