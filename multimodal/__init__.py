@@ -35,6 +35,8 @@ _EXPORTS: dict[str, str] = {
     "Seq2SeqConfig": "multimodal.models.seq2seq",
     "AudioClassifier": "multimodal.models.audio",
     "AudioClassifierConfig": "multimodal.models.audio",
+    "CLIP": "multimodal.models.clip",
+    "CLIPConfig": "multimodal.models.clip",
     # tokenizers
     "WordPieceTokenizer": "multimodal.tokenizers.text",
     "WordTokenizer": "multimodal.tokenizers.text",
@@ -50,6 +52,9 @@ _EXPORTS: dict[str, str] = {
     "load_lora": "multimodal.nn.lora",
     "LoRALinear": "multimodal.nn.lora",
     "merge_lora": "multimodal.nn.lora",
+    # Hugging Face layout folders and transformers models (issue 18)
+    "from_hf": "multimodal.convert",
+    "mean_pool": "multimodal.embeddings",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",

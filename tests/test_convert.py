@@ -135,10 +135,11 @@ def test_timm_other_image_size_resamples_like_timm(new_size):
 
 
 @pytest.mark.parametrize("kw,words", [
-    ({"init_values": 1e-5}, "layer scale"),
-    ({"reg_tokens": 4}, "register tokens"),
+    # layer scale, registers and qk_norm convert now (tests/test_convert_modern.py)
+    ({"class_token": False, "no_embed_class": True, "global_pool": "avg", "fc_norm": False},
+     "no_embed_class"),
     ({"global_pool": "avg"}, "fc_norm"),
-    ({"qk_norm": True}, "qk_norm"),
+    ({"global_pool": "map"}, "attention pooling"),
 ])
 def test_timm_unsupported_features_are_named(kw, words):
     with pytest.raises(ValueError, match=words):

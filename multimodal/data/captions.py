@@ -213,3 +213,23 @@ class CaptionDataModule(SplitDataModule):
 
     def collate_fn(self) -> Callable[..., dict[str, Any]]:
         return collate_captions
+
+    def zero_shot_set(self, pairs: str = "heldout", n: int = 500) -> dict[str, Any]:
+        """Single-shape scenes for zero-shot classification among every colour x shape
+        (dataset "scenes"): ``{"images"`` (normalised), ``"labels"`` (index into
+        ``"class_names"``, e.g. "red circle"), ``"class_names"}``. ``pairs="heldout"`` draws
+        the shapes from the held-out pairs (test-split sampling), ``"seen"`` from the
+        training pairs (val-split sampling); both with a seed of their own."""
+        import dataclasses
+
+        if pairs not in ("heldout", "seen"):
+            raise ValueError(f"pairs must be 'heldout' or 'seen', got {pairs!r}")
+        config = dataclasses.replace(self.scene_config(), min_shapes=1, max_shapes=1)
+        split = "test" if pairs == "heldout" else "val"
+        scenes = sample_scenes(n, config, split, self.hparams.seed + 7919)
+        names = [f"{c} {s}" for c, s in config.all_pairs()]
+        labels = torch.tensor([names.index(f"{x.shapes[0].colour} {x.shapes[0].shape}")
+                               for x in scenes])
+        images = render_scenes(scenes, config).float() / 255.0
+        images = (images - self.mean.view(1, 3, 1, 1)) / self.std.view(1, 3, 1, 1)
+        return {"images": images, "labels": labels, "class_names": names}

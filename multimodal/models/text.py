@@ -25,8 +25,14 @@ class TextDecoderConfig:
 
     vocab_size: int = 8000
     max_len: int = 256
-    pos_embed: Literal["learned", "sinusoidal"] = "learned"
+    # "none": no added positions, for a backbone with rope="1d" (Llama)
+    pos_embed: Literal["learned", "sinusoidal", "none"] = "learned"
     tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pos_embed not in ("learned", "sinusoidal", "none"):
+            raise ValueError(f"pos_embed must be 'learned', 'sinusoidal' or 'none', "
+                             f"got {self.pos_embed!r}")
 
 
 def check_token_ids(input_ids: Tensor, vocab_size: int, name: str = "input_ids",
@@ -53,9 +59,11 @@ def embed_tokens(embedding: nn.Embedding, input_ids: Tensor) -> Tensor:
                          f"[0, {embedding.num_embeddings}): {err}") from err
 
 
-def _positions(kind: str, max_len: int, dim: int) -> nn.Module:
+def _positions(kind: str, max_len: int, dim: int) -> nn.Module | None:
     if kind == "learned":
         return LearnedPositions(max_len, dim)
+    if kind == "none":
+        return None
     return SinusoidalPositions(max_len, dim)
 
 
@@ -141,13 +149,16 @@ class TextDecoder(PretrainedMixin, nn.Module):
             if position_ids is None and not bool(attention_mask.all()):
                 position_ids = position_ids_from_mask(attention_mask, past)
         x = embed_tokens(self.tok_embed, input_ids)
-        x = self.pos_embed(x, offset=past, positions=position_ids)
+        if self.pos_embed is not None:
+            x = self.pos_embed(x, offset=past, positions=position_ids)
         padding = None if attention_mask is None or bool(attention_mask.all()) \
             else ~attention_mask.bool()
+        rotary = self.config.backbone.rope != "none"
         return self.transformer(
             self.drop(x), memory, key_padding_mask=padding,
             memory_padding_mask=memory_padding_mask, cache=cache,
             return_attention=return_attention,
+            positions=position_ids if rotary else None,
         )
 
     def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:

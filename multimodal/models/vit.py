@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from multimodal.models.backbone import model_config
-from multimodal.nn.block import Transformer
+from multimodal.nn.block import ACTIVATIONS, NORM_LAYERS, Transformer
 from multimodal.nn.init import init_weights
-from multimodal.nn.position import resample_grid, sincos_2d_positions
+from multimodal.nn.pool import AttentionPool
+from multimodal.nn.position import grid_positions, resample_grid, sincos_2d_positions
 from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.image import ConvStem, PatchEmbed, _pair, check_images
 from multimodal.weights import PretrainedMixin
@@ -25,9 +27,16 @@ class ViTConfig:
     patch_size: int | tuple[int, int] = 16
     in_channels: int = 3
     num_classes: int = 1000  # 0: no head, forward returns pooled features
-    pool: Literal["cls", "mean"] = "cls"
+    pool: Literal["cls", "mean", "map"] = "cls"  # map: attention pooling (nn.pool)
     class_token: bool = True
-    pos_embed: Literal["learned", "sincos"] = "learned"
+    registers: int = 0  # register tokens (Darcet et al., 2024) after the class token
+    # DeiT: a distillation token after the class token, with its own position row and,
+    # with a head, its own classifier; logits = (head(cls) + head_dist(dist)) / 2
+    distill_token: bool = False
+    pre_norm: bool = False  # a LayerNorm on the embedded tokens before the blocks (CLIP)
+    patch_bias: bool = True  # bias of the patch projection (CLIP has none)
+    # "none": no added positions (a backbone with rope="2d" rotates by (row, column))
+    pos_embed: Literal["learned", "sincos", "none"] = "learned"
     stem: Literal["patch", "conv"] = "patch"  # linear patches, or ConvStem (3x3 convs)
     dynamic_size: bool = True  # other image sizes: resample positions, else error
 
@@ -36,8 +45,15 @@ class ViTConfig:
             raise ValueError("pool='cls' needs class_token=True")
         if self.stem not in ("patch", "conv"):
             raise ValueError(f"stem must be 'patch' or 'conv', got {self.stem!r}")
-        if self.pool not in ("cls", "mean"):
-            raise ValueError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
+        if self.pool not in ("cls", "mean", "map"):
+            raise ValueError(f"pool must be 'cls', 'mean' or 'map', got {self.pool!r}")
+        if self.pos_embed not in ("learned", "sincos", "none"):
+            raise ValueError(f"pos_embed must be 'learned', 'sincos' or 'none', "
+                             f"got {self.pos_embed!r}")
+        if self.distill_token and not self.class_token:
+            raise ValueError("distill_token=True needs class_token=True")
+        if self.registers < 0:
+            raise ValueError(f"registers must be >= 0, got {self.registers}")
         h, w = _pair(self.image_size)
         ph, pw = _pair(self.patch_size)
         if h % ph or w % pw:
@@ -54,8 +70,12 @@ class ViTConfig:
 class ViT(PretrainedMixin, nn.Module):
     """Images (B, C, H, W) -> logits (B, num_classes).
 
-    ``forward_features`` gives all tokens after the final norm (B, [1 +] N, dim);
-    ``forward_head`` pools them (class token or mean of patch tokens) and classifies;
+    ``forward_features`` gives all tokens after the final norm (B, [1 +] [R +] N, dim):
+    class token, ``registers`` register tokens, patches. Positions (learned or sin-cos)
+    are added to the class token and the patches, never to registers; with a 2-D rotary
+    backbone the patches' (row, column) go to attention instead.
+    ``forward_head`` pools them (class token, mean of patch tokens, or attention pooling
+    over all tokens) and classifies;
     ``forward(images, return_attention=True)`` also returns every layer's attention maps
     (B, heads, tokens, tokens). Images of another size than the config's get resampled
     positions when ``dynamic_size`` (else a ValueError).
@@ -68,21 +88,37 @@ class ViT(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         if config.stem == "patch":
-            self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, config.dim)
+            self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, config.dim,
+                                          bias=config.patch_bias)
         else:
             self.patch_embed = ConvStem(config.patch_size, config.in_channels, config.dim)
-        self.num_prefix_tokens = 1 if config.class_token else 0
+        self.num_class_tokens = (1 if config.class_token else 0) + int(config.distill_token)
+        self.num_prefix_tokens = self.num_class_tokens + config.registers
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim)) if config.class_token \
             else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, config.dim)) \
+            if config.distill_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, config.registers, config.dim)) \
+            if config.registers else None
         num_patches = config.grid_size[0] * config.grid_size[1]
         if config.pos_embed == "learned":
             self.pos_embed = nn.Parameter(
-                torch.randn(1, self.num_prefix_tokens + num_patches, config.dim) * 0.02
+                torch.randn(1, self.num_class_tokens + num_patches, config.dim) * 0.02
             )
         else:
             self.register_parameter("pos_embed", None)
         self.pos_drop = nn.Dropout(config.dropout)
+        self.norm_pre = NORM_LAYERS[config.backbone.norm_type](
+            config.dim, eps=config.backbone.norm_eps) if config.pre_norm else nn.Identity()
         self.transformer = Transformer(config.backbone)
+        bb = config.backbone
+        self.attn_pool = AttentionPool(
+            config.dim, config.heads, config.mlp_dim, act_layer=ACTIVATIONS[bb.activation],
+            norm_layer=partial(NORM_LAYERS[bb.norm_type], eps=bb.norm_eps),
+            qkv_bias=bb.qkv_bias,
+        ) if config.pool == "map" else None
+        self.head_dist = nn.Linear(config.dim, config.num_classes) \
+            if config.num_classes > 0 and config.distill_token else None
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
         self.apply(init_weights)
@@ -97,7 +133,7 @@ class ViT(PretrainedMixin, nn.Module):
 
     # -- positions ---------------------------------------------------------------------
     def _positions(self, grid: tuple[int, int], x: Tensor) -> Tensor:
-        """(1, prefix + N, dim) position rows for a patch grid (prefix rows first)."""
+        """(1, cls + N, dim) position rows for a patch grid (class token row first)."""
         cfg = self.config
         if grid != cfg.grid_size and not cfg.dynamic_size:
             raise ValueError(
@@ -107,43 +143,61 @@ class ViT(PretrainedMixin, nn.Module):
             )
         if self.pos_embed is None:
             patches = sincos_2d_positions(*grid, cfg.dim).to(x)
-            prefix = patches.new_zeros(self.num_prefix_tokens, cfg.dim)
+            prefix = patches.new_zeros(self.num_class_tokens, cfg.dim)
             return torch.cat([prefix, patches])[None]
-        prefix, patches = self.pos_embed[0, : self.num_prefix_tokens], \
-            self.pos_embed[0, self.num_prefix_tokens :]
+        prefix, patches = self.pos_embed[0, : self.num_class_tokens], \
+            self.pos_embed[0, self.num_class_tokens :]
         patches = resample_grid(patches, cfg.grid_size, grid)
         return torch.cat([prefix, patches])[None]
 
     # -- forward ------------------------------------------------------------------------
     def embed(self, images: Tensor) -> Tensor:
-        """Patch tokens with class token and positions: (B, prefix + N, dim)."""
+        """Patch tokens with class token, registers and positions: (B, prefix + N, dim)."""
         check_images(images, self.config.in_channels, self.config.patch_size)
         x = self.patch_embed(images)
         grid = self.patch_embed.grid_size(*images.shape[-2:])
+        if self.dist_token is not None:
+            x = torch.cat([self.dist_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + self._positions(grid, x))
+        if self.config.pos_embed != "none":
+            x = x + self._positions(grid, x)
+        if self.reg_token is not None:
+            c = self.num_class_tokens
+            x = torch.cat([x[:, :c], self.reg_token.expand(x.shape[0], -1, -1), x[:, c:]], 1)
+        return self.norm_pre(self.pos_drop(x))
 
     def forward_features(
         self, images: Tensor, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        out = self.transformer(self.embed(images), return_attention=return_attention)
+        positions = None
+        if self.config.backbone.rope == "2d":
+            grid = self.patch_embed.grid_size(*images.shape[-2:])
+            positions = grid_positions(*grid, self.num_prefix_tokens, images.device)
+        out = self.transformer(self.embed(images), return_attention=return_attention,
+                               positions=positions)
         if return_attention:
             x, maps = out
             return x, maps["self"]
         return out
 
     def pool(self, features: Tensor) -> Tensor:
-        """The class token, or the mean of the patch tokens: ``(B, dim)``."""
+        """The class token, the mean of the patch tokens, or attention pooling: ``(B, dim)``."""
         if self.config.pool == "cls":
             return features[:, 0]
+        if self.attn_pool is not None:
+            return self.attn_pool(features)
         return features[:, self.num_prefix_tokens :].mean(dim=1)
 
     def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
         """Class logits ``(B, num_classes)`` of the pooled features (``pre_logits``: the pooled
         features; ``num_classes=0``: likewise)."""
         pooled = self.pool(features)
-        return pooled if pre_logits else self.head(pooled)
+        if pre_logits:
+            return pooled
+        if self.head_dist is not None:  # DeiT at inference: mean of the two classifiers
+            return (self.head(pooled) + self.head_dist(features[:, 1])) / 2
+        return self.head(pooled)
 
     def forward(
         self, images: Tensor, return_attention: bool = False

@@ -11,14 +11,19 @@ masks and give the same result.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multimodal.nn.position import apply_rotary
+
 if TYPE_CHECKING:
     from multimodal.nn.cache import LayerCache
+
+NormLayer = Callable[[int], nn.Module]
 
 
 def simple_self_attention(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -146,9 +151,22 @@ class Attention(nn.Module):
     """Multi-head attention ``Concat[H_1..H_H] W_o`` with ``H_h = Attn(X W_q^h, M W_k^h, M W_v^h)``.
 
     Self-attention (``memory`` is None) projects queries, keys and values with one fused
-    ``qkv`` Linear (D -> 3D, the layout torchvision, timm and GPT-2 use). Cross-attention
-    (``cross=True``) takes queries from ``x`` and keys/values from ``memory`` of width
-    ``memory_dim``, with separate ``q`` and fused ``kv`` projections.
+    ``qkv`` Linear (rows: queries, then keys, then values; D -> 3D, the layout torchvision,
+    timm and GPT-2 use). Cross-attention (``cross=True``) takes queries from ``x`` and
+    keys/values from ``memory`` of width ``memory_dim``, with separate ``q`` and fused ``kv``
+    projections.
+
+    Switches of the modern encoders and decoders:
+
+    - ``kv_heads`` < ``heads``: grouped-query attention (multi-query when 1). Only
+      ``kv_heads`` key/value heads are projected (and cached); query head ``h`` reads
+      key/value head ``h // (heads / kv_heads)``.
+    - ``qk_norm_layer``: ``q_h <- norm(q_h)``, ``k_h <- norm(k_h)`` over each head's ``d``
+      channels (one norm of width ``d`` shared by the heads), before the rotation.
+    - ``rope`` (a forward argument): rotary position angles from
+      :func:`multimodal.nn.position.rotary_angles`; queries and the new keys are rotated
+      (:func:`~multimodal.nn.position.apply_rotary`) before they enter the cache, so cached
+      keys keep their own positions.
     """
 
     def __init__(
@@ -162,35 +180,52 @@ class Attention(nn.Module):
         proj_dropout: float = 0.0,
         cross: bool = False,
         memory_dim: int | None = None,
+        kv_heads: int | None = None,
+        qk_norm_layer: NormLayer | None = None,
     ) -> None:
         super().__init__()
         if dim % heads != 0:
             raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
+        kv_heads = heads if kv_heads is None else kv_heads
+        if kv_heads < 1 or heads % kv_heads != 0:
+            raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.kv_heads = kv_heads
+        kv_dim = kv_heads * self.head_dim
         self.cross = cross
         self.attn_dropout = attn_dropout
         if cross:
             self.memory_dim = memory_dim or dim
             self.q = nn.Linear(dim, dim, bias=qkv_bias)
-            self.kv = nn.Linear(self.memory_dim, 2 * dim, bias=qkv_bias)
+            self.kv = nn.Linear(self.memory_dim, 2 * kv_dim, bias=qkv_bias)
         else:
             self.memory_dim = dim
-            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+            self.qkv = nn.Linear(dim, dim + 2 * kv_dim, bias=qkv_bias)
+        if qk_norm_layer is not None:
+            self.q_norm = qk_norm_layer(self.head_dim)
+            self.k_norm = qk_norm_layer(self.head_dim)
+        else:
+            self.q_norm = self.k_norm = None
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_dropout)
 
-    def _split_heads(self, t: Tensor) -> Tensor:  # (B, N, D) -> (B, H, N, d)
+    def _split_heads(self, t: Tensor, heads: int | None = None) -> Tensor:
+        # (B, N, heads * d) -> (B, heads, N, d)
         b, n, _ = t.shape
-        return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        return t.view(b, n, heads or self.heads, self.head_dim).transpose(1, 2)
+
+    def _norm_k(self, k: Tensor) -> Tensor:
+        return self.k_norm(k) if self.k_norm is not None else k
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values (B, H, M, d) of a cross-attention memory; cacheable."""
+        """Keys and values (B, kv_heads, M, d) of a cross-attention memory; cacheable."""
         if memory.dim() != 3 or memory.shape[-1] != self.memory_dim:
             raise ValueError(
                 f"memory must be (batch, tokens, {self.memory_dim}), got {tuple(memory.shape)}"
             )
         k, v = self.kv(memory).chunk(2, dim=-1)
-        return self._split_heads(k), self._split_heads(v)
+        return self._norm_k(self._split_heads(k, self.kv_heads)), \
+            self._split_heads(v, self.kv_heads)
 
     def forward(
         self,
@@ -202,6 +237,7 @@ class Attention(nn.Module):
         attn_mask: Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        rope: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, N, D) to itself, or to ``memory`` (B, M, D_m) if cross.
 
@@ -209,7 +245,8 @@ class Attention(nn.Module):
         appends the new keys/values and attends over everything cached; cross-attention
         projects the memory once and reuses it on later steps (``memory`` may then be None).
         ``key_padding_mask`` (B, M) is True at padded keys (for self-attention with a
-        cache, M counts the cached tokens too).
+        cache, M counts the cached tokens too). ``rope``: rotary angles (B or 1, 1, N, S,
+        d / 2S) for the N new tokens (self-attention only).
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape (batch, tokens, {self.dim}), "
@@ -217,6 +254,8 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         if self.cross:
             q = self._split_heads(self.q(x))
+            if self.q_norm is not None:
+                q = self.q_norm(q)
             if cache is not None and cache.cross_kv is not None:
                 k, v = cache.cross_kv
             else:
@@ -229,10 +268,20 @@ class Attention(nn.Module):
         else:
             if memory is not None:
                 raise ValueError("memory was given to a self-attention layer (cross=False)")
-            qkv = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv.unbind(0)
+            kv_dim = self.kv_heads * self.head_dim
+            q, k, v = self.qkv(x).split([self.dim, kv_dim, kv_dim], dim=-1)
+            q, k = self._split_heads(q), self._split_heads(k, self.kv_heads)
+            v = self._split_heads(v, self.kv_heads)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            k = self._norm_k(k)
+            if rope is not None:
+                q, k = apply_rotary(q, rope), apply_rotary(k, rope)
             if cache is not None:
                 k, v = cache.append(k, v)
+        if self.kv_heads != self.heads:
+            group = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         m = k.shape[-2]
         if key_padding_mask is not None and (
             key_padding_mask.shape != (b, m) or key_padding_mask.dtype != torch.bool

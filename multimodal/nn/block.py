@@ -23,14 +23,24 @@ from torch.utils.checkpoint import checkpoint
 from multimodal.nn.attention import Attention
 from multimodal.nn.cache import KVCache, LayerCache
 from multimodal.nn.masks import PATTERNS, pattern_mask
+from multimodal.nn.position import rotary_angles
 
 NormLayer = Callable[[int], nn.Module]
 ActLayer = Callable[[], nn.Module]
+
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 x)``: the GELU approximation OpenAI's CLIP was trained with."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
 
 ACTIVATIONS: dict[str, ActLayer] = {
     "gelu": nn.GELU,
     "gelu_tanh": partial(nn.GELU, approximate="tanh"),
     "relu": nn.ReLU,
+    "silu": nn.SiLU,
+    "quick_gelu": QuickGELU,
 }
 
 
@@ -49,6 +59,56 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class GatedMLP(nn.Module):
+    """Gated feed-forward (Shazeer, 2020): ``fc2(act(gate(x)) * up(x))``.
+
+    With ``act_layer=nn.SiLU`` this is SwiGLU (Llama, Mistral), with GELU GeGLU (Gemma,
+    T5 v1.1).
+    """
+
+    def __init__(
+        self, dim: int, hidden_dim: int, act_layer: ActLayer = nn.SiLU, dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden_dim, bias=bias)
+        self.up = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = act_layer()
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.gate(x)) * self.up(x))))
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim (Zhang & Sennrich, 2019).
+
+    Computed in float32 and cast back, as Llama does.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    """``x * gamma``: a learned per-channel scale of a residual branch (CaiT, DINOv2)."""
+
+    def __init__(self, dim: int, init: float = 1e-5) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
 
 
 class DropPath(nn.Module):
@@ -72,6 +132,8 @@ class Block(nn.Module):
     activation, ``attn_layer(dim, heads, qkv_bias=, attn_dropout=, proj_dropout=[, cross=,
     memory_dim=])`` each attention and ``mlp_layer(dim, hidden_dim, act_layer, dropout)`` the
     MLP. ``norm="pre"`` or ``"post"`` picks the layer order (module docstring).
+    ``layer_scale``: each residual branch is scaled by a learned per-channel ``gamma``
+    (initialised to this value) before it is added: ``Z = X + gamma_1 * Y(LN(X))``.
     """
 
     def __init__(
@@ -91,6 +153,7 @@ class Block(nn.Module):
         memory_dim: int | None = None,
         attn_layer: Callable[..., nn.Module] = Attention,
         mlp_layer: Callable[..., nn.Module] = MLP,
+        layer_scale: float | None = None,
     ) -> None:
         super().__init__()
         if norm not in ("pre", "post"):
@@ -105,6 +168,10 @@ class Block(nn.Module):
         self.norm2 = norm_layer(dim)
         self.mlp = mlp_layer(dim, mlp_dim or 4 * dim, act_layer, dropout)
         self.drop_path = DropPath(drop_path)
+        scale = (lambda: LayerScale(dim, layer_scale)) if layer_scale is not None \
+            else nn.Identity
+        self.ls1, self.ls2 = scale(), scale()
+        self.ls_cross = scale() if cross_attention else None
 
     def forward(
         self,
@@ -117,26 +184,29 @@ class Block(nn.Module):
         attn_mask: Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        rope: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
         self_kw = dict(causal=causal, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                        cache=cache, need_weights=need_weights)
+        if rope is not None:
+            self_kw["rope"] = rope
         cross_kw = dict(key_padding_mask=memory_padding_mask, cache=cache,
                         need_weights=need_weights)
         w_cross = None
         if self.norm_first:
             y, w_self = self.attn(self.norm1(x), **self_kw)
-            x = x + self.drop_path(y)
+            x = x + self.drop_path(self.ls1(y))
             if self.cross_attn is not None:
                 y, w_cross = self.cross_attn(self.norm_cross(x), memory, **cross_kw)
-                x = x + self.drop_path(y)
-            x = x + self.drop_path(self.mlp(self.norm2(x)))
+                x = x + self.drop_path(self.ls_cross(y))
+            x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
         else:
             y, w_self = self.attn(x, **self_kw)
-            x = self.norm1(x + self.drop_path(y))
+            x = self.norm1(x + self.drop_path(self.ls1(y)))
             if self.cross_attn is not None:
                 y, w_cross = self.cross_attn(x, memory, **cross_kw)
-                x = self.norm_cross(x + self.drop_path(y))
-            x = self.norm2(x + self.drop_path(self.mlp(x)))
+                x = self.norm_cross(x + self.drop_path(self.ls_cross(y)))
+            x = self.norm2(x + self.drop_path(self.ls2(self.mlp(x))))
         return x, (w_self, w_cross)
 
 
@@ -144,8 +214,10 @@ class Block(nn.Module):
 # ``attention_type``): a new variant is one entry here (and a value of the Literal), never a
 # fork of Block or Transformer. Signatures: norm ``(dim, eps=)``; MLP and attention as
 # Block calls them (its docstring).
-NORM_LAYERS: dict[str, Callable[..., nn.Module]] = {"layernorm": nn.LayerNorm}
-MLP_LAYERS: dict[str, Callable[..., nn.Module]] = {"mlp": MLP}
+NORM_LAYERS: dict[str, Callable[..., nn.Module]] = {"layernorm": nn.LayerNorm,
+                                                   "rmsnorm": RMSNorm}
+# "glu": GatedMLP, SwiGLU with activation "silu", GeGLU with "gelu" / "gelu_tanh"
+MLP_LAYERS: dict[str, Callable[..., nn.Module]] = {"mlp": MLP, "glu": GatedMLP}
 ATTENTION_LAYERS: dict[str, Callable[..., nn.Module]] = {"mha": Attention}
 
 
@@ -160,7 +232,7 @@ class TransformerConfig:
     mlp_dim: int | None = None  # default 4 * dim
     norm: Literal["pre", "post"] = "pre"
     norm_eps: float = 1e-6
-    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
+    activation: Literal["gelu", "gelu_tanh", "relu", "silu", "quick_gelu"] = "gelu"
     qkv_bias: bool = True
     dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -175,9 +247,19 @@ class TransformerConfig:
     attention_pattern: Literal["full", "sliding", "strided"] = "full"
     attention_window: int = 256
     # layer variants, by name (NORM_LAYERS, MLP_LAYERS, ATTENTION_LAYERS)
-    norm_type: Literal["layernorm"] = "layernorm"
-    mlp_type: Literal["mlp"] = "mlp"
+    norm_type: Literal["layernorm", "rmsnorm"] = "layernorm"
+    mlp_type: Literal["mlp", "glu"] = "mlp"
     attention_type: Literal["mha"] = "mha"
+    # modern encoder / decoder switches (issue 18)
+    proj_bias: bool = True  # bias of the attention output projection
+    mlp_bias: bool = True  # biases of the MLP's Linears
+    kv_heads: int | None = None  # grouped-query attention (1: multi-query); default heads
+    qk_norm: bool = False  # norm (norm_type, width dim / heads) on each head's q and k
+    layer_scale: float | None = None  # LayerScale init value; None: no LayerScale
+    # rotary position embedding inside attention: "1d" over token index (text; positions
+    # continue after the cache), "2d" axial over (row, column) of a patch grid
+    rope: Literal["none", "1d", "2d"] = "none"
+    rope_base: float = 10000.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,8 +287,14 @@ class Transformer(nn.Module):
                                   ("attention_type", config.attention_type, ATTENTION_LAYERS)):
             if name not in table:
                 raise ValueError(f"{kind} must be one of {sorted(table)}, got {name!r}")
+        if config.rope not in ("none", "1d", "2d"):
+            raise ValueError(f"rope must be 'none', '1d' or '2d', got {config.rope!r}")
         self.config = config
         norm_layer = norm_layer or partial(NORM_LAYERS[config.norm_type], eps=config.norm_eps)
+        attn_layer = partial(ATTENTION_LAYERS[config.attention_type],
+                             proj_bias=config.proj_bias, kv_heads=config.kv_heads,
+                             qk_norm_layer=norm_layer if config.qk_norm else None)
+        mlp_layer = partial(MLP_LAYERS[config.mlp_type], bias=config.mlp_bias)
         rates = torch.linspace(0, config.drop_path, config.depth).tolist()
         self.blocks = nn.ModuleList(
             Block(
@@ -215,8 +303,7 @@ class Transformer(nn.Module):
                 act_layer=ACTIVATIONS[config.activation], qkv_bias=config.qkv_bias,
                 dropout=config.dropout, attn_dropout=config.attn_dropout, drop_path=rate,
                 cross_attention=config.cross_attention, memory_dim=config.memory_dim,
-                attn_layer=ATTENTION_LAYERS[config.attention_type],
-                mlp_layer=MLP_LAYERS[config.mlp_type],
+                attn_layer=attn_layer, mlp_layer=mlp_layer, layer_scale=config.layer_scale,
             )
             for rate in rates
         )
@@ -284,6 +371,33 @@ class Transformer(nn.Module):
                              f"got {attn_mask.dtype} {tuple(attn_mask.shape)}")
         return attn_mask & pattern
 
+    def _rope_angles(self, x: Tensor, positions: Tensor | None,
+                     cache: KVCache | None) -> Tensor | None:
+        """Rotary angles (B or 1, 1, N, axes, head_dim / 2 axes) of the new tokens."""
+        cfg = self.config
+        b, n = x.shape[:2]
+        if cfg.rope == "none":
+            if positions is not None:
+                raise ValueError("positions were given but this Transformer has rope='none'")
+            return None
+        axes = 1 if cfg.rope == "1d" else 2
+        if positions is None:
+            if axes == 2:
+                raise ValueError("rope='2d' needs positions: (tokens, 2) (row, column) of "
+                                 "each token, e.g. nn.position.grid_positions(h, w, prefix)")
+            past = cache.length if cache is not None else 0
+            positions = torch.arange(past, past + n, device=x.device)
+        if axes == 1:
+            positions = positions[..., None]
+        if positions.dim() == 2:
+            positions = positions[None]
+        if positions.dim() != 3 or positions.shape[1:] != (n, axes) \
+                or positions.shape[0] not in (1, b):
+            want = f"({n},) or ({b}, {n})" if axes == 1 else f"({n}, 2) or ({b}, {n}, 2)"
+            raise ValueError(f"positions for rope={cfg.rope!r} must be {want}, "
+                             f"got {tuple(positions.shape)}")
+        return rotary_angles(positions, cfg.dim // cfg.heads, cfg.rope_base)[:, None]
+
     def forward(
         self,
         x: Tensor,
@@ -294,6 +408,7 @@ class Transformer(nn.Module):
         attn_mask: Tensor | None = None,
         cache: KVCache | None = None,
         return_attention: bool = False,
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
         """Transform tokens ``x`` (B, N, dim).
 
@@ -304,15 +419,20 @@ class Transformer(nn.Module):
         cache sees the same pattern as a full forward). With ``cache`` the new
         tokens follow the cached ones. ``return_attention=True`` also returns
         ``{"self": [...], "cross": [...]}``, one (B, heads, N, keys) map per layer.
+
+        ``positions`` (rotary configs only): each new token's position, (N,) or (B, N) for
+        ``rope="1d"`` (default: ``past, ..., past + N - 1``), (N, 2) or (B, N, 2) (row,
+        column; see :func:`~multimodal.nn.position.grid_positions`) for ``rope="2d"``.
         """
         self._check_inputs(x, memory, key_padding_mask, memory_padding_mask, cache)
         attn_mask = self._with_pattern(attn_mask, x.shape[1], cache, x.device)
+        rope = self._rope_angles(x, positions, cache)
         maps: dict[str, list[Tensor]] = {"self": [], "cross": []}
         for i, block in enumerate(self.blocks):
             kw = dict(causal=self.config.causal, key_padding_mask=key_padding_mask,
                       memory_padding_mask=memory_padding_mask, attn_mask=attn_mask,
                       cache=cache[i] if cache is not None else None,
-                      need_weights=return_attention)
+                      need_weights=return_attention, rope=rope)
             if self.config.checkpoint_activations and self.training and cache is None:
                 x, (w_self, w_cross) = checkpoint(
                     partial(block, **kw), x, memory, use_reentrant=False

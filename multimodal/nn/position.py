@@ -113,3 +113,55 @@ def _check_tokens(x: Tensor, dim: int, offset: int, max_len: int) -> None:
     if length > max_len:
         raise ValueError(f"sequence of {length} tokens is longer than the position table "
                          f"({max_len}); raise max_len in the config or truncate the input")
+
+
+# -- rotary position embeddings (RoPE, Su et al. 2021) -----------------------------------
+def rotary_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> Tensor:
+    """Rotation angles ``theta[..., s, i] = p_s * base^(-2i / (d / S))`` for each axis s.
+
+    ``positions`` (..., S): the position of each token along S axes (S = 1 for text, 2 for
+    a patch grid: row, column). Each axis owns ``d / S`` of the head's ``d`` channels,
+    rotated in ``d / 2S`` pairs; returns angles of shape (..., S, d / 2S) in float32.
+    """
+    axes = positions.shape[-1]
+    if head_dim % (2 * axes) != 0:
+        raise ValueError(f"rotary embeddings over {axes} axes need head_dim divisible by "
+                         f"{2 * axes}, got {head_dim}")
+    half = head_dim // (2 * axes)
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float64, device=positions.device)
+                        / half)
+    return (positions.double()[..., None] * inv_freq).float()
+
+
+def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
+    """Rotate channel pairs of ``x`` (B, H, N, d) by ``angles`` (B or 1, 1, N, S, d / 2S).
+
+    The head's channels are cut into S equal sections (one per axis); in each section of
+    width w, channel j < w/2 pairs with channel j + w/2 (the "rotate half" layout of
+    GPT-NeoX and Llama) and the pair turns by ``theta_j``:
+    ``(a, b) -> (a cos theta - b sin theta, b cos theta + a sin theta)``.
+    Dot products of rotated queries and keys then depend on position differences only.
+    """
+    b, h, n, d = x.shape
+    axes, half = angles.shape[-2], angles.shape[-1]
+    if axes * 2 * half != d or angles.shape[-3] != n:
+        raise ValueError(f"rotary angles {tuple(angles.shape)} do not fit heads of shape "
+                         f"{tuple(x.shape)} (want (..., {n}, axes, {d} / (2 * axes)))")
+    pairs = x.float().reshape(b, h, n, axes, 2, half)
+    first, second = pairs[..., 0, :], pairs[..., 1, :]
+    cos, sin = angles.cos(), angles.sin()
+    out = torch.stack([first * cos - second * sin, second * cos + first * sin], dim=-2)
+    return out.reshape(b, h, n, d).to(x.dtype)
+
+
+def grid_positions(grid_h: int, grid_w: int, prefix: int = 0,
+                   device: torch.device | None = None) -> Tensor:
+    """(prefix + grid_h * grid_w, 2) (row, column) of patch tokens in raster order.
+
+    The ``prefix`` tokens (class token, registers) come first at (0, 0), so a 2-D rotary
+    embedding leaves them unrotated relative to each other.
+    """
+    rows = torch.arange(grid_h, device=device).repeat_interleave(grid_w)
+    cols = torch.arange(grid_w, device=device).repeat(grid_h)
+    patches = torch.stack([rows, cols], dim=-1)
+    return torch.cat([patches.new_zeros(prefix, 2), patches])

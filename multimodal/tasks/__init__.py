@@ -17,6 +17,7 @@ _TASKS = {
     "SequenceClassificationTask": "multimodal.tasks.masked_lm",
     "Seq2SeqTask": "multimodal.tasks.seq2seq",
     "CaptioningTask": "multimodal.tasks.captioning",
+    "ContrastiveTask": "multimodal.tasks.contrastive",
 }
 
 __all__ = sorted(_TASKS)

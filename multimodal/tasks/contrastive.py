@@ -1,0 +1,239 @@
+"""Contrastive image-text training of a :class:`~multimodal.models.clip.CLIP`.
+
+With unit image features ``I`` and text features ``T`` (N, d) of N matching pairs and
+``s = exp(logit_scale)``:
+
+- ``loss="softmax"`` (CLIP's symmetric InfoNCE):
+  ``L = (CE(s·I·Tᵀ, diag) + CE(s·T·Iᵀ, diag)) / 2``, each CE the mean over the N rows;
+- ``loss="sigmoid"`` (SigLIP): with ``z_ij = 1`` on the diagonal and ``-1`` elsewhere,
+  ``L = -(1/N) Σ_i Σ_j log σ(z_ij (s·I_i·T_j + b))``.
+
+Under DDP every rank gathers the features of all ranks **with gradients**
+(``torch.distributed.nn.functional.all_gather``, whose backward sends each rank the
+gradient of its own rows) and scores its B local rows against all W·B columns, the
+labels being offset by ``rank·B``. The mean of the ranks' losses is then the loss of one
+process on the global batch, and DDP's gradient average is that loss's gradient
+(tested in tests/test_contrastive_ddp.py).
+
+Metrics (val / test): image->text and text->image recall@k over the whole split (a
+caption identical to the true one counts as correct, so duplicate captions do not count
+against the model), zero-shot accuracy among every colour x shape prompt on held-out and
+seen pairs (scenes), and the temperature ``train/logit_scale`` / ``train/temperature``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from multimodal.models.clip import CLIP, tokenize_texts
+from multimodal.tasks.base import ModelTask
+from multimodal.tokenizers.text import TextTokenizer, load_tokenizer
+
+__all__ = ["ContrastiveTask", "clip_loss", "gather_with_grad", "recall_at_k", "siglip_loss"]
+
+
+def gather_with_grad(x: Tensor) -> tuple[Tensor, int]:
+    """``(cat of x over all ranks, offset of this rank's rows)``; gradients flow back to
+    every rank's own rows. Without an initialised process group of more than one rank:
+    ``(x, 0)``."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return x, 0
+    from torch.distributed.nn.functional import all_gather
+
+    parts = all_gather(x.contiguous())
+    sizes = {p.shape[0] for p in parts}
+    if len(sizes) != 1:
+        raise ValueError(f"ranks hold batches of different sizes {sorted(sizes)}; use "
+                         "drop_last=True so every rank has the same batch")
+    return torch.cat(parts), dist.get_rank() * x.shape[0]
+
+
+def clip_loss(image: Tensor, text: Tensor, scale: Tensor, all_image: Tensor | None = None,
+              all_text: Tensor | None = None, offset: int = 0) -> Tensor:
+    """Symmetric InfoNCE of the local rows ``image`` / ``text`` (B, d) against the columns
+    ``all_text`` / ``all_image`` (N, d, default the local ones); row i's match is column
+    ``offset + i``."""
+    all_image = image if all_image is None else all_image
+    all_text = text if all_text is None else all_text
+    labels = torch.arange(image.shape[0], device=image.device) + offset
+    per_image = F.cross_entropy((scale * image @ all_text.T).float(), labels)
+    per_text = F.cross_entropy((scale * text @ all_image.T).float(), labels)
+    return (per_image + per_text) / 2
+
+
+def siglip_loss(image: Tensor, text: Tensor, scale: Tensor, bias: Tensor,
+                all_text: Tensor | None = None, offset: int = 0) -> Tensor:
+    """SigLIP's pairwise sigmoid loss of the local images (B, d) against all texts (N, d),
+    summed over the N columns and averaged over the B rows."""
+    all_text = text if all_text is None else all_text
+    logits = (scale * image @ all_text.T + bias).float()
+    z = -torch.ones_like(logits)
+    rows = torch.arange(image.shape[0], device=image.device)
+    z[rows, rows + offset] = 1.0
+    return -F.logsigmoid(z * logits).sum() / image.shape[0]
+
+
+def recall_at_k(sim: Tensor, correct: Tensor, ks: Sequence[int]) -> dict[int, float]:
+    """Share of queries (rows of ``sim``) with a correct item among their top k columns;
+    ``correct`` (Q, N) is True where column n is a right answer for query q."""
+    order = sim.argsort(dim=1, descending=True)
+    hits = correct.gather(1, order)
+    return {k: float(hits[:, :k].any(dim=1).float().mean()) for k in ks}
+
+
+class ContrastiveTask(ModelTask):
+    """Train a :class:`CLIP` on batches ``{"images", "captions"}`` from
+    :class:`~multimodal.data.captions.CaptionDataModule` with AdamW and warm-up + cosine.
+
+    The tokenizer is trained on the training captions (``setup``) and travels in the
+    checkpoint. Logs ``train/loss``, ``train/logit_scale``, ``train/temperature``
+    (= 1/s), ``{val,test}/loss``, ``{val,test}/i2t_R@k`` and ``t2i_R@k`` for k in
+    ``recall_ks``, and on scenes ``{val,test}/zero_shot_heldout`` / ``zero_shot_seen``
+    (prompts ``templates`` over every "colour shape" class name).
+    """
+
+    def __init__(
+        self,
+        model: CLIP,
+        tokenizer: Literal["word", "wordpiece"] = "word",
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.01,
+        recall_ks: Sequence[int] = (1, 5, 10),
+        templates: Sequence[str] = ("a small {}", "a large {}"),
+        zero_shot_size: int = 500,
+        compile: bool = False,
+    ) -> None:
+        if not isinstance(model, CLIP):
+            raise ValueError(f"model must be a CLIP, got {type(model).__name__}")
+        super().__init__(model, compile=compile)
+        if tokenizer not in ("word", "wordpiece"):
+            raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
+        if not recall_ks or min(recall_ks) < 1:
+            raise ValueError(f"recall_ks must be positive integers, got {recall_ks}")
+        self.save_hyperparameters(ignore=["model"])
+        self.tokenizer: TextTokenizer | None = None
+        self._outputs: dict[str, list[tuple[Tensor, Tensor, list[str]]]] = {}
+        self._zero_shot: dict[str, dict[str, Any]] = {}
+
+    # -- data plumbing -------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        from multimodal.tasks.captioning import train_caption_tokenizer
+
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self.tokenizer is None:
+            if dm is None or not hasattr(dm, "train_captions"):
+                raise ValueError("ContrastiveTask trains its tokenizer on the data module's "
+                                 "train_captions(): use a CaptionDataModule or set .tokenizer")
+            self.tokenizer = train_caption_tokenizer(
+                dm.train_captions(), self.hparams.tokenizer, self.model.config.text.vocab_size)
+        if dm is not None and getattr(dm, "dataset", None) == "scenes" \
+                and self.hparams.zero_shot_size > 0:
+            self._zero_shot = {p: dm.zero_shot_set(p, self.hparams.zero_shot_size)
+                               for p in ("heldout", "seen")}
+
+    def tokenize(self, captions: Sequence[str]) -> dict[str, Tensor]:
+        if self.tokenizer is None:
+            raise ValueError("the tokenizer is not trained yet: call setup() (fit/test do)")
+        self.model.check_tokenizer(self.tokenizer)
+        batch = tokenize_texts(self.tokenizer, captions, self.model.config.text_pool)
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    # -- loss ------------------------------------------------------------------------------
+    def loss(self, image: Tensor, text: Tensor) -> Tensor:
+        """The configured loss of this rank's unit features, against the global batch."""
+        all_image, offset = gather_with_grad(image)
+        all_text, _ = gather_with_grad(text)
+        scale = self.model.scale()
+        if self.model.config.loss == "sigmoid":
+            return siglip_loss(image, text, scale, self.model.logit_bias, all_text, offset)
+        return clip_loss(image, text, scale, all_image, all_text, offset)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        images = batch["images"]
+        features = self.model.forward_features(images, **self.tokenize(batch["captions"]))
+        image, text = features.unbind(dim=1)
+        loss = self.loss(image, text)
+        b = images.shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=b)
+        self.log("train/logit_scale", self.model.logit_scale.detach(), batch_size=b)
+        self.log("train/temperature", 1.0 / self.model.scale().detach(), batch_size=b)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.model.clamp_logit_scale()
+
+    # -- evaluation ------------------------------------------------------------------------
+    def _eval_step(self, batch: dict[str, Any], split: str) -> None:
+        images, captions = batch["images"], list(batch["captions"])
+        image, text = self.model.forward_features(images, **self.tokenize(captions)).unbind(1)
+        self.log(f"{split}/loss", self.loss(image, text), batch_size=images.shape[0],
+                 sync_dist=True)
+        self._outputs.setdefault(split, []).append((image.detach(), text.detach(), captions))
+
+    def _eval_end(self, split: str) -> None:
+        outs = self._outputs.pop(split, [])
+        if not outs:
+            return
+        image = torch.cat([o[0] for o in outs])
+        text = torch.cat([o[1] for o in outs])
+        captions = [c for o in outs for c in o[2]]
+        sim = image @ text.T
+        ids = {c: i for i, c in enumerate(dict.fromkeys(captions))}
+        cid = torch.tensor([ids[c] for c in captions], device=sim.device)
+        same = cid[:, None] == cid[None, :]
+        ks = [k for k in self.hparams.recall_ks if k <= len(captions)]
+        for name, s in (("i2t", sim), ("t2i", sim.T)):
+            for k, r in recall_at_k(s, same, ks).items():
+                self.log(f"{split}/{name}_R@{k}", r, prog_bar=k == 1)
+        for pairs, data in self._zero_shot.items():
+            self.log(f"{split}/zero_shot_{pairs}", self.zero_shot_accuracy(data))
+
+    @torch.no_grad()
+    def zero_shot_accuracy(self, data: dict[str, Any]) -> float:
+        """Top-1 accuracy of ``model.zero_shot`` on ``{"images", "labels", "class_names"}``."""
+        assert self.tokenizer is not None
+        probs = []
+        for chunk in data["images"].split(256):
+            probs.append(self.model.zero_shot(chunk.to(self.device), data["class_names"],
+                                              self.hparams.templates, tokenizer=self.tokenizer))
+        pred = torch.cat(probs).argmax(dim=1).cpu()
+        return float((pred == data["labels"]).float().mean())
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_end("val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_end("test")
+
+    # -- the tokenizer travels with the checkpoint -----------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.tokenizer is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = self.tokenizer.save(Path(tmp) / "tokenizer.json")
+                checkpoint["tokenizer"] = path.read_text(encoding="utf-8")
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        text = checkpoint.get("tokenizer")
+        if isinstance(text, str):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "tokenizer.json"
+                path.write_text(text, encoding="utf-8")
+                self.tokenizer = load_tokenizer(path)
