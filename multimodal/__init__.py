@@ -60,6 +60,9 @@ _EXPORTS: dict[str, str] = {
     # Hugging Face layout folders and transformers models (issue 18)
     "from_hf": "multimodal.convert",
     "mean_pool": "multimodal.embeddings",
+    # CPU precision by hardware and model size (issue 20)
+    "choose_precision": "multimodal.precision",
+    "native_bf16": "multimodal.precision",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",
