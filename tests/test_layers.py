@@ -12,7 +12,7 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     hub, convert               what knows every model: loading by model_type, checkpoints,
                                encoders, presets, conversion from other libraries
     tasks | data | callbacks   Lightning; data sits beside tasks and neither imports the other
-    cli, plots_*               entry points
+    cli, prepare, plots_*      entry points
 
 A module may import its own package and any package listed for it in ``ALLOWED``;
 anything else, and any cycle between modules, fails the test.
@@ -53,6 +53,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": {*_LAYERS, "data"},
     "callbacks": {"progress"},
     "cli": {*_ZOO, "tasks", "data", "callbacks", "cli"},
+    "prepare": {*_LAYERS, "data"},  # multimodal-prepare: sources -> shards
     "plots_pixels": {*_ZOO, "tasks", "data"},
     "plots_attention": {*_ZOO, "tasks", "data"},
 }

@@ -51,6 +51,7 @@ GENERATE = {
     "ImageGPT": lambda m, x: m.generate(num_images=1),
     "Captioner": lambda m, x: m.generate(x[0], max_new_tokens=2),
     "Seq2Seq": lambda m, x: m.generate(x[0], max_new_tokens=2),
+    "RNNSeq2Seq": lambda m, x: m.generate(x[0], max_new_tokens=2),
 }
 
 

@@ -270,3 +270,14 @@ def test_decoder_sliding_window_reaches_back_window_tokens_per_layer() -> None:
         changed = ((model(x) - model(y)).abs().amax(dim=(0, 2)) > 1e-6).tolist()
     reach = depth * (window - 1)  # each layer looks window - 1 tokens further back
     assert changed == [True] * (reach + 1) + [False] * (12 - reach - 1)
+
+
+def test_decoder_bad_ids_raise_clear_errors_with_and_without_cache() -> None:
+    model = TextDecoder(TextDecoderConfig(vocab_size=10, max_len=8, dim=16, depth=1,
+                                          heads=2)).eval()
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 10\)"):
+        model(torch.tensor([[1, 10]]))  # full forward: values checked up front
+    cache = model.make_cache()
+    model(torch.tensor([[1, 2]]), cache=cache)  # prefill
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 10\)"):
+        model(torch.tensor([[-1]]), cache=cache)  # cached step: the embedding's bound check

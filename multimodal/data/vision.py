@@ -16,21 +16,40 @@ from __future__ import annotations
 
 import gzip
 import importlib.resources
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from multimodal.data.readers import (
+    IMAGE_EXTENSIONS,
+    CorruptFileError,
+    FileList,
+    decode_image_file,
+    find_classes,
+    is_manifest,
+    read_labelled_manifest,
+    scan_class_folders,
+)
 from multimodal.data.splits import SplitDataModule
+from multimodal.data.transforms import (
+    ImageTransformConfig,
+    ShiftFlip,
+    image_transform,
+    per_channel,
+)
 
 __all__ = [
     "DATASETS",
     "FASHION_MNIST_CLASSES",
+    "FileImageDataset",
     "ImageClassificationDataModule",
     "ImageFolderDataset",
     "ImageSet",
@@ -40,6 +59,8 @@ __all__ = [
     "load_mnist5k",
     "read_idx",
 ]
+
+log = logging.getLogger(__name__)
 
 DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 DEFAULT_DOWNLOAD_ROOT = Path("data/cache")
@@ -388,31 +409,52 @@ class ImageFolderDataset(Dataset):
 # -------------------------------------------------------------------------- augmentation
 
 
-class _ShiftFlip:
-    """Random translation by up to ``pad`` pixels (zero fill), optional horizontal flip.
+_ShiftFlip = ShiftFlip  # old private name, kept for callers
 
-    The same as torchvision's ``RandomCrop(size, padding=pad)`` followed by
-    ``RandomHorizontalFlip()``, written with tensor slicing because it runs once per
-    training item on the CPU.
+
+class FileImageDataset(Dataset):
+    """Items ``(x, label)`` decoded from image files: ``decode_image_file`` to uint8
+    (in_channels, H, W), then ``transform`` (see :mod:`multimodal.data.transforms`).
+
+    A file that cannot be decoded raises :class:`CorruptFileError` naming it, or with
+    ``skip_corrupt`` yields ``None`` (dropped by :func:`collate_skipping`, which counts it).
     """
 
-    def __init__(self, pad: int, flip: bool) -> None:
-        self.pad, self.flip = pad, flip
+    def __init__(
+        self,
+        files: FileList,
+        in_channels: int,
+        transform: Callable[[torch.Tensor], torch.Tensor],
+        skip_corrupt: bool = False,
+    ) -> None:
+        if files.labels is None:
+            raise ValueError("FileImageDataset needs labelled files")
+        self.files, self.in_channels = files, in_channels
+        self.transform, self.skip_corrupt = transform, skip_corrupt
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        if self.flip and torch.rand(()) < 0.5:
-            image = image.flip(-1)
-        if self.pad == 0:
-            return image
-        dy, dx = (torch.randint(-self.pad, self.pad + 1, (2,))).tolist()
-        if dy == 0 and dx == 0:
-            return image
-        h, w = image.shape[-2:]
-        out = torch.zeros_like(image)
-        out[..., max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = image[
-            ..., max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
-        ]
-        return out
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        try:
+            image = decode_image_file(str(self.files.paths[index]), self.in_channels)
+        except CorruptFileError:
+            if self.skip_corrupt:
+                return None
+            raise
+        return self.transform(image), self.files.labels[index]  # type: ignore[index]
+
+
+def collate_skipping(items: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Default collation of the items that are not ``None``, plus how many were ``None``."""
+    from torch.utils.data import default_collate
+
+    kept = [item for item in items if item is not None]
+    skipped = torch.tensor(len(items) - len(kept))
+    if not kept:
+        return torch.empty(0), torch.empty(0, dtype=torch.int64), skipped
+    x, y = default_collate(kept)
+    return x, y, skipped
 
 
 # ------------------------------------------------------------------------- data module
@@ -430,22 +472,50 @@ def _count(size: float, total: int, name: str) -> int:
 
 
 class ImageClassificationDataModule(SplitDataModule):
-    """Fashion-MNIST, MNIST-5k or 8x8 digits as (B, C, H, W) float batches + int64 labels.
+    """Image classification batches (B, C, H, W) float + int64 labels, from a built-in
+    dataset or from your own files.
 
-    Splits: ``fit`` -> train / val (``val_size`` held out of the training split, seeded);
-    ``test`` -> the official test split (Fashion-MNIST), or a seeded ``test_size`` held-out
-    part (mnist5k, digits); ``predict`` -> the PNG/JPEG files of ``predict_dir``.
-    Pixels are normalised with the mean and std of the training part.
+    Sources: ``dataset`` names a built-in one (``fashion_mnist``, ``mnist5k``, ``digits``,
+    held in memory); or ``train`` points at your files, either a folder laid out as
+    torchvision's ``ImageFolder`` (``train/<class>/<image>``, classes sorted by name) or a
+    ``path,label`` manifest (``.csv`` with a header, or ``.jsonl``; paths relative to the
+    manifest). With ``train`` set, ``dataset`` is not used. Images (PNG, JPEG, WebP, BMP,
+    GIF first frame; grey, RGB, RGBA, palette, 16-bit, CMYK) are decoded with
+    ``torchvision.io`` and converted to ``in_channels``.
+
+    Splits: ``fit`` -> train / val (``val`` folder/manifest, else ``val_size`` held out of
+    the training split, seeded); ``test`` -> the official test split (Fashion-MNIST), the
+    ``test`` folder/manifest, or a seeded ``test_size`` held-out part; ``predict`` -> the
+    image files of ``predict_dir``. Pixels are normalised with ``mean`` / ``std`` when given,
+    else with the training part's statistics (for files: of ``stats_samples`` of them).
 
     Args:
-        dataset: one of ``fashion_mnist``, ``mnist5k``, ``digits``.
-        root: where the files are (default: the offline source, see ``data/README.md``).
+        dataset: one of ``fashion_mnist``, ``mnist5k``, ``digits`` (unused when ``train``).
+        root: where a built-in dataset's files are (default: its offline source).
+        train: your training images: a class-per-subfolder folder or a manifest.
+        val: your validation images (same kinds); default: ``val_size`` of ``train``.
+        test: your test images; default: ``test_size`` of ``train``.
+        classes: the class list (names, in index order); default: sorted folder names or
+            sorted distinct manifest labels of ``train``.
+        in_channels: channels the images are converted to (1, 3 or 4; files default 3).
         batch_size: items per batch.
         num_workers: DataLoader worker processes.
         val_size: fraction (< 1) or number of training images held out for validation.
-        test_size: fraction or number held out for testing (datasets without a test split).
-        augment: random shifts by image_size // 8 pixels (+ horizontal flips for clothes).
-        image_size: resize to this square size (default: the native size).
+        test_size: fraction or number held out for testing (no official/given test split).
+        augment: random shifts by image_size // 8 pixels (+ horizontal flips if ``flip``).
+        flip: random horizontal flips in training, with or without ``augment`` when set;
+            unset: with ``augment`` for files and clothes, never for digits.
+        random_resized_crop: RandomResizedCrop's smallest area fraction instead of a plain
+            resize in training (files only; None: off).
+        auto_augment: ``rand`` (RandAugment) or ``trivial`` (TrivialAugmentWide) in training
+            (files only; None: off).
+        mean: per-channel normalisation mean (one value or one per channel); default: the
+            training statistics.
+        std: per-channel normalisation std; given together with ``mean``.
+        stats_samples: how many training files the statistics are computed from.
+        skip_corrupt: skip files that cannot be decoded (their count per epoch is logged)
+            instead of raising an error naming the file.
+        image_size: resize to this square size (default: the native size; needed for files).
         seed: seed of the split permutation.
         download: fetch Fashion-MNIST with torchvision if missing (needs internet).
         limit_train: keep only this many training images (quick runs).
@@ -466,33 +536,102 @@ class ImageClassificationDataModule(SplitDataModule):
         download: bool = False,
         limit_train: int | None = None,
         predict_dir: str | None = None,
+        train: str | None = None,
+        val: str | None = None,
+        test: str | None = None,
+        classes: list[str] | None = None,
+        in_channels: int | None = None,
+        flip: bool | None = None,
+        random_resized_crop: float | None = None,
+        auto_augment: str | None = None,
+        mean: float | list[float] | None = None,
+        std: float | list[float] | None = None,
+        stats_samples: int = 5000,
+        skip_corrupt: bool = False,
+        shards: str | None = None,
     ) -> None:
         super().__init__()
-        if dataset not in DATASETS:
-            raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
+        if shards is not None and train is not None:
+            raise ValueError("give train (files) or shards, not both")
+        if train is None and shards is None and dataset not in DATASETS:
+            raise ValueError(
+                f"dataset must be one of {sorted(DATASETS)} (or give train: a folder or "
+                f"manifest of your own images), got {dataset!r}"
+            )
+        if train is None and (val is not None or test is not None) and shards is None:
+            raise ValueError("val / test folders need train (your own images) too")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if image_size is not None and image_size < 1:
             raise ValueError(f"image_size must be positive, got {image_size}")
         if limit_train is not None and limit_train < 1:
             raise ValueError(f"limit_train must be >= 1 or None, got {limit_train}")
+        if (mean is None) != (std is None):
+            raise ValueError("give mean and std together (or neither: training statistics)")
         self.save_hyperparameters()
-        source = DATASETS[dataset]
-        self.dataset = dataset
         self.root = root
         self.batch_size, self.num_workers = batch_size, num_workers
         self.val_size, self.test_size = val_size, test_size
         self.augment, self.seed, self.download = augment, seed, download
         self.limit_train, self.predict_dir = limit_train, predict_dir
-        self.num_classes = len(source.class_names)
-        self.class_names = list(source.class_names)
-        self.in_channels = source.in_channels
-        self.image_size = image_size or source.image_size
-        self._native_size = source.image_size
-        self._source = source
+        self.files = {"train": train, "val": val, "test": test}
+        self.skip_corrupt, self.stats_samples = skip_corrupt, stats_samples
+        self.random_resized_crop, self.auto_augment = random_resized_crop, auto_augment
+        self.shards = shards
+        if shards is not None and (val is not None or test is not None):
+            raise ValueError("with shards, val and test are the shards' own splits")
+        if train is not None or shards is not None:
+            self.dataset = "files" if shards is None else "shards"
+            if image_size is None:
+                raise ValueError("image_size is needed with your own images (train / shards)")
+            self.in_channels = 3 if in_channels is None else in_channels
+            if self.in_channels not in (1, 3, 4):
+                raise ValueError(f"in_channels must be 1, 3 or 4, got {self.in_channels}")
+            if classes is not None:
+                self.class_names = list(classes)
+            elif shards is not None:
+                from multimodal.data.shards import read_shard_meta
+
+                self.class_names = list(read_shard_meta(shards)["classes"])
+            else:
+                self.class_names = list(_class_names_of(train))  # type: ignore[arg-type]
+            self.image_size = self._native_size = image_size
+            self.flip = True if flip is None else flip
+            self._source = None
+        else:
+            source = DATASETS[dataset]
+            self.dataset = dataset
+            if in_channels not in (None, source.in_channels):
+                raise ValueError(f"{dataset} has {source.in_channels} channel(s)")
+            if classes is not None or random_resized_crop is not None or auto_augment:
+                raise ValueError(
+                    "classes, random_resized_crop and auto_augment apply to your own images "
+                    "(train: ...), not to the built-in datasets"
+                )
+            self.class_names = list(source.class_names)
+            self.in_channels = source.in_channels
+            self.image_size = image_size or source.image_size
+            self._native_size = source.image_size
+            self.flip = source.flip if flip is None else flip
+            self._source = source
+        ImageTransformConfig(1, (0.0,), (1.0,), auto_augment=auto_augment,
+                             random_resized_crop=random_resized_crop)  # validates early
+        self.num_classes = len(self.class_names)
+        self._flip_given = flip is not None
+        self._given_stats = None
+        if mean is not None:
+            self._given_stats = (
+                per_channel(mean, self.in_channels, "mean"),
+                per_channel(std, self.in_channels, "std"),  # type: ignore[arg-type]
+            )
         self._splits: dict[str, ImageSet] | None = None
+        self._file_splits: dict[str, FileList] | None = None
         self._stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
         self._resized: dict[str, torch.Tensor] = {}
+        self.skipped: dict[int, int] = {}  # epoch -> files skipped as corrupt
+        self._logged: set[int] = set()
+        self._train_loader: Any = None  # the StreamingDataLoader of shards, for its state
+        self._loader_state: dict[str, Any] | None = None
         # Row indices of each split in the source's training file (test: None when official).
         self.split_indices: dict[str, torch.Tensor | None] = {}
 
@@ -510,23 +649,17 @@ class ImageClassificationDataModule(SplitDataModule):
             for split in ("train", "test"):
                 load_fashion_mnist(self.root, split, download=True)
 
-    def _load_splits(self) -> dict[str, ImageSet]:
-        if self._splits is not None:
-            return self._splits
-        full = self._read("train")
-        images = full.images if full.images.ndim == 4 else full.images.unsqueeze(1)
-        n = len(images)
+    def _held_out(
+        self, n: int, has_test: bool, has_val: bool = False
+    ) -> dict[str, torch.Tensor | None]:
+        """Seeded row indices of train / val / test within ``n`` training rows (None for a
+        split that is given separately)."""
         order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         test_idx: torch.Tensor | None = None
-        if self._source.has_test_split:
-            test = self._read("test")
-            test_images = test.images if test.images.ndim == 4 else test.images.unsqueeze(1)
-            test_set = ImageSet(test_images, test.labels, full.class_names)
-        else:
+        if not has_test:
             n_test = _count(self.test_size, n, "test_size")
             test_idx, order = order[:n_test].sort().values, order[n_test:]
-            test_set = ImageSet(images[test_idx], full.labels[test_idx], full.class_names)
-        n_val = _count(self.val_size, len(order), "val_size")
+        n_val = 0 if has_val else _count(self.val_size, len(order), "val_size")
         if n_val >= len(order):
             raise ValueError(
                 f"val_size={self.val_size} leaves no training images (of {len(order)})"
@@ -534,27 +667,102 @@ class ImageClassificationDataModule(SplitDataModule):
         val_idx, train_idx = order[:n_val], order[n_val:]
         if self.limit_train is not None:
             train_idx = train_idx[: self.limit_train]
-        train_idx, val_idx = train_idx.sort().values, val_idx.sort().values
-        self.split_indices = {
-            "train": train_idx,
-            "val": val_idx,
-            "test": test_idx,
-        }
+        return {"train": train_idx.sort().values,
+                "val": None if has_val else val_idx.sort().values, "test": test_idx}
+
+    def _load_splits(self) -> dict[str, ImageSet]:
+        if self._splits is not None:
+            return self._splits
+        if self._source is None:
+            raise RuntimeError("your own images are read as files, not held in memory")
+        full = self._read("train")
+        images = full.images if full.images.ndim == 4 else full.images.unsqueeze(1)
+        self.split_indices = self._held_out(len(images), self._source.has_test_split)
+        test_idx = self.split_indices["test"]
+        if test_idx is None:
+            test = self._read("test")
+            test_images = test.images if test.images.ndim == 4 else test.images.unsqueeze(1)
+            test_set = ImageSet(test_images, test.labels, full.class_names)
+        else:
+            test_set = ImageSet(images[test_idx], full.labels[test_idx], full.class_names)
+        idx = self.split_indices
         self._splits = {
-            "train": ImageSet(images[train_idx], full.labels[train_idx], full.class_names),
-            "val": ImageSet(images[val_idx], full.labels[val_idx], full.class_names),
+            "train": ImageSet(images[idx["train"]], full.labels[idx["train"]], full.class_names),
+            "val": ImageSet(images[idx["val"]], full.labels[idx["val"]], full.class_names),
             "test": test_set,
         }
         return self._splits
 
+    def _load_file_splits(self) -> dict[str, FileList]:
+        """Train / val / test file lists of your own images (given, or held out seeded)."""
+        if self._file_splits is not None:
+            return self._file_splits
+        classes = self.class_names
+        full = _read_files(self.files["train"], classes)  # type: ignore[arg-type]
+        given = {k: self.files[k] for k in ("val", "test") if self.files[k] is not None}
+        idx = self._held_out(len(full), has_test="test" in given, has_val="val" in given)
+        self.split_indices = idx
+        splits = {k: full.subset(v) for k, v in idx.items() if v is not None}
+        for k, path in given.items():
+            splits[k] = _read_files(path, classes)  # type: ignore[arg-type]
+        self._file_splits = splits
+        return splits
+
     def _normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel mean and std of the training images, pixels scaled to [0, 1]."""
+        if self._given_stats is not None:
+            return self._given_stats
         if self._stats is None:
-            x = self._load_splits()["train"].images.double() / 255.0
-            mean = x.mean(dim=(0, 2, 3))
-            std = x.std(dim=(0, 2, 3)).clamp_min(1e-6)
-            self._stats = (tuple(mean.tolist()), tuple(std.tolist()))
+            if self._source is None:
+                self._stats = self._file_statistics()
+            else:
+                x = self._load_splits()["train"].images.double() / 255.0
+                mean = x.mean(dim=(0, 2, 3))
+                std = x.std(dim=(0, 2, 3)).clamp_min(1e-6)
+                self._stats = (tuple(mean.tolist()), tuple(std.tolist()))
         return self._stats
+
+    def _file_statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Mean and std over the pixels of up to ``stats_samples`` training images (seeded
+        choice), each resized to ``image_size``: std = sqrt(E[x^2] - E[x]^2) per channel."""
+        resize = image_transform(
+            ImageTransformConfig(self.image_size, (0.0,) * self.in_channels,
+                                 (1.0,) * self.in_channels), train=False
+        )
+        if self.shards is not None:
+            dataset = self._shard_dataset("train", resize, shuffle=False)
+            files = None
+            n_total = len(dataset)
+        else:
+            files = self._load_file_splits()["train"]
+            n_total = len(files)
+        n = min(n_total, self.stats_samples)
+        pick = torch.randperm(n_total, generator=torch.Generator().manual_seed(self.seed))[:n]
+        total = torch.zeros(self.in_channels, dtype=torch.float64)
+        squares = torch.zeros_like(total)
+        count = 0
+        for i in pick.tolist():
+            if files is None:
+                item = dataset[i]
+                if item is None:
+                    continue
+                x = item[0].double()
+            else:
+                try:
+                    image = decode_image_file(str(files.paths[i]), self.in_channels)
+                except CorruptFileError:
+                    if self.skip_corrupt:
+                        continue
+                    raise
+                x = resize(image).double()
+            total += x.sum(dim=(1, 2))
+            squares += x.square().sum(dim=(1, 2))
+            count += x.shape[1] * x.shape[2]
+        if count == 0:
+            raise ValueError("no training image could be decoded to compute statistics")
+        mean = total / count
+        std = (squares / count - mean.square()).clamp_min(1e-12).sqrt().clamp_min(1e-6)
+        return tuple(mean.tolist()), tuple(std.tolist())
 
     @property
     def mean(self) -> tuple[float, ...]:
@@ -564,7 +772,29 @@ class ImageClassificationDataModule(SplitDataModule):
     def std(self) -> tuple[float, ...]:
         return self._normalisation()[1]
 
-    def split_dataset(self, split: str) -> TensorImageDataset:
+    def transform_config(self) -> ImageTransformConfig:
+        """The image pipeline of this module's settings (see :mod:`~multimodal.data.transforms`)."""
+        return ImageTransformConfig(
+            self.image_size, self.mean, self.std, shift=self.augment,
+            flip=self.flip and (self.augment or self._flip_given),
+            random_resized_crop=self.random_resized_crop,
+            auto_augment=self.auto_augment,
+        )
+
+    def _shard_dataset(self, split: str, transform: Callable, shuffle: bool) -> Any:
+        from multimodal.data.shards import shard_image_dataset
+
+        return shard_image_dataset(self.shards, split, self.in_channels,  # type: ignore[arg-type]
+                                   transform, shuffle, self.seed, self.skip_corrupt)
+
+    def split_dataset(self, split: str) -> Dataset:
+        if self.shards is not None:
+            transform = image_transform(self.transform_config(), train=split == "train")
+            return self._shard_dataset(split, transform, shuffle=split == "train")
+        if self._source is None:
+            transform = image_transform(self.transform_config(), train=split == "train")
+            files = self._load_file_splits()[split]
+            return FileImageDataset(files, self.in_channels, transform, self.skip_corrupt)
         data = self._load_splits()[split]
         images, size = data.images, None
         if self.image_size != self._native_size:
@@ -578,12 +808,84 @@ class ImageClassificationDataModule(SplitDataModule):
             else:  # too big to hold resized: resize per item
                 size = self.image_size
         augment = None
-        if split == "train" and self.augment:
-            augment = _ShiftFlip(pad=max(1, self.image_size // 8), flip=self._source.flip)
+        config = self.transform_config()
+        if split == "train" and (config.shift or config.flip):
+            augment = ShiftFlip(max(1, self.image_size // 8) if config.shift else 0, config.flip)
         return TensorImageDataset(images, data.labels, self.mean, self.std, size, augment)
 
+    def collate_fn(self) -> Callable | None:
+        return collate_skipping if self.skip_corrupt and self._source is None else None
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Drops the skipped-file count that ``collate_skipping`` adds, counting it per
+        epoch; an epoch's count is logged when the next epoch starts and at teardown."""
+        if not (self.skip_corrupt and self._source is None and len(batch) == 3):
+            return batch
+        x, y, skipped = batch
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        if epoch not in self.skipped:
+            self._log_skipped()
+            self.skipped[epoch] = 0
+        self.skipped[epoch] += int(skipped)
+        return x, y
+
+    def _log_skipped(self) -> None:
+        for epoch, n in sorted(self.skipped.items()):
+            if epoch not in self._logged:
+                log.warning("epoch %d: skipped %d corrupt image file(s)", epoch, n)
+                self._logged.add(epoch)
+
+    def teardown(self, stage: str) -> None:
+        self._log_skipped()
+
+    def loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
+        """Shards: LitData's ``StreamingDataLoader`` (it shuffles and splits by rank itself,
+        and its ``state_dict`` makes mid-epoch resumption exact); else the shared recipe."""
+        if self.shards is None:
+            return super().loader(dataset, shuffle)
+        from litdata import StreamingDataLoader
+
+        return StreamingDataLoader(
+            dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+            collate_fn=self.collate_fn(), pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        loader = super().train_dataloader()
+        if self.shards is not None:
+            self._train_loader = loader
+            if self._loader_state is not None:
+                loader.load_state_dict(self._loader_state)  # type: ignore[attr-defined]
+                self._loader_state = None
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """With shards: the training ``StreamingDataLoader``'s position in its epoch.
+
+        Lightning saves stateful loaders itself, but restores them only into a loader made
+        after the checkpoint is read; the learning-rate schedule makes one before (to count
+        the steps), so the position travels here as well.
+        """
+        if self.shards is None or self._train_loader is None:
+            return {}
+        return {"train_loader": self._train_loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict.get("train_loader")
+        if state is None:
+            return
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict(state)
+        else:
+            self._loader_state = state
+
     def setup(self, stage: str | None = None) -> None:
-        self._load_splits()
+        if self.shards is not None:
+            pass
+        elif self._source is None:
+            self._load_file_splits()
+        else:
+            self._load_splits()
         self._normalisation()
 
     def predict_dataloader(self) -> DataLoader:
@@ -593,3 +895,16 @@ class ImageClassificationDataModule(SplitDataModule):
             self.predict_dir, self.image_size, self.in_channels, self.mean, self.std
         )
         return self.loader(dataset, shuffle=False)
+
+
+def _class_names_of(source: str) -> tuple[str, ...]:
+    """Classes of a folder (sorted subfolder names) or manifest (sorted distinct labels)."""
+    if is_manifest(source):
+        return read_labelled_manifest(source, check_files=False).class_names
+    return find_classes(source)
+
+
+def _read_files(source: str, classes: list[str]) -> FileList:
+    if is_manifest(source):
+        return read_labelled_manifest(source, classes)
+    return scan_class_folders(source, IMAGE_EXTENSIONS, classes)

@@ -1,7 +1,14 @@
 """Models on the shared backbone. Importing this package registers every model class and
 preset (each model module registers itself when imported)."""
 
-from multimodal.models import audio, captioner, clip, image_gpt, seq2seq  # noqa: F401  (registers)
+from multimodal.models import (  # noqa: F401  (registers)
+    audio,
+    captioner,
+    clip,
+    image_gpt,
+    rnn,
+    seq2seq,
+)
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
 from multimodal.models.vit import ViT, ViTConfig
 

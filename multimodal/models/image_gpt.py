@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from multimodal.generation import check_sampling_args, generate, next_token
 from multimodal.models.backbone import model_config
+from multimodal.models.text import embed_tokens
 from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
@@ -114,12 +115,13 @@ class ImageGPT(PretrainedMixin, nn.Module):
         """A KV cache for ``max_len`` pixel tokens (default: the whole image) + the start."""
         return self.transformer.make_cache((max_len or self.max_len) + 1)
 
-    def _check_pixels(self, ids: Tensor, name: str = "input_ids") -> None:
+    def _check_pixels(self, ids: Tensor, name: str = "input_ids", values: bool = True) -> None:
+        """The dtype always; the values (one host sync) only with ``values``."""
         if not isinstance(ids, Tensor) or ids.dtype not in (torch.long, torch.int32,
                                                             torch.int16, torch.uint8):
             got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
             raise ValueError(f"{name} must be an integer tensor of pixel tokens, got {got}")
-        if ids.numel():
+        if values and ids.numel():
             lo, hi = torch.aminmax(ids)
             lo, hi = int(lo), int(hi)
             if lo < 0 or hi >= self.config.vocab_size:
@@ -198,13 +200,16 @@ class ImageGPT(PretrainedMixin, nn.Module):
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             raise ValueError("input_ids must be (batch, pixels) pixel tokens, got "
                              f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
-        self._check_pixels(input_ids)
-        if attention_mask is not None and not bool(attention_mask.all()):
+        past = cache.length if cache is not None else 0
+        # Values are checked once per sequence (full forward / prefill); a cached decoding
+        # step checks the dtype only (no host sync per token), and a bad id there is
+        # still caught by the embedding's own bound check (re-raised with a clear message).
+        self._check_pixels(input_ids, values=past == 0)
+        if attention_mask is not None and past == 0 and not bool(attention_mask.all()):
             raise ValueError("ImageGPT does not take padded prompts: every image prompt must "
                              "have the same number of pixels (attention_mask all ones)")
-        past = cache.length if cache is not None else 0
         b = input_ids.shape[0]
-        x = self.tok_embed(input_ids.long())
+        x = embed_tokens(self.tok_embed, input_ids.long())
         if past == 0:
             x = torch.cat([self._class_tokens(class_label, b, x.device).to(x.dtype), x], dim=1)
         if past + x.shape[1] > self.config.num_pixels + 1:

@@ -35,15 +35,28 @@ class TextDecoderConfig:
                              f"got {self.pos_embed!r}")
 
 
-def check_token_ids(input_ids: Tensor, vocab_size: int, name: str = "input_ids") -> None:
+def check_token_ids(input_ids: Tensor, vocab_size: int, name: str = "input_ids",
+                    values: bool = True) -> None:
+    """dtype and shape always; the values (one host sync) only with ``values``."""
     if not isinstance(input_ids, Tensor) or input_ids.dtype not in (torch.long, torch.int32):
         got = input_ids.dtype if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise ValueError(f"{name} must be an integer tensor (batch, tokens), got {got}")
     if input_ids.dim() != 2:
         raise ValueError(f"{name} must be (batch, tokens), got shape {tuple(input_ids.shape)}")
-    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+    if values and input_ids.numel() and (int(input_ids.min()) < 0
+                                         or int(input_ids.max()) >= vocab_size):
         raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size}): "
                          f"min {int(input_ids.min())}, max {int(input_ids.max())}")
+
+
+def embed_tokens(embedding: nn.Embedding, input_ids: Tensor) -> Tensor:
+    """``embedding(input_ids)``; an id outside the table (caught by the embedding's own
+    bound check, so no host sync here) raises a ValueError that names the vocabulary."""
+    try:
+        return embedding(input_ids)
+    except IndexError as err:
+        raise ValueError(f"input_ids holds ids outside the vocabulary "
+                         f"[0, {embedding.num_embeddings}): {err}") from err
 
 
 def _positions(kind: str, max_len: int, dim: int) -> nn.Module | None:
@@ -123,8 +136,9 @@ class TextDecoder(PretrainedMixin, nn.Module):
         position_ids: Tensor | None = None,
         return_attention: bool = False,
     ) -> Any:
-        check_token_ids(input_ids, self.config.vocab_size)
         past = cache.length if cache is not None else 0
+        # values once per sequence (full forward / prefill), not on every cached step
+        check_token_ids(input_ids, self.config.vocab_size, values=past == 0)
         if attention_mask is not None:
             if attention_mask.shape != (input_ids.shape[0], past + input_ids.shape[1]):
                 raise ValueError(
@@ -134,7 +148,7 @@ class TextDecoder(PretrainedMixin, nn.Module):
                 )
             if position_ids is None and not bool(attention_mask.all()):
                 position_ids = position_ids_from_mask(attention_mask, past)
-        x = self.tok_embed(input_ids)
+        x = embed_tokens(self.tok_embed, input_ids)
         if self.pos_embed is not None:
             x = self.pos_embed(x, offset=past, positions=position_ids)
         padding = None if attention_mask is None or bool(attention_mask.all()) \

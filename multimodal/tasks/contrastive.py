@@ -129,7 +129,7 @@ class ContrastiveTask(ModelTask):
     def setup(self, stage: str) -> None:
         from multimodal.tasks.captioning import train_caption_tokenizer
 
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.datamodule
         if self.tokenizer is None:
             if dm is None or not hasattr(dm, "train_captions"):
                 raise ValueError("ContrastiveTask trains its tokenizer on the data module's "

@@ -1,4 +1,5 @@
-"""Sequence-to-sequence training for :class:`~multimodal.models.seq2seq.Seq2Seq`.
+"""Sequence-to-sequence training for :class:`~multimodal.models.seq2seq.Seq2Seq` (the
+transformer) and :class:`~multimodal.models.rnn.RNNSeq2Seq` (the recurrent baselines).
 
 Teacher forcing: with a target ``[BOS] y_1 .. y_T [EOS] [PAD]..``, the decoder reads
 ``target[:, :-1]`` and is trained to predict ``target[:, 1:]``; ``[PAD]`` targets are
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from multimodal.models.rnn import RNNSeq2Seq
 from multimodal.models.seq2seq import Seq2Seq
 from multimodal.tasks.base import ModelTask
 from multimodal.tokenizers.text import EOS_ID, PAD_ID
@@ -38,14 +40,14 @@ def exact_match(generated: Tensor, reference: Tensor, eos_token_id: int = EOS_ID
 
 
 class Seq2SeqTask(ModelTask):
-    """Train a :class:`Seq2Seq` on batches ``{"source_ids", "source_mask", "target_ids"}``
-    (e.g. :class:`~multimodal.data.numbers.NumberWordsDataModule`) with AdamW, warm-up +
-    cosine and label smoothing; logs ``val/loss``, ``val/exact_match`` (greedy decoding),
-    and the same for test."""
+    """Train a :class:`Seq2Seq` or :class:`RNNSeq2Seq` on batches ``{"source_ids",
+    "source_mask", "target_ids"}`` (e.g. :class:`~multimodal.data.numbers.NumberWordsDataModule`)
+    with AdamW, warm-up + cosine and label smoothing; logs ``val/loss``,
+    ``val/exact_match`` (greedy decoding), and the same for test."""
 
     def __init__(
         self,
-        model: Seq2Seq,
+        model: Seq2Seq | RNNSeq2Seq,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.05,
@@ -54,8 +56,8 @@ class Seq2SeqTask(ModelTask):
         num_beams: int = 1,
         compile: bool = False,
     ) -> None:
-        if not isinstance(model, Seq2Seq):
-            raise ValueError(f"model must be a Seq2Seq, got {type(model).__name__}")
+        if not isinstance(model, (Seq2Seq, RNNSeq2Seq)):
+            raise ValueError(f"model must be a Seq2Seq or RNNSeq2Seq, got {type(model).__name__}")
         super().__init__(model, compile=compile)
         self.save_hyperparameters(ignore=["model"])
 

@@ -382,7 +382,7 @@ class TextTokenizer:
         except json.JSONDecodeError as err:
             raise ValueError(f"{path} is not a tokenizer JSON file: {err}") from None
         kind = payload.get("type") if isinstance(payload, dict) else None
-        registry = {c.kind: c for c in (WordPieceTokenizer, WordTokenizer, CharTokenizer)}
+        registry = _kinds()
         if kind not in registry:
             raise ValueError(
                 f"{path} holds no tokenizer of a known type (expected 'type' in "
@@ -397,6 +397,21 @@ class TextTokenizer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+def _kinds() -> dict[str, type[TextTokenizer]]:
+    """Every concrete tokenizer kind, by its ``kind`` (subclasses elsewhere, such as the
+    phoneme tokenizer, register themselves by subclassing)."""
+    import multimodal.tokenizers.phonemes  # noqa: F401  (defines the "phonemes" kind)
+
+    found: dict[str, type[TextTokenizer]] = {}
+    todo = list(TextTokenizer.__subclasses__())
+    while todo:
+        c = todo.pop()
+        todo.extend(c.__subclasses__())
+        if "kind" in vars(c):
+            found[c.kind] = c
+    return found
 
 
 def _clean(text: str) -> str:

@@ -1,0 +1,300 @@
+"""Generic readers of a user's own files: class-per-subfolder trees, CSV/JSONL manifests,
+and image decoding to a fixed channel count.
+
+Nothing here knows a task or a model. A reader returns *file lists*: paths as one numpy
+string array and labels as one int64 tensor, so a million-item manifest costs two arrays,
+not a million Python objects.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = [
+    "AUDIO_EXTENSIONS",
+    "IMAGE_EXTENSIONS",
+    "CorruptFileError",
+    "FileList",
+    "decode_image_bytes",
+    "decode_image_file",
+    "find_classes",
+    "image_to_channels",
+    "is_manifest",
+    "read_labelled_manifest",
+    "read_manifest_rows",
+    "scan_class_folders",
+]
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3")
+MANIFEST_EXTENSIONS = (".csv", ".jsonl")
+
+
+class CorruptFileError(ValueError):
+    """A file that exists but cannot be decoded; the message names the file."""
+
+
+@dataclass(frozen=True)
+class FileList:
+    """Files of one split: ``paths`` (numpy unicode array), ``labels`` (int64 or None)."""
+
+    paths: np.ndarray
+    labels: torch.Tensor | None
+    class_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def subset(self, index: torch.Tensor) -> FileList:
+        idx = index.numpy()
+        labels = None if self.labels is None else self.labels[index]
+        return FileList(self.paths[idx], labels, self.class_names)
+
+
+# ----------------------------------------------------------------------- class folders
+
+
+def find_classes(root: str | os.PathLike) -> tuple[str, ...]:
+    """Subfolder names of ``root``, sorted as torchvision's ``ImageFolder`` sorts them
+    (plain ``sorted``), so class indices match it. A hidden subfolder (``.ipynb_checkpoints``)
+    would silently become a class there; here it is an error."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"class folder root not found: {root}")
+    names = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    hidden = [n for n in names if n.startswith(".")]
+    if hidden:
+        raise ValueError(f"{root}: hidden class folder(s) {hidden}; remove or rename them")
+    if not names:
+        raise ValueError(f"{root}: no class subfolders (expected root/<class>/<file>)")
+    return tuple(names)
+
+
+def scan_class_folders(
+    root: str | os.PathLike,
+    extensions: Sequence[str],
+    class_names: Sequence[str] | None = None,
+) -> FileList:
+    """All files under ``root/<class>/`` (recursively) whose suffix is in ``extensions``.
+
+    Order and class indices match ``torchvision.datasets.ImageFolder``: classes sorted,
+    files sorted by path within each class. ``class_names`` (e.g. the training split's)
+    fixes the index of each class; a folder not in it is an error, and so is a class folder
+    with no matching file.
+    """
+    root = Path(root)
+    found = find_classes(root)
+    names = tuple(class_names) if class_names is not None else found
+    unknown = [c for c in found if c not in names]
+    if unknown:
+        raise ValueError(
+            f"{root}: class folder(s) {unknown[:5]} not in the class list {list(names)[:20]}"
+        )
+    exts = tuple(e.lower() for e in extensions)
+    paths: list[str] = []
+    labels: list[int] = []
+    index = {c: i for i, c in enumerate(names)}
+    for cls in found:
+        files = [  # the walk order of torchvision's make_dataset
+            os.path.join(dirpath, f)
+            for dirpath, _, filenames in sorted(os.walk(root / cls, followlinks=True))
+            for f in sorted(filenames)
+            if f.lower().endswith(exts) and not f.startswith(".")
+        ]
+        if not files:
+            raise ValueError(
+                f"empty class folder {root / cls}: no file ending in {', '.join(exts)}"
+            )
+        paths.extend(files)
+        labels.extend([index[cls]] * len(files))
+    return FileList(np.array(paths), torch.tensor(labels, dtype=torch.int64), names)
+
+
+# ---------------------------------------------------------------------------- manifests
+
+
+def is_manifest(path: str | os.PathLike) -> bool:
+    return Path(path).suffix.lower() in MANIFEST_EXTENSIONS
+
+
+def read_manifest_rows(path: str | os.PathLike, columns: Sequence[str]) -> Iterator[dict]:
+    """Rows of a CSV (with a header) or JSONL manifest, each checked to hold ``columns``.
+
+    Errors name the file and the line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"manifest not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in columns if c not in (reader.fieldnames or ())]
+            if missing:
+                raise ValueError(
+                    f"{path}: header {reader.fieldnames} lacks column(s) {missing}"
+                )
+            for line, row in enumerate(reader, start=2):
+                if any(row[c] is None or row[c] == "" for c in columns):
+                    raise ValueError(f"{path}:{line}: empty value in {list(columns)}")
+                yield row
+    elif suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            for line, text in enumerate(f, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{line}: not JSON ({err})") from err
+                if not isinstance(row, dict) or any(c not in row for c in columns):
+                    raise ValueError(f"{path}:{line}: expected an object with keys {columns}")
+                yield row
+    else:
+        raise ValueError(f"{path}: a manifest must end in .csv or .jsonl")
+
+
+def read_labelled_manifest(
+    path: str | os.PathLike,
+    class_names: Sequence[str] | None = None,
+    path_key: str = "path",
+    label_key: str = "label",
+    check_files: bool = True,
+) -> FileList:
+    """A ``path,label`` manifest; paths relative to the manifest's folder.
+
+    Without ``class_names`` the classes are the sorted distinct labels. Every file must
+    exist: the error names the first missing one and how many are missing. A label not in
+    ``class_names`` is an error naming it and the line.
+    """
+    path = Path(path)
+    base = path.parent
+    paths: list[str] = []
+    labels: list[str] = []
+    for row in read_manifest_rows(path, (path_key, label_key)):
+        paths.append(str(base / str(row[path_key])))
+        labels.append(str(row[label_key]))
+    if not paths:
+        raise ValueError(f"{path}: manifest has no rows")
+    names = tuple(class_names) if class_names is not None else tuple(sorted(set(labels)))
+    index = {c: i for i, c in enumerate(names)}
+    bad = next((i for i, lab in enumerate(labels) if lab not in index), None)
+    if bad is not None:
+        raise ValueError(
+            f"{path}: label {labels[bad]!r} (row {bad + 1}) is not in the class list "
+            f"{list(names)[:20]}"
+        )
+    if check_files:
+        check_files_exist(paths, str(path))
+    array = np.array(paths)
+    label_ids = torch.tensor([index[lab] for lab in labels], dtype=torch.int64)
+    return FileList(array, label_ids, names)
+
+
+def check_files_exist(paths: Sequence[str], where: str) -> None:
+    """Raise FileNotFoundError naming the first missing file and how many are missing."""
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(
+            f"{where}: {len(missing)} of {len(paths)} files are missing, the first is "
+            f"{missing[0]}"
+        )
+
+
+# ------------------------------------------------------------------------------ images
+
+
+def image_to_channels(image: torch.Tensor, channels: int) -> torch.Tensor:
+    """uint8/uint16 (C, H, W) with C in 1..4 -> uint8 (channels, H, W).
+
+    16-bit values are scaled to 8 bits (``v * 255 / 65535``, rounded). Conversions follow
+    PIL's ``Image.convert``: grey -> RGB copies the channel, RGB -> grey is ITU-R 601 luma
+    (``0.299 R + 0.587 G + 0.114 B``), alpha is dropped when not wanted and set to 255 when
+    wanted but absent.
+    """
+    from torchvision.transforms.v2 import functional as TF
+
+    if image.dtype == torch.uint16:
+        image = (image.to(torch.int32) * 255 + 32767).div(65535, rounding_mode="floor")
+        image = image.to(torch.uint8)
+    elif image.dtype != torch.uint8:
+        raise ValueError(f"expected a uint8 or uint16 image, got {image.dtype}")
+    c = image.shape[0]
+    if c == channels:
+        return image
+    colour = image[:1].expand(3, -1, -1) if c in (1, 2) else image[:3]
+    if channels == 1:
+        return image[:1].clone() if c in (1, 2) else TF.rgb_to_grayscale(colour)
+    if channels == 3:
+        return colour.contiguous()
+    if channels == 4:
+        alpha = image[-1:] if c in (2, 4) else torch.full_like(image[:1], 255)
+        return torch.cat([colour, alpha])
+    raise ValueError(f"in_channels must be 1, 3 or 4, got {channels}")
+
+
+_MODES = {1: "GRAY", 3: "RGB", 4: "RGB_ALPHA"}
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def decode_image_file(path: str | os.PathLike, channels: int) -> torch.Tensor:
+    """Decode an image file (see :func:`decode_image_bytes`) to uint8 (channels, H, W).
+
+    Raises :class:`CorruptFileError` naming the file when it cannot be decoded.
+    """
+    from torchvision.io import read_file
+
+    try:
+        data = read_file(str(path))
+    except RuntimeError as err:
+        raise CorruptFileError(f"{path} could not be read: {err}") from err
+    return decode_image_bytes(data, channels, str(path))
+
+
+def decode_image_bytes(data: torch.Tensor, channels: int, name: str) -> torch.Tensor:
+    """Decode PNG / JPEG / WebP / GIF (first frame) bytes (a uint8 tensor) with
+    ``torchvision.io.decode_image`` to uint8 (channels, H, W). BMP, and palette PNG wanted
+    as RGBA, go through PIL. Raises :class:`CorruptFileError` naming ``name``.
+    """
+    from torchvision.io import ImageReadMode, decode_image
+
+    if channels not in _MODES:
+        raise ValueError(f"in_channels must be 1, 3 or 4, got {channels}")
+    head = bytes(data[:26].tolist())
+    try:
+        # torchvision.io reads no BMP, and turns palette PNGs into wrong RGBA (0.26): PIL
+        if head[:2] == b"BM" or (
+            channels == 4 and head[:8] == _PNG and len(head) > 25 and head[25] == 3
+        ):
+            image = _decode_with_pil(data.numpy().tobytes())
+        else:
+            mode = ImageReadMode[_MODES[channels]]
+            if channels == 4 and head[:3] == b"\xff\xd8\xff":
+                mode = ImageReadMode.RGB  # JPEG has no alpha (and its 4 channels are CMYK)
+            image = decode_image(data, mode=mode)
+    except (RuntimeError, OSError, ValueError) as err:
+        raise CorruptFileError(f"{name} could not be decoded as an image: {err}") from err
+    if image.ndim == 4:  # an animated GIF: its first frame
+        image = image[0]
+    return image_to_channels(image, channels)
+
+
+def _decode_with_pil(data: bytes) -> torch.Tensor:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        mode = {"L": "L", "LA": "LA", "RGBA": "RGBA", "P": "RGBA"}.get(im.mode, "RGB")
+        array = np.asarray(im.convert(mode))
+    array = array[..., None] if array.ndim == 2 else array
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)

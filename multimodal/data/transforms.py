@@ -1,0 +1,112 @@
+"""Per-modality transforms. Images: ``torchvision.transforms.v2`` pipelines on uint8 tensors.
+
+Training: (RandomResizedCrop | Resize) -> [random shift] -> [horizontal flip] ->
+[RandAugment | TrivialAugmentWide] -> float in [0, 1] -> Normalize. Evaluation: Resize ->
+float -> Normalize. ``Normalize`` computes ``x = (pixel / 255 - mean) / std`` per channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["AUTO_AUGMENT", "ImageTransformConfig", "ShiftFlip", "image_transform"]
+
+AUTO_AUGMENT = ("rand", "trivial")
+
+
+class ShiftFlip:
+    """Random translation by up to ``pad`` pixels (zero fill), optional horizontal flip.
+
+    The same as torchvision's ``RandomCrop(size, padding=pad)`` followed by
+    ``RandomHorizontalFlip()``, written with tensor slicing because it runs once per
+    training item on the CPU.
+    """
+
+    def __init__(self, pad: int, flip: bool) -> None:
+        self.pad, self.flip = pad, flip
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if self.flip and torch.rand(()) < 0.5:
+            image = image.flip(-1)
+        if self.pad == 0:
+            return image
+        dy, dx = (torch.randint(-self.pad, self.pad + 1, (2,))).tolist()
+        if dy == 0 and dx == 0:
+            return image
+        h, w = image.shape[-2:]
+        out = torch.zeros_like(image)
+        out[..., max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = image[
+            ..., max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
+        ]
+        return out
+
+
+@dataclass(frozen=True)
+class ImageTransformConfig:
+    """What the image pipeline does.
+
+    ``shift``: random translation by up to ``image_size // 8`` pixels (the built-in
+    datasets' augmentation); ``random_resized_crop``: the smallest area fraction of
+    ``RandomResizedCrop`` (None: plain resize); ``auto_augment``: ``"rand"``
+    (RandAugment), ``"trivial"`` (TrivialAugmentWide) or None.
+    """
+
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    shift: bool = False
+    flip: bool = False
+    random_resized_crop: float | None = None
+    auto_augment: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.auto_augment not in (None, *AUTO_AUGMENT):
+            raise ValueError(
+                f"auto_augment must be one of {AUTO_AUGMENT} or None, got {self.auto_augment!r}"
+            )
+        if self.random_resized_crop is not None and not 0 < self.random_resized_crop <= 1:
+            raise ValueError(
+                f"random_resized_crop is the smallest crop area in (0, 1], got "
+                f"{self.random_resized_crop}"
+            )
+        if len(self.mean) != len(self.std):
+            raise ValueError(f"mean {self.mean} and std {self.std} differ in length")
+
+
+def image_transform(
+    config: ImageTransformConfig, train: bool
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """uint8 (C, H, W) of any size -> float32 (C, image_size, image_size), normalised."""
+    from torchvision.transforms import v2
+
+    size = [config.image_size, config.image_size]
+    steps: list[Callable] = []
+    if train and config.random_resized_crop is not None:
+        steps.append(v2.RandomResizedCrop(size, scale=(config.random_resized_crop, 1.0)))
+    else:
+        steps.append(v2.Resize(size, antialias=True))
+    if train and (config.shift or config.flip):
+        steps.append(ShiftFlip(max(1, config.image_size // 8) if config.shift else 0,
+                               config.flip))
+    if train and config.auto_augment == "rand":
+        steps.append(v2.RandAugment())
+    elif train and config.auto_augment == "trivial":
+        steps.append(v2.TrivialAugmentWide())
+    steps += [
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(list(config.mean), list(config.std)),
+    ]
+    return v2.Compose(steps)
+
+
+def per_channel(value: float | Sequence[float], channels: int, name: str) -> tuple[float, ...]:
+    """One value per channel from a scalar or a list of 1 or ``channels`` values."""
+    values = [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
+    if len(values) == 1:
+        values = values * channels
+    if len(values) != channels:
+        raise ValueError(f"{name} needs 1 or {channels} values, got {len(values)}")
+    return tuple(values)
