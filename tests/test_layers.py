@@ -4,7 +4,8 @@ Every ``import`` of a ``multimodal`` module, at module level or inside a functio
 with ``ast`` (nothing is imported to find them) and checked against the layer order
 
     weights, registry          the weight format and the model/preset registries (no models)
-    plots, progress            figure helpers and progress output (no package imports)
+    plots, progress, precision figure helpers, progress output, CPU precision choice
+                               (no package imports)
     nn, tokenizers             layers and modality tokenizers
     generation                 the model-agnostic decoding loop; imports only nn. Models call
                                it from ``.generate``, so it sits beside nn, below the models
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 
 # package (first part after "multimodal.") -> the packages it may import
 # plots: figure helpers, matplotlib only; progress: bars / plain log lines, tqdm only
-_BASE = {"weights", "registry", "plots", "progress"}
+_BASE = {"weights", "registry", "plots", "progress", "precision"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
 _ZOO = {*_MODELS, "hub", "convert", "embeddings"}
@@ -42,6 +43,7 @@ ALLOWED: dict[str, set[str]] = {
     "registry": {"weights"},
     "plots": set(),
     "progress": set(),
+    "precision": set(),
     "nn": {"weights", "nn"},
     "tokenizers": {"tokenizers"},
     "generation": {"nn"},

@@ -401,9 +401,8 @@ class TextTokenizer:
 
 def _kinds() -> dict[str, type[TextTokenizer]]:
     """Every concrete tokenizer kind, by its ``kind`` (subclasses elsewhere, such as the
-    phoneme tokenizer, register themselves by subclassing)."""
-    import multimodal.tokenizers.phonemes  # noqa: F401  (defines the "phonemes" kind)
-
+    phoneme tokenizer, register themselves by subclassing; the package's ``__init__``
+    imports them all)."""
     found: dict[str, type[TextTokenizer]] = {}
     todo = list(TextTokenizer.__subclasses__())
     while todo:
