@@ -34,7 +34,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
+
+from multimodal.generation import generate
+from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["MODALITIES", "DecoderHeadMixin", "Model"]
 
@@ -68,9 +72,9 @@ class Model(Protocol):
 
 
 class DecoderHeadMixin:
-    """``pool`` / ``forward_head`` / ``num_features`` of an encoder-decoder, whose features
-    are those of its :class:`~multimodal.models.text.TextDecoder` at ``self.decoder``: the
-    last real target token, next-token logits (B, T, vocab)."""
+    """``pool`` / ``forward_head`` / ``num_features`` / ``generate`` of an encoder-decoder,
+    whose features are those of its decoder at ``self.decoder``: the last real target
+    token, next-token logits (B, T, vocab). A model supplies :meth:`decoding_inputs`."""
 
     decoder: Any
 
@@ -86,3 +90,30 @@ class DecoderHeadMixin:
                      attention_mask: Tensor | None = None) -> Tensor:
         """Next-token logits (B, T, vocab) (``pre_logits``: :meth:`pool`)."""
         return self.decoder.forward_head(features, pre_logits, attention_mask)
+
+    def decoding_inputs(self, source_ids: Tensor,
+                        source_mask: Tensor | None = None) -> dict[str, Any]:
+        """What the decoder needs from the source at every step (``memory``,
+        ``memory_padding_mask``, ...), passed to the decoder through ``generate``."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def generate(self, source_ids: Tensor, source_mask: Tensor | None = None,
+                 max_new_tokens: int | None = None, *, bos_token_id: int = BOS_ID,
+                 eos_token_id: int | None = EOS_ID, pad_token_id: int = PAD_ID,
+                 **kwargs: Any) -> Tensor:
+        """Decode a target for each source, starting from ``[BOS]``; returns
+        (B, 1 + generated) ids, ``[PAD]`` after ``[EOS]``; at most ``max_target_len - 1``
+        new tokens by default. Other keyword arguments (``num_beams``, ``do_sample``,
+        ``top_p``, ``use_cache`` ...) go to :func:`multimodal.generation.generate`."""
+        was_training = self.training  # type: ignore[attr-defined]
+        self.eval()  # type: ignore[attr-defined]
+        try:
+            source = self.decoding_inputs(source_ids, source_mask)
+            start = source_ids.new_full((source_ids.shape[0], 1), bos_token_id)
+            steps = max_new_tokens if max_new_tokens is not None \
+                else self.config.max_target_len - 1  # type: ignore[attr-defined]
+            return generate(self.decoder, start, steps, eos_token_id=eos_token_id,
+                            pad_token_id=pad_token_id, **source, **kwargs)
+        finally:
+            self.train(was_training)  # type: ignore[attr-defined]

@@ -35,12 +35,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from multimodal.generation import generate
 from multimodal.models.api import DecoderHeadMixin
 from multimodal.models.text import check_token_ids, last_token
 from multimodal.nn.alignment import AdditiveScore, MultiplicativeScore, attend
 from multimodal.registry import register_model
-from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
+from multimodal.tokenizers.text import BOS_ID
 from multimodal.weights import PretrainedMixin
 
 CELLS = ("gru", "lstm")
@@ -301,27 +300,12 @@ class RNNSeq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
         target[:, 0] = BOS_ID
         return source, target
 
-    @torch.no_grad()
-    def generate(self, source_ids: Tensor, source_mask: Tensor | None = None,
-                 max_new_tokens: int | None = None, *, bos_token_id: int = BOS_ID,
-                 eos_token_id: int | None = EOS_ID, pad_token_id: int = PAD_ID,
-                 **kwargs: Any) -> Tensor:
-        """Decode a target for each source, starting from ``[BOS]``; returns
-        (B, 1 + generated) ids, ``[PAD]`` after ``[EOS]``. Other keyword arguments
-        (``num_beams``, ``do_sample``, ``use_cache`` ...) go to
-        :func:`multimodal.generation.generate`."""
-        was_training = self.training
-        self.eval()
-        try:
-            memory, pad, state = self.encode(source_ids, source_mask)
-            start = source_ids.new_full((source_ids.shape[0], 1), bos_token_id)
-            steps = max_new_tokens if max_new_tokens is not None \
-                else self.config.max_target_len - 1
-            return generate(self.decoder, start, steps, eos_token_id=eos_token_id,
-                            pad_token_id=pad_token_id, memory=memory,
-                            memory_padding_mask=pad, encoder_state=state, **kwargs)
-        finally:
-            self.train(was_training)
+    def decoding_inputs(self, source_ids: Tensor,
+                        source_mask: Tensor | None = None) -> dict[str, Any]:
+        """The encoder's states and padding (attended over) and its final state (the
+        decoder's initial state)."""
+        memory, pad, state = self.encode(source_ids, source_mask)
+        return {"memory": memory, "memory_padding_mask": pad, "encoder_state": state}
 
 
 __all__ = ["RNNDecoder", "RNNEncoder", "RNNSeq2Seq", "RNNSeq2SeqConfig", "RecurrentState"]

@@ -16,14 +16,12 @@ import inspect
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from multimodal.generation import generate
 from multimodal.models.api import DecoderHeadMixin
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
 from multimodal.registry import register_model
-from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
+from multimodal.tokenizers.text import BOS_ID
 from multimodal.weights import PretrainedMixin
 
 
@@ -156,24 +154,8 @@ class Seq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
         target[:, 0] = BOS_ID
         return source, target
 
-    @torch.no_grad()
-    def generate(self, source_ids: Tensor, source_mask: Tensor | None = None,
-                 max_new_tokens: int | None = None, *, bos_token_id: int = BOS_ID,
-                 eos_token_id: int | None = EOS_ID, pad_token_id: int = PAD_ID,
-                 **kwargs: Any) -> Tensor:
-        """Decode a target for each source, starting from ``[BOS]``; returns
-        (B, 1 + generated) ids, ``[PAD]`` after ``[EOS]``. Other keyword arguments
-        (``num_beams``, ``do_sample``, ``top_p`` ...) go to
-        :func:`multimodal.generation.generate`."""
-        was_training = self.training
-        self.eval()
-        try:
-            memory, pad = self.encode(source_ids, source_mask)
-            start = source_ids.new_full((source_ids.shape[0], 1), bos_token_id)
-            steps = max_new_tokens if max_new_tokens is not None \
-                else self.config.max_target_len - 1
-            return generate(self.decoder, start, steps, eos_token_id=eos_token_id,
-                            pad_token_id=pad_token_id, memory=memory,
-                            memory_padding_mask=pad, **kwargs)
-        finally:
-            self.train(was_training)
+    def decoding_inputs(self, source_ids: Tensor,
+                        source_mask: Tensor | None = None) -> dict[str, Any]:
+        """The encoder's states and padding, for the decoder's cross-attention."""
+        memory, pad = self.encode(source_ids, source_mask)
+        return {"memory": memory, "memory_padding_mask": pad}
