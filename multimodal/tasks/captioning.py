@@ -51,6 +51,16 @@ __all__ = ["CaptioningTask", "train_caption_tokenizer"]
 IGNORE_INDEX = -100
 
 
+def caption_tokenizer_of(datamodule: Any, kind: Literal["word", "wordpiece"],
+                         vocab_size: int, task: str) -> TextTokenizer:
+    """:func:`train_caption_tokenizer` over the data module's ``train_captions()``; a clear
+    error naming ``task`` when the data module has none."""
+    if datamodule is None or not hasattr(datamodule, "train_captions"):
+        raise ValueError(f"{task} trains its tokenizer on the data module's "
+                         "train_captions(): use a CaptionDataModule or set .tokenizer")
+    return train_caption_tokenizer(datamodule.train_captions(), kind, vocab_size)
+
+
 def train_caption_tokenizer(captions: list[str], kind: Literal["word", "wordpiece"],
                             vocab_size: int) -> TextTokenizer:
     """A tokenizer over ``captions``: every word (``"word"``) or a WordPiece vocabulary of
@@ -123,12 +133,9 @@ class CaptioningTask(ModelTask):
     def setup(self, stage: str) -> None:
         dm = self.datamodule
         if self.tokenizer is None:
-            if dm is None or not hasattr(dm, "train_captions"):
-                raise ValueError("CaptioningTask trains its tokenizer on the data module's "
-                                 "train_captions(): use a CaptionDataModule or set .tokenizer")
-            self.tokenizer = train_caption_tokenizer(
-                dm.train_captions(), self.hparams.tokenizer,
-                self.model.config.decoder.vocab_size)
+            self.tokenizer = caption_tokenizer_of(dm, self.hparams.tokenizer,
+                                                  self.model.config.decoder.vocab_size,
+                                                  type(self).__name__)
         if dm is not None and callable(getattr(dm, "caption_checks", None)):
             self._prepare_checks(dm)
 

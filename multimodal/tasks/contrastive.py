@@ -35,6 +35,7 @@ from torch import Tensor
 
 from multimodal.models.clip import CLIP, tokenize_texts
 from multimodal.tasks.base import ModelTask
+from multimodal.tasks.captioning import caption_tokenizer_of
 from multimodal.tokenizers.text import TextTokenizer, load_tokenizer
 
 __all__ = ["ContrastiveTask", "clip_loss", "gather_with_grad", "recall_at_k", "siglip_loss"]
@@ -127,15 +128,11 @@ class ContrastiveTask(ModelTask):
 
     # -- data plumbing -------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        from multimodal.tasks.captioning import train_caption_tokenizer
-
         dm = self.datamodule
         if self.tokenizer is None:
-            if dm is None or not hasattr(dm, "train_captions"):
-                raise ValueError("ContrastiveTask trains its tokenizer on the data module's "
-                                 "train_captions(): use a CaptionDataModule or set .tokenizer")
-            self.tokenizer = train_caption_tokenizer(
-                dm.train_captions(), self.hparams.tokenizer, self.model.config.text.vocab_size)
+            self.tokenizer = caption_tokenizer_of(dm, self.hparams.tokenizer,
+                                                  self.model.config.text.vocab_size,
+                                                  type(self).__name__)
         if dm is not None and getattr(dm, "dataset", None) == "scenes" \
                 and self.hparams.zero_shot_size > 0:
             self._zero_shot = {p: dm.zero_shot_set(p, self.hparams.zero_shot_size)
