@@ -185,18 +185,18 @@ def rope_theta(cfg: Any) -> float:
 
 
 def qkv_from_separate(out: dict[str, Tensor], ours: str, src: StateReader, layer: str,
-                       bias: bool) -> None:
+                      bias: bool) -> None:
     """Separate q/k/v (transformers >= 5: ``attention.{q,k,v,o}_proj``; before:
     ``attention.attention.{query,key,value}`` and ``attention.output.dense``) -> fused."""
     names = (("q", "query"), ("k", "key"), ("v", "value"))
     a = f"{layer}.attention"
     put_linear(out, f"{ours}.qkv",
-            torch.cat([src.take(f"{a}.{p}_proj.weight", f"{a}.attention.{n}.weight")
+               torch.cat([src.take(f"{a}.{p}_proj.weight", f"{a}.attention.{n}.weight")
                        for p, n in names]),
-            torch.cat([src.take(f"{a}.{p}_proj.bias", f"{a}.attention.{n}.bias")
+               torch.cat([src.take(f"{a}.{p}_proj.bias", f"{a}.attention.{n}.bias")
                        for p, n in names]) if bias else None)
     put_linear(out, f"{ours}.proj", src.take(f"{a}.o_proj.weight", f"{a}.output.dense.weight"),
-            src.take(f"{a}.o_proj.bias", f"{a}.output.dense.bias"))
+               src.take(f"{a}.o_proj.bias", f"{a}.output.dense.bias"))
 
 
 class HFConfig:

@@ -33,12 +33,12 @@ def _clip_layers(out: dict[str, Tensor], src: StateReader, depth: int,
                    torch.cat([src.take(f"{a}.{p}_proj.weight") for p in "qkv"]),
                    torch.cat([src.take(f"{a}.{p}_proj.bias") for p in "qkv"]))
         put_linear(out, f"{o}.attn.proj", src.take(f"{a}.out_proj.weight"),
-                src.take(f"{a}.out_proj.bias"))
+                   src.take(f"{a}.out_proj.bias"))
         put_norm(out, f"{o}.norm1", src, f"{t}.layer_norm1")
         put_norm(out, f"{o}.norm2", src, f"{t}.layer_norm2")
         for fc in ("fc1", "fc2"):
             put_linear(out, f"{o}.mlp.{fc}", src.take(f"{t}.mlp.{fc}.weight"),
-                    src.take(f"{t}.mlp.{fc}.bias"))
+                       src.take(f"{t}.mlp.{fc}.bias"))
 
 
 def _clip_eot_token_id(tc: Any) -> int:

@@ -51,7 +51,7 @@ def _hf_gpt2(model: nn.Module) -> TextDecoder:
         for ours, theirs in (("attn.qkv", "attn.c_attn"), ("attn.proj", "attn.c_proj"),
                              ("mlp.fc1", "mlp.c_fc"), ("mlp.fc2", "mlp.c_proj")):
             put_linear(out, f"{o}.{ours}", src.take(f"{t}.{theirs}.weight").t(),
-                    src.take(f"{t}.{theirs}.bias"))
+                       src.take(f"{t}.{theirs}.bias"))
     put_norm(out, "transformer.norm", src, "ln_f")
     if lm:
         src.prefix = ""
@@ -93,15 +93,15 @@ def _hf_bert(model: nn.Module) -> TextEncoder:
         t, o = f"encoder.layer.{i}", f"transformer.blocks.{i}"
         names = ("query", "key", "value")
         put_linear(out, f"{o}.attn.qkv",
-                torch.cat([src.take(f"{t}.attention.self.{n}.weight") for n in names]),
-                torch.cat([src.take(f"{t}.attention.self.{n}.bias") for n in names]))
+                   torch.cat([src.take(f"{t}.attention.self.{n}.weight") for n in names]),
+                   torch.cat([src.take(f"{t}.attention.self.{n}.bias") for n in names]))
         put_linear(out, f"{o}.attn.proj", src.take(f"{t}.attention.output.dense.weight"),
-                src.take(f"{t}.attention.output.dense.bias"))
+                   src.take(f"{t}.attention.output.dense.bias"))
         put_norm(out, f"{o}.norm1", src, f"{t}.attention.output.LayerNorm")
         put_linear(out, f"{o}.mlp.fc1", src.take(f"{t}.intermediate.dense.weight"),
-                src.take(f"{t}.intermediate.dense.bias"))
+                   src.take(f"{t}.intermediate.dense.bias"))
         put_linear(out, f"{o}.mlp.fc2", src.take(f"{t}.output.dense.weight"),
-                src.take(f"{t}.output.dense.bias"))
+                   src.take(f"{t}.output.dense.bias"))
         put_norm(out, f"{o}.norm2", src, f"{t}.output.LayerNorm")
     if has_pooler:
         put_linear(out, "pooler.0", src.take("pooler.dense.weight"), src.take("pooler.dense.bias"))
@@ -109,7 +109,7 @@ def _hf_bert(model: nn.Module) -> TextEncoder:
     if mlm:
         p = "cls.predictions"
         put_linear(out, "mlm.dense", src.take(f"{p}.transform.dense.weight"),
-                src.take(f"{p}.transform.dense.bias"))
+                   src.take(f"{p}.transform.dense.bias"))
         put_norm(out, "mlm.norm", src, f"{p}.transform.LayerNorm")
         decoder = src.take(f"{p}.decoder.weight")
         if decoder.numel() and not torch.equal(decoder, out["tok_embed.weight"]):
@@ -158,14 +158,14 @@ def _hf_llama(model: nn.Module) -> TextDecoder:
         out[f"{o}.norm2.weight"] = src.take(f"{t}.post_attention_layernorm.weight")
         a = f"{t}.self_attn"
         put_linear(out, f"{o}.attn.qkv",
-                torch.cat([src.take(f"{a}.{p}_proj.weight") for p in "qkv"]),
-                torch.cat([src.take(f"{a}.{p}_proj.bias") for p in "qkv"]) if attn_bias
-                else None)
+                   torch.cat([src.take(f"{a}.{p}_proj.weight") for p in "qkv"]),
+                   torch.cat([src.take(f"{a}.{p}_proj.bias") for p in "qkv"]) if attn_bias
+                   else None)
         put_linear(out, f"{o}.attn.proj", src.take(f"{a}.o_proj.weight"),
-                src.take(f"{a}.o_proj.bias") if attn_bias else None)
+                   src.take(f"{a}.o_proj.bias") if attn_bias else None)
         for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("fc2", "down_proj")):
             put_linear(out, f"{o}.mlp.{ours}", src.take(f"{t}.mlp.{theirs}.weight"),
-                    src.take(f"{t}.mlp.{theirs}.bias") if config.mlp_bias else None)
+                       src.take(f"{t}.mlp.{theirs}.bias") if config.mlp_bias else None)
     out["transformer.norm.weight"] = src.take("norm.weight")
     if lm:
         src.prefix = ""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from multimodal.convert.common import (
@@ -19,6 +18,38 @@ from multimodal.convert.common import (
 from multimodal.models.vit import ViT, ViTConfig
 
 
+def _embeddings(src: StateReader, **extra: str) -> dict[str, Tensor]:
+    """The class token, positions and patch projection every transformers ViT family
+    stores under ``embeddings.``; ``extra`` maps more of our keys to theirs (a
+    distillation token, registers). The mask token (masked-image pre-training) is dropped."""
+    e = "embeddings"
+    out = {"cls_token": src.take(f"{e}.cls_token"),
+           "pos_embed": src.take(f"{e}.position_embeddings"),
+           "patch_embed.proj.weight": src.take(f"{e}.patch_embeddings.projection.weight"),
+           "patch_embed.proj.bias": src.take(f"{e}.patch_embeddings.projection.bias")}
+    out.update({ours: src.take(f"{e}.{theirs}") for ours, theirs in extra.items()})
+    src.skip(f"{e}.mask_token")
+    return out
+
+
+def _vit_layers(out: dict[str, Tensor], src: StateReader, config: ViTConfig) -> None:
+    """The post-2020 ViT / DeiT encoder layers: separate q/k/v, ``layernorm_before`` /
+    ``layernorm_after``, ``intermediate`` / ``output`` MLP (transformers >= 5 names first,
+    then the older ``encoder.layer.{i}`` ones), then the final ``layernorm``."""
+    for i in range(config.depth):
+        new, old, o = f"layers.{i}", f"encoder.layer.{i}", f"transformer.blocks.{i}"
+        t = new if f"{src.prefix}{new}.layernorm_before.weight" in src.state else old
+        qkv_from_separate(out, f"{o}.attn", src, t, config.qkv_bias)
+        put_norm(out, f"{o}.norm1", src, f"{t}.layernorm_before")
+        put_norm(out, f"{o}.norm2", src, f"{t}.layernorm_after")
+        for ours, theirs in (("fc1", "intermediate.dense"), ("fc2", "output.dense")):
+            put_linear(out, f"{o}.mlp.{ours}",
+                       src.take(f"{t}.mlp.{ours}.weight", f"{t}.{theirs}.weight"),
+                       src.take(f"{t}.mlp.{ours}.bias", f"{t}.{theirs}.bias"))
+    put_norm(out, "transformer.norm", src, "layernorm")
+    src.skip("pooler.dense.weight", "pooler.dense.bias")  # no pooler in our ViT (see top)
+
+
 def _hf_vit(model: nn.Module) -> ViT:
     cfg = model.config
     classifier = type(model).__name__ == "ViTForImageClassification"
@@ -30,34 +61,9 @@ def _hf_vit(model: nn.Module) -> ViT:
         qkv_bias=cfg.qkv_bias,
     )
     src = StateReader(model.state_dict(), type(model).__name__,
-                       prefix="vit." if classifier else "")
-    out: dict[str, Tensor] = {
-        "cls_token": src.take("embeddings.cls_token"),
-        "pos_embed": src.take("embeddings.position_embeddings"),
-        "patch_embed.proj.weight": src.take("embeddings.patch_embeddings.projection.weight"),
-        "patch_embed.proj.bias": src.take("embeddings.patch_embeddings.projection.bias"),
-    }
-    for i in range(config.depth):
-        # transformers >= 5 names first, then the older ones
-        new, old, o = f"layers.{i}", f"encoder.layer.{i}", f"transformer.blocks.{i}"
-        qkv = [src.take(f"{new}.attention.{p}_proj.weight", f"{old}.attention.attention.{n}.weight")
-               for p, n in (("q", "query"), ("k", "key"), ("v", "value"))]
-        bias = [src.take(f"{new}.attention.{p}_proj.bias", f"{old}.attention.attention.{n}.bias")
-                for p, n in (("q", "query"), ("k", "key"), ("v", "value"))] \
-            if config.qkv_bias else None
-        put_linear(out, f"{o}.attn.qkv", torch.cat(qkv), torch.cat(bias) if bias else None)
-        put_linear(out, f"{o}.attn.proj",
-                src.take(f"{new}.attention.o_proj.weight", f"{old}.attention.output.dense.weight"),
-                src.take(f"{new}.attention.o_proj.bias", f"{old}.attention.output.dense.bias"))
-        for ours, theirs in (("norm1", "layernorm_before"), ("norm2", "layernorm_after")):
-            out[f"{o}.{ours}.weight"] = src.take(f"{new}.{theirs}.weight", f"{old}.{theirs}.weight")
-            out[f"{o}.{ours}.bias"] = src.take(f"{new}.{theirs}.bias", f"{old}.{theirs}.bias")
-        for ours, theirs in (("fc1", "intermediate.dense"), ("fc2", "output.dense")):
-            put_linear(out, f"{o}.mlp.{ours}",
-                    src.take(f"{new}.mlp.{ours}.weight", f"{old}.{theirs}.weight"),
-                    src.take(f"{new}.mlp.{ours}.bias", f"{old}.{theirs}.bias"))
-    put_norm(out, "transformer.norm", src, "layernorm")
-    src.skip("pooler.dense.weight", "pooler.dense.bias")  # no pooler in our ViT (see top)
+                      prefix="vit." if classifier else "")
+    out = _embeddings(src)
+    _vit_layers(out, src, config)
     if classifier:
         src.prefix = ""
         put_linear(out, "head", src.take("classifier.weight"), src.take("classifier.bias"))
@@ -97,16 +103,7 @@ def _hf_dinov2(model: nn.Module) -> ViT:
         mlp_type="glu" if swiglu else "mlp", qkv_bias=bool(getattr(cfg, "qkv_bias", True)),
         layer_scale=float(cfg_get(cfg, "layerscale_value", 1.0)),
     )
-    e = "embeddings"
-    out: dict[str, Tensor] = {
-        "cls_token": src.take(f"{e}.cls_token"),
-        "pos_embed": src.take(f"{e}.position_embeddings"),
-        "patch_embed.proj.weight": src.take(f"{e}.patch_embeddings.projection.weight"),
-        "patch_embed.proj.bias": src.take(f"{e}.patch_embeddings.projection.bias"),
-    }
-    if config.registers:
-        out["reg_token"] = src.take(f"{e}.register_tokens")
-    src.skip(f"{e}.mask_token")  # masked-image pre-training only
+    out = _embeddings(src, **({"reg_token": "register_tokens"} if config.registers else {}))
     for i in range(config.depth):
         t, o = f"encoder.layer.{i}", f"transformer.blocks.{i}"
         qkv_from_separate(out, f"{o}.attn", src, t, config.qkv_bias)
@@ -117,18 +114,18 @@ def _hf_dinov2(model: nn.Module) -> ViT:
         if swiglu and f"{t}.mlp.gate_proj.weight" in state:  # transformers >= 5
             for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("fc2", "down_proj")):
                 put_linear(out, f"{o}.mlp.{ours}", src.take(f"{t}.mlp.{theirs}.weight"),
-                        src.take(f"{t}.mlp.{theirs}.bias"))
+                           src.take(f"{t}.mlp.{theirs}.bias"))
         elif swiglu:  # before: one fused Linear, rows [gate; up]
             w_in = src.take(f"{t}.mlp.weights_in.weight")
             b_in = src.take(f"{t}.mlp.weights_in.bias")
             put_linear(out, f"{o}.mlp.gate", w_in[:hidden], b_in[:hidden])
             put_linear(out, f"{o}.mlp.up", w_in[hidden:], b_in[hidden:])
             put_linear(out, f"{o}.mlp.fc2", src.take(f"{t}.mlp.weights_out.weight"),
-                    src.take(f"{t}.mlp.weights_out.bias"))
+                       src.take(f"{t}.mlp.weights_out.bias"))
         else:
             for fc in ("fc1", "fc2"):
                 put_linear(out, f"{o}.mlp.{fc}", src.take(f"{t}.mlp.{fc}.weight"),
-                        src.take(f"{t}.mlp.{fc}.bias"))
+                           src.take(f"{t}.mlp.{fc}.bias"))
     put_norm(out, "transformer.norm", src, "layernorm")
     src.finish()
     return load_converted(ViT(config), out)
@@ -151,32 +148,13 @@ def _hf_deit(model: nn.Module) -> ViT:
         qkv_bias=bool(getattr(cfg, "qkv_bias", True)),
     )
     src = StateReader(state, kind, prefix="deit." if classifier else "")
-    e = "embeddings"
-    out: dict[str, Tensor] = {
-        "cls_token": src.take(f"{e}.cls_token"),
-        "dist_token": src.take(f"{e}.distillation_token"),
-        "pos_embed": src.take(f"{e}.position_embeddings"),
-        "patch_embed.proj.weight": src.take(f"{e}.patch_embeddings.projection.weight"),
-        "patch_embed.proj.bias": src.take(f"{e}.patch_embeddings.projection.bias"),
-    }
-    src.skip(f"{e}.mask_token")
-    for i in range(config.depth):  # transformers >= 5 names first, then the older ones
-        new, old, o = f"layers.{i}", f"encoder.layer.{i}", f"transformer.blocks.{i}"
-        t = new if f"{src.prefix}{new}.layernorm_before.weight" in src.state else old
-        qkv_from_separate(out, f"{o}.attn", src, t, config.qkv_bias)
-        put_norm(out, f"{o}.norm1", src, f"{t}.layernorm_before")
-        put_norm(out, f"{o}.norm2", src, f"{t}.layernorm_after")
-        for ours, theirs in (("fc1", "intermediate.dense"), ("fc2", "output.dense")):
-            put_linear(out, f"{o}.mlp.{ours}",
-                    src.take(f"{t}.mlp.{ours}.weight", f"{t}.{theirs}.weight"),
-                    src.take(f"{t}.mlp.{ours}.bias", f"{t}.{theirs}.bias"))
-    put_norm(out, "transformer.norm", src, "layernorm")
-    src.skip("pooler.dense.weight", "pooler.dense.bias")
+    out = _embeddings(src, dist_token="distillation_token")
+    _vit_layers(out, src, config)
     if classifier:
         src.prefix = ""
         put_linear(out, "head", src.take("cls_classifier.weight"), src.take("cls_classifier.bias"))
         put_linear(out, "head_dist", src.take("distillation_classifier.weight"),
-                src.take("distillation_classifier.bias"))
+                   src.take("distillation_classifier.bias"))
     src.finish()
     return load_converted(ViT(config), out)
 

@@ -88,13 +88,13 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
             put_norm(out, f"{o}.attn.k_norm", src, f"{t}.attn.k_norm")
         put_norm(out, f"{o}.norm1", src, f"{t}.norm1")
         put_linear(out, f"{o}.attn.qkv", src.take(f"{t}.attn.qkv.weight"),
-                src.take(f"{t}.attn.qkv.bias") if config.qkv_bias else None)
+                   src.take(f"{t}.attn.qkv.bias") if config.qkv_bias else None)
         put_linear(out, f"{o}.attn.proj", src.take(f"{t}.attn.proj.weight"),
-                src.take(f"{t}.attn.proj.bias"))
+                   src.take(f"{t}.attn.proj.bias"))
         put_norm(out, f"{o}.norm2", src, f"{t}.norm2")
         for fc in ("fc1", "fc2"):
             put_linear(out, f"{o}.mlp.{fc}", src.take(f"{t}.mlp.{fc}.weight"),
-                    src.take(f"{t}.mlp.{fc}.bias"))
+                       src.take(f"{t}.mlp.{fc}.bias"))
     put_norm(out, "transformer.norm", src, "norm")
     if config.num_classes > 0:
         put_linear(out, "head", src.take("head.weight"), src.take("head.bias"))

@@ -50,9 +50,9 @@ def from_torchvision(model: nn.Module) -> ViT:
         t, o = f"encoder.layers.encoder_layer_{i}", f"transformer.blocks.{i}"
         put_norm(out, f"{o}.norm1", src, f"{t}.ln_1")
         put_linear(out, f"{o}.attn.qkv", src.take(f"{t}.self_attention.in_proj_weight"),
-                src.take(f"{t}.self_attention.in_proj_bias") if config.qkv_bias else None)
+                   src.take(f"{t}.self_attention.in_proj_bias") if config.qkv_bias else None)
         put_linear(out, f"{o}.attn.proj", src.take(f"{t}.self_attention.out_proj.weight"),
-                src.take(f"{t}.self_attention.out_proj.bias"))
+                   src.take(f"{t}.self_attention.out_proj.bias"))
         put_norm(out, f"{o}.norm2", src, f"{t}.ln_2")
         put_linear(out, f"{o}.mlp.fc1", src.take(f"{t}.mlp.0.weight"), src.take(f"{t}.mlp.0.bias"))
         put_linear(out, f"{o}.mlp.fc2", src.take(f"{t}.mlp.3.weight"), src.take(f"{t}.mlp.3.bias"))
