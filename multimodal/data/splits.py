@@ -100,4 +100,19 @@ def held_out(
             "val": None if has_val else val_idx.sort().values, "test": test_idx}
 
 
-__all__ = ["SplitDataModule", "held_out", "split_size"]
+def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int]:
+    """``(n_val, n_test)`` of a group of ``n`` (voices, files of a class): at least one each
+    when its fraction is > 0, at least one left for training; none held out below 3."""
+    if n < 3:
+        return 0, (1 if n == 2 else 0)
+    n_test = max(1, round(test_fraction * n)) if test_fraction > 0 else 0
+    n_val = max(1, round(val_fraction * n)) if val_fraction > 0 else 0
+    while n_test + n_val >= n:  # keep at least one for training
+        if n_val > 0:
+            n_val -= 1
+        else:
+            n_test -= 1
+    return n_val, n_test
+
+
+__all__ = ["SplitDataModule", "held_out", "split_counts", "split_size"]
