@@ -2,10 +2,14 @@
 
 Images: :mod:`~.fashion_mnist`, :mod:`~.mnist5k`, :mod:`~.digits` (each with its
 :class:`~multimodal.data.images.ImageSource`). Audio: :mod:`~.spoken_words` (synthesised by
-the engines of :mod:`~.speech`), :mod:`~.sonic_pi`. The recipes that fetch or make the offline
-copies are in the repository's ``data/`` folder (``bash data/get.sh all``). A source knows
-no task and no data module; the data module of a task family (``data/vision.py``,
-``data/audio.py``, ``data/text.py``, ``data/captions.py``) takes any source of its kind.
+the engines of :mod:`~.speech`), :mod:`~.sonic_pi`. English text: :mod:`~.bible`,
+:mod:`~.fortunes`, :mod:`~.shakespeare`, by name through :mod:`~.corpora`. Captions:
+:mod:`~.emoji`; the procedural scenes are :mod:`multimodal.data.scenes`.
+
+The recipes that fetch or make the offline copies are in the repository's ``data/`` folder
+(``bash data/get.sh all``). A source knows no task and no data module; the data module of a
+task family (``data/vision.py``, ``data/audio.py``, ``data/text.py``, ``data/captions.py``)
+takes any source of its kind.
 """
 
 GET_AUDIO = (
@@ -13,3 +17,5 @@ GET_AUDIO = (
     "sonic-pi-samples, then synthesises the spoken words with "
     "`python -m multimodal.data.sources.spoken_words`)."
 )
+
+GET_TEXT = "bash data/get_text.sh"
