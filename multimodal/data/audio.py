@@ -42,11 +42,22 @@ from multimodal.data.sources.sonic_pi import (
     sonic_pi_files,
     split_sonic_pi,
 )
-from multimodal.data.sources.speech import Voice, available_voices
+from multimodal.data.sources.speech import (
+    ESPEAK_DEFAULT_SPEED,
+    ESPEAK_LANGUAGES,
+    ESPEAK_VARIANTS,
+    FLITE_BASE_F0,
+    FLITE_VOICES,
+    Voice,
+    available_voices,
+)
 from multimodal.data.sources.spoken_words import (
     COMMANDS,
+    DEFAULT_PITCHES,
     DEFAULT_ROOT,
+    DEFAULT_SPEEDS,
     DIGITS,
+    MANIFEST_FIELDS,
     SPOKEN_WORDS,
     SpokenWordsDataset,
     main,
@@ -60,7 +71,16 @@ from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 __all__ = [
     "AUDIO_EXTENSIONS",
     "COMMANDS",
+    "DEFAULT_PITCHES",
+    "DEFAULT_ROOT",
+    "DEFAULT_SPEEDS",
     "DIGITS",
+    "ESPEAK_DEFAULT_SPEED",
+    "ESPEAK_LANGUAGES",
+    "ESPEAK_VARIANTS",
+    "FLITE_BASE_F0",
+    "FLITE_VOICES",
+    "MANIFEST_FIELDS",
     "SAMPLE_RATE",
     "SONIC_PI_DIR",
     "SPOKEN_WORDS",

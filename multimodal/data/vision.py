@@ -41,6 +41,7 @@ from multimodal.data.sources import digits, fashion_mnist, mnist5k
 from multimodal.data.sources.digits import DIGIT_CLASSES, load_digits
 from multimodal.data.sources.fashion_mnist import (
     DEBIAN_FASHION_MNIST_DIR,
+    DEFAULT_DOWNLOAD_ROOT,
     FASHION_MNIST_CLASSES,
     load_fashion_mnist,
     read_idx,
@@ -57,6 +58,7 @@ from multimodal.data.transforms import (
 __all__ = [
     "DATASETS",
     "DEBIAN_FASHION_MNIST_DIR",
+    "DEFAULT_DOWNLOAD_ROOT",
     "DIGIT_CLASSES",
     "FASHION_MNIST_CLASSES",
     "FileImageDataset",
