@@ -13,7 +13,7 @@ import torch
 import torchaudio
 from torch import Tensor
 
-__all__ = ["SAMPLE_RATE", "Augment", "Resampler", "centre_crop", "trim_silence"]
+__all__ = ["SAMPLE_RATE", "Augment", "Resampler", "augment_item", "centre_crop", "trim_silence"]
 
 SAMPLE_RATE = 16000
 
@@ -55,3 +55,13 @@ def centre_crop(x: Tensor, n: int) -> Tensor:
         return x
     start = (x.shape[0] - n) // 2
     return x[start : start + n]
+
+
+def augment_item(x: Tensor, augment: Augment | None, seed: int | None, index: int) -> Tensor:
+    """``augment(x)`` for item ``index`` of a dataset: with the global torch RNG when ``seed``
+    is None (training: new noise every epoch), else with a generator seeded from
+    ``(seed, index)`` (evaluation: item ``index`` always gets the same noise)."""
+    if augment is None:
+        return x
+    gen = None if seed is None else torch.Generator().manual_seed(seed * 1_000_003 + index)
+    return augment(x, gen)

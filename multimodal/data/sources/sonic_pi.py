@@ -18,7 +18,12 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from multimodal.data.audio_transforms import Augment, Resampler, centre_crop
+from multimodal.data.audio_transforms import (
+    Augment,
+    Resampler,
+    augment_item,
+    centre_crop,
+)
 from multimodal.data.sources import GET_AUDIO
 from multimodal.data.splits import split_counts
 from multimodal.tokenizers.audio import load_audio
@@ -100,9 +105,5 @@ class SonicPiDataset(Dataset):
                 x = centre_crop(x, n)
         elif x.shape[0] < n:
             x = torch.nn.functional.pad(x, (0, n - x.shape[0]))
-        if self.noise is not None:
-            gen = None
-            if self.noise_seed is not None:
-                gen = torch.Generator().manual_seed(self.noise_seed * 1_000_003 + i)
-            x = self.noise(x, gen)
+        x = augment_item(x, self.noise, self.noise_seed, i)
         return {"waveform": x, "label": self.labels[i]}

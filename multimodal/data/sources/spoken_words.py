@@ -21,11 +21,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from multimodal.data.audio_transforms import Augment, Resampler, centre_crop
+from multimodal.data.audio_transforms import (
+    Augment,
+    Resampler,
+    augment_item,
+    centre_crop,
+)
 from multimodal.data.sources import GET_AUDIO
 from multimodal.data.sources.sonic_pi import SONIC_PI_DIR, sonic_pi_files
 from multimodal.data.sources.speech import SpeechJob, Voice, available_voices, speak
@@ -227,11 +231,7 @@ class SpokenWordsDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         x = self.waveform(i)
-        if self.noise is not None:
-            gen = None
-            if self.noise_seed is not None:
-                gen = torch.Generator().manual_seed(self.noise_seed * 1_000_003 + i)
-            x = self.noise(x, gen)
+        x = augment_item(x, self.noise, self.noise_seed, i)
         return {"waveform": x, "label": self.labels[i]}
 
 
