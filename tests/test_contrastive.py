@@ -189,3 +189,35 @@ def test_task_trains_on_scenes_logs_the_metrics_and_keeps_its_tokenizer(tmp_path
     assert again.tokenizer is not None
     assert again.tokenizer.encode("a small red circle") == task.tokenizer.encode(
         "a small red circle")
+
+
+def test_zero_shot_sets_come_from_the_data_module(monkeypatch):
+    """The task evaluates the zero-shot sets its data module supplies, under their names, and
+    none when the data module supplies none (it knows no dataset by name)."""
+    from multimodal.data.captions import CaptionDataModule
+    from multimodal.tasks.contrastive import ContrastiveTask
+    from multimodal.tokenizers.text import WordTokenizer
+
+    odd = {"images": torch.zeros(2, 3, 8, 8), "labels": torch.tensor([0, 1]),
+           "class_names": ["a", "b"]}
+
+    class OwnSets:
+        def zero_shot_sets(self, n: int) -> dict:
+            return {"odd": {**odd, "n": n}}
+
+    class NoSets:
+        pass
+
+    task = ContrastiveTask(_model("softmax").float(), zero_shot_size=7)
+    task.tokenizer = WordTokenizer.train(["a b"], vocab_size=None)
+    for dm, expected in ((OwnSets(), {"odd": {**odd, "n": 7}}), (NoSets(), {})):
+        monkeypatch.setattr(ContrastiveTask, "datamodule", property(lambda self, dm=dm: dm))
+        task._zero_shot = {}
+        task.setup("fit")
+        assert task._zero_shot == expected
+    scenes = CaptionDataModule("scenes", image_size=16, num_train=8, num_val=4, num_test=4)
+    sets = scenes.zero_shot_sets(6)
+    assert sorted(sets) == ["heldout", "seen"]
+    for data in sets.values():
+        assert data["images"].shape == (6, 3, 16, 16) and data["labels"].shape == (6,)
+        assert int(data["labels"].max()) < len(data["class_names"])

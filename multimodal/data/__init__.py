@@ -1,0 +1,14 @@
+"""Data, organised by what each piece is.
+
+One LightningDataModule per task family, each taking any source of its kind:
+``vision`` (image classification), ``pixels`` (raw pixels for ImageGPT), ``audio`` (sound
+classification), ``text`` (language modelling, source classification), ``captions``
+(image-caption pairs), ``numbers`` (number words -> digits, generated). They share the
+loader recipe of ``splits`` (with ``sampling``'s resumable shuffle).
+
+Built-in sources, one module each: ``sources/`` (how each dataset is obtained offline and
+read; ``emoji`` and ``scenes`` are the caption sources). Generic readers of your own files:
+``readers`` (class folders, manifests, image decoding), ``shards`` (LitData). Items and
+batches: ``images``, ``audio_datasets``, ``documents``. Per-modality transforms:
+``transforms`` (images), ``audio_transforms`` and ``noise`` (audio).
+"""

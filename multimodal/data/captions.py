@@ -233,3 +233,11 @@ class CaptionDataModule(SplitDataModule):
         images = render_scenes(scenes, config).float() / 255.0
         images = (images - self.mean.view(1, 3, 1, 1)) / self.std.view(1, 3, 1, 1)
         return {"images": images, "labels": labels, "class_names": names}
+
+    def zero_shot_sets(self, n: int = 500) -> dict[str, dict[str, Any]]:
+        """Zero-shot classification sets of this dataset, by name: the contrastive task logs
+        its accuracy on each as ``{split}/zero_shot_{name}``. Scenes: ``heldout`` and
+        ``seen`` (:meth:`zero_shot_set`); emoji: none."""
+        if self.dataset != "scenes":
+            return {}
+        return {pairs: self.zero_shot_set(pairs, n) for pairs in ("heldout", "seen")}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.readers import (
     CorruptFileError,
@@ -31,7 +32,7 @@ from multimodal.data.readers import (
     image_to_channels,
 )
 
-__all__ = ["read_shard_meta", "shard_image_dataset", "write_image_shards"]
+__all__ = ["ShardLoaderMixin", "read_shard_meta", "shard_image_dataset", "write_image_shards"]
 
 META = "multimodal.json"
 
@@ -176,3 +177,58 @@ def shard_image_dataset(
         f"{shards.rstrip('/')}/{split}", shuffle=shuffle, seed=seed,
         transform=_ShardDecoder(in_channels, transform, skip_corrupt),
     )
+
+
+class ShardLoaderMixin:
+    """Loaders of a :class:`~multimodal.data.splits.SplitDataModule` that may read shards.
+
+    With ``shards`` set, every split is read by LitData's ``StreamingDataLoader``, and the
+    training loader's position in its epoch travels in the data module's ``state_dict``;
+    without, the shared recipe of :class:`~multimodal.data.splits.SplitDataModule`. List it
+    before ``SplitDataModule`` in the bases.
+    """
+
+    shards: str | None = None
+    _train_loader: Any = None  # the StreamingDataLoader of shards, for its state
+    _loader_state: dict[str, Any] | None = None
+
+    def loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
+        """Shards: LitData's ``StreamingDataLoader`` (it shuffles and splits by rank itself,
+        and its ``state_dict`` makes mid-epoch resumption exact); else the shared recipe."""
+        if self.shards is None:
+            return super().loader(dataset, shuffle)
+        from litdata import StreamingDataLoader
+
+        return StreamingDataLoader(
+            dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+            collate_fn=self.collate_fn(), pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        loader = super().train_dataloader()
+        if self.shards is not None:
+            self._train_loader = loader
+            if self._loader_state is not None:
+                loader.load_state_dict(self._loader_state)  # type: ignore[attr-defined]
+                self._loader_state = None
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """With shards: the training ``StreamingDataLoader``'s position in its epoch.
+
+        Lightning saves stateful loaders itself, but restores them only into a loader made
+        after the checkpoint is read; the learning-rate schedule makes one before (to count
+        the steps), so the position travels here as well.
+        """
+        if self.shards is None or self._train_loader is None:
+            return {}
+        return {"train_loader": self._train_loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict.get("train_loader")
+        if state is None:
+            return
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict(state)
+        else:
+            self._loader_state = state

@@ -56,4 +56,63 @@ class SplitDataModule(L.LightningDataModule):
         return self.loader(self.split_dataset("test"), shuffle=False)
 
 
-__all__ = ["SplitDataModule"]
+def split_size(size: float, total: int, name: str) -> int:
+    """A fraction in [0, 1) of ``total``, or an absolute count (an integer >= 1)."""
+    if size < 0:
+        raise ValueError(f"{name} must be >= 0, got {size}")
+    if size < 1:
+        return round(size * total)
+    if float(size) != int(size):
+        raise ValueError(f"{name} must be a fraction below 1 or a whole count, got {size}")
+    return int(size)
+
+
+def held_out(
+    n: int,
+    seed: int,
+    val_size: float,
+    test_size: float,
+    has_test: bool,
+    has_val: bool = False,
+    limit_train: int | None = None,
+) -> dict[str, torch.Tensor | None]:
+    """Seeded, sorted row indices of train / val / test within ``n`` training rows.
+
+    One permutation drawn from ``seed``: its first :func:`split_size` ``(test_size, n)`` rows
+    are the test split (unless ``has_test``: a test split is given separately, ``"test"`` is
+    None), the next ``split_size(val_size, rest)`` the validation split (unless ``has_val``),
+    the rest training, cut to ``limit_train``.
+    """
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    test_idx: torch.Tensor | None = None
+    if not has_test:
+        n_test = split_size(test_size, n, "test_size")
+        test_idx, order = order[:n_test].sort().values, order[n_test:]
+    n_val = 0 if has_val else split_size(val_size, len(order), "val_size")
+    if n_val >= len(order):
+        raise ValueError(
+            f"val_size={val_size} leaves no training images (of {len(order)})"
+        )
+    val_idx, train_idx = order[:n_val], order[n_val:]
+    if limit_train is not None:
+        train_idx = train_idx[:limit_train]
+    return {"train": train_idx.sort().values,
+            "val": None if has_val else val_idx.sort().values, "test": test_idx}
+
+
+def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int]:
+    """``(n_val, n_test)`` of a group of ``n`` (voices, files of a class): at least one each
+    when its fraction is > 0, at least one left for training; none held out below 3."""
+    if n < 3:
+        return 0, (1 if n == 2 else 0)
+    n_test = max(1, round(test_fraction * n)) if test_fraction > 0 else 0
+    n_val = max(1, round(val_fraction * n)) if val_fraction > 0 else 0
+    while n_test + n_val >= n:  # keep at least one for training
+        if n_val > 0:
+            n_val -= 1
+        else:
+            n_test -= 1
+    return n_val, n_test
+
+
+__all__ = ["SplitDataModule", "held_out", "split_counts", "split_size"]

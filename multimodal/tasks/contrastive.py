@@ -97,8 +97,9 @@ class ContrastiveTask(ModelTask):
     The tokenizer is trained on the training captions (``setup``) and travels in the
     checkpoint. Logs ``train/loss``, ``train/logit_scale``, ``train/temperature``
     (= 1/s), ``{val,test}/loss``, ``{val,test}/i2t_R@k`` and ``t2i_R@k`` for k in
-    ``recall_ks``, and on scenes ``{val,test}/zero_shot_heldout`` / ``zero_shot_seen``
-    (prompts ``templates`` over every "colour shape" class name).
+    ``recall_ks``, and ``{val,test}/zero_shot_{name}`` for each zero-shot set the data
+    module supplies with ``zero_shot_sets(n)`` (scenes: ``heldout`` / ``seen``, prompts
+    ``templates`` over every "colour shape" class name).
     """
 
     def __init__(
@@ -133,10 +134,8 @@ class ContrastiveTask(ModelTask):
             self.tokenizer = caption_tokenizer_of(dm, self.hparams.tokenizer,
                                                   self.model.config.text.vocab_size,
                                                   type(self).__name__)
-        if dm is not None and getattr(dm, "dataset", None) == "scenes" \
-                and self.hparams.zero_shot_size > 0:
-            self._zero_shot = {p: dm.zero_shot_set(p, self.hparams.zero_shot_size)
-                               for p in ("heldout", "seen")}
+        if callable(getattr(dm, "zero_shot_sets", None)) and self.hparams.zero_shot_size > 0:
+            self._zero_shot = dm.zero_shot_sets(self.hparams.zero_shot_size)
 
     def tokenize(self, captions: Sequence[str]) -> dict[str, Tensor]:
         if self.tokenizer is None:

@@ -1,0 +1,92 @@
+"""Audio items and batches for any source: a folder of clips for ``predict`` and the collate
+that pads waveforms (or turns them into log-mel features) into one batch dict."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from multimodal.data.audio_transforms import SAMPLE_RATE, Resampler, centre_crop
+from multimodal.tokenizers.audio import AudioFrameTokenizer, load_audio
+
+__all__ = ["AUDIO_EXTENSIONS", "AudioBatchCollate", "AudioFolderDataset", "list_audio_files",
+           "read_audio_folder"]
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
+
+
+def list_audio_files(folder: str | os.PathLike) -> list[Path]:
+    """The WAV / FLAC / OGG files directly in ``folder``, sorted by name."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise FileNotFoundError(f"audio folder not found: {path}")
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in AUDIO_EXTENSIONS)
+    if not files:
+        raise FileNotFoundError(f"no {'/'.join(AUDIO_EXTENSIONS)} files in {path}")
+    return files
+
+
+class AudioFolderDataset(Dataset):
+    """A folder of audio files for ``predict``: ``{"waveform": (T,) 16 kHz, "filename": str}``
+    in sorted file-name order; clips longer than ``max_samples`` are centre-cropped."""
+
+    def __init__(self, folder: str | os.PathLike, max_samples: int | None = None) -> None:
+        self.files = list_audio_files(folder)
+        self.max_samples = max_samples
+        self._resample = Resampler()
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        x = self._resample(*load_audio(self.files[i]))
+        if self.max_samples is not None:
+            x = centre_crop(x, self.max_samples)
+        return {"waveform": x, "filename": self.files[i].name}
+
+
+def read_audio_folder(
+    folder: str | os.PathLike, tokenizer: AudioFrameTokenizer
+) -> list[tuple[Tensor, str]]:
+    """``[(features (F, n_mels), file name), ...]`` for the audio files of ``folder``, sorted."""
+    out = []
+    for item in AudioFolderDataset(folder):
+        feats, lengths = tokenizer(item["waveform"], SAMPLE_RATE)
+        out.append((feats[0, : int(lengths[0])], item["filename"]))
+    return out
+
+
+class AudioBatchCollate:
+    """Pad a list of ``{"waveform": (T_i,), ...}`` items into a batch dict.
+
+    With a tokenizer: ``{"features": (B, F, n_mels), "lengths": frames, ...}``; without:
+    ``{"waveform": (B, T), "lengths": samples, ...}``. ``label`` becomes a LongTensor,
+    ``filename`` a list.
+    """
+
+    def __init__(self, tokenizer: AudioFrameTokenizer | None = None) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        waves = [it["waveform"] for it in items]
+        batch: dict[str, Any] = {}
+        if self.tokenizer is not None:
+            with torch.no_grad():
+                batch["features"], batch["lengths"] = self.tokenizer(waves, SAMPLE_RATE)
+        else:
+            lengths = torch.tensor([w.shape[0] for w in waves], dtype=torch.long)
+            padded = torch.zeros(len(waves), int(lengths.max()))
+            for i, w in enumerate(waves):
+                padded[i, : w.shape[0]] = w
+            batch["waveform"], batch["lengths"] = padded, lengths
+        if "label" in items[0]:
+            batch["label"] = torch.tensor([it["label"] for it in items], dtype=torch.long)
+        if "filename" in items[0]:
+            batch["filename"] = [it["filename"] for it in items]
+        return batch
+

@@ -1,0 +1,267 @@
+"""Spoken words: the ten digits and ten commands (20 classes) spoken by ~100 voices of the
+Debian speech synthesisers ``espeak-ng`` (English accents x voice variants) and ``flite``
+(kal, awb, rms, slt), each at several speeds and pitches.
+
+:func:`synthesize_spoken_words` writes them once, as WAV files plus ``manifest.csv``
+(``path, word, voice, speed, pitch``), under ``data/cache/spoken_words/``
+(``bash data/get_audio.sh`` runs it). Splits are by voice (:func:`split_voices`):
+validation and test voices are never heard in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import shutil
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from multimodal.data.audio_transforms import (
+    Augment,
+    Resampler,
+    augment_item,
+    centre_crop,
+)
+from multimodal.data.sources import GET_AUDIO
+from multimodal.data.sources.sonic_pi import SONIC_PI_DIR, sonic_pi_files
+from multimodal.data.sources.speech import SpeechJob, Voice, available_voices, speak
+from multimodal.data.splits import split_counts
+from multimodal.progress import progress as progress_bar
+from multimodal.tokenizers.audio import load_audio
+
+__all__ = ["COMMANDS", "DIGITS", "SPOKEN_WORDS", "SpokenWordsDataset", "read_manifest",
+           "split_voices", "synthesize_spoken_words"]
+
+DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+COMMANDS = ("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")
+SPOKEN_WORDS = DIGITS + COMMANDS
+DEFAULT_ROOT = Path("data/cache")
+MANIFEST_FIELDS = ("path", "word", "voice", "speed", "pitch")
+
+DEFAULT_SPEEDS = (120, 150, 180, 210)
+DEFAULT_PITCHES = (30, 45, 60, 75)
+
+
+def _workers(requested: int | None) -> int:
+    if requested is not None:
+        return max(1, requested)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _plan(
+    root: Path,
+    voices: Sequence[Voice],
+    words: Sequence[str],
+    speeds: Sequence[int],
+    pitches: Sequence[int],
+    takes_per_word: int,
+    seed: int,
+) -> list[SpeechJob]:
+    """Each (voice, word) gets ``takes_per_word`` distinct (speed, pitch) pairs drawn from the
+    grid by a RNG seeded with ``(seed, voice, word)``: deterministic, whatever the order."""
+    grid = [(s, p) for s in speeds for p in pitches]
+    if not 1 <= takes_per_word <= len(grid):
+        raise ValueError(f"takes_per_word must be in [1, {len(grid)}], got {takes_per_word}")
+    jobs = []
+    for voice in voices:
+        for word in words:
+            rng = random.Random(f"{seed}:{voice.id}:{word}")
+            for speed, pitch in sorted(rng.sample(grid, takes_per_word)):
+                out = root / "wav" / voice.slug / f"{word}_s{speed}_p{pitch}.wav"
+                jobs.append(SpeechJob(voice, word, speed, pitch, out))
+    return jobs
+
+
+def synthesize_spoken_words(
+    root: str | os.PathLike = DEFAULT_ROOT / "spoken_words",
+    voices: Sequence[Voice | str] | None = None,
+    words: Sequence[str] = SPOKEN_WORDS,
+    speeds: Sequence[int] = DEFAULT_SPEEDS,
+    pitches: Sequence[int] = DEFAULT_PITCHES,
+    takes_per_word: int = 3,
+    seed: int = 0,
+    workers: int | None = None,
+    progress: bool = True,
+) -> Path:
+    """Synthesise every (voice, word, take) as a WAV under ``root/wav/`` and write
+    ``root/manifest.csv``; returns the manifest path.
+
+    Cached: when the manifest exists and all its files are there, nothing is done (delete
+    ``root`` to make it again); existing WAVs of an interrupted run are kept. Runs on a
+    process pool of ``workers`` processes (default: the usable cores), showing progress
+    (:func:`multimodal.progress.progress`: a bar on a terminal, a line every 10 % in a log).
+    Speeds are espeak-ng words per minute (``-s``), pitches 0..99 (``-p``); flite gets
+    ``duration_stretch = 175 / speed`` and ``F0 = base * 2^((pitch - 50) / 100)``.
+    """
+    root = Path(root)
+    manifest = root / "manifest.csv"
+    if manifest.is_file() and all((root / r["path"]).is_file() for r in read_manifest(root)):
+        return manifest
+    chosen = [Voice.parse(v) if isinstance(v, str) else v for v in voices or available_voices()]
+    if not chosen:
+        raise FileNotFoundError(f"neither espeak-ng nor flite is installed. {GET_AUDIO}")
+    for engine, program in (("espeak", "espeak-ng"), ("flite", "flite")):
+        if any(v.engine == engine for v in chosen) and not shutil.which(program):
+            raise FileNotFoundError(f"{program} is not installed. {GET_AUDIO}")
+    unknown = sorted(set(words) - set(SPOKEN_WORDS))
+    if unknown:
+        raise ValueError(f"words must come from SPOKEN_WORDS, got {unknown}")
+    jobs = _plan(root, sorted(set(chosen)), words, speeds, pitches, takes_per_word, seed)
+    todo = [j for j in jobs if not j.out.is_file()]
+    for folder in {j.out.parent for j in todo}:
+        folder.mkdir(parents=True, exist_ok=True)
+    n_workers = min(_workers(workers), max(1, len(todo)))
+    errors = _execute(todo, n_workers, progress)
+    if errors:
+        shown = "\n  ".join(errors[:5])
+        raise RuntimeError(f"{len(errors)} of {len(todo)} clips failed, e.g.:\n  {shown}")
+    tmp = manifest.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(MANIFEST_FIELDS)
+        for j in jobs:
+            rel = j.out.relative_to(root).as_posix()
+            writer.writerow([rel, j.word, j.voice.id, j.speed, j.pitch])
+    tmp.replace(manifest)
+    return manifest
+
+
+def _execute(jobs: list[SpeechJob], workers: int, progress: bool) -> list[str]:
+    bar = progress_bar(total=len(jobs), desc="spoken words", unit="clip", disable=not progress)
+    errors: list[str] = []
+    with bar:
+        if workers == 1:
+            results: Iterable[str | None] = map(speak, jobs)
+            for err in results:
+                errors += [err] if err else []
+                bar.update()
+        else:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                for err in pool.map(speak, jobs, chunksize=16):
+                    errors += [err] if err else []
+                    bar.update()
+    return errors
+
+
+
+def read_manifest(root: str | os.PathLike) -> list[dict[str, str]]:
+    """Rows of ``root/manifest.csv`` as dicts with :data:`MANIFEST_FIELDS`."""
+    path = Path(root) / "manifest.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"spoken-words manifest not found: {path}. {GET_AUDIO}")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and set(MANIFEST_FIELDS) - set(rows[0]):
+        raise ValueError(f"{path} must have columns {MANIFEST_FIELDS}, got {sorted(rows[0])}")
+    return rows
+
+
+
+def split_voices(
+    voices: Iterable[str],
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> dict[str, list[str]]:
+    """Split voice ids into disjoint ``train`` / ``val`` / ``test`` lists.
+
+    Stratified by engine (``espeak`` / ``flite``, the part before ``:``) so each split hears
+    both synthesisers: within an engine the sorted voices are shuffled with ``seed`` and the
+    first ``round(test_fraction * n)`` (at least 1) go to test, the next ones to val.
+    Deterministic: the same voices and seed give the same split.
+    """
+    if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+        raise ValueError(
+            f"need 0 <= val_fraction, test_fraction and a sum < 1, got {val_fraction}, "
+            f"{test_fraction}"
+        )
+    by_engine: dict[str, list[str]] = defaultdict(list)
+    for v in sorted(set(voices)):
+        by_engine[v.partition(":")[0]].append(v)
+    out: dict[str, list[str]] = {"train": [], "val": [], "test": []}
+    for engine in sorted(by_engine):
+        group = by_engine[engine]
+        random.Random(f"{seed}:{engine}").shuffle(group)
+        n_val, n_test = split_counts(len(group), val_fraction, test_fraction)
+        out["test"] += group[:n_test]
+        out["val"] += group[n_test : n_test + n_val]
+        out["train"] += group[n_test + n_val :]
+    return {k: sorted(v) for k, v in out.items()}
+
+
+class SpokenWordsDataset(Dataset):
+    """Rows of the spoken-words manifest -> ``{"waveform": (T,) 16 kHz, "label": int}``.
+
+    Clips longer than ``max_samples`` are centre-cropped; shorter ones keep their length.
+    ``noise`` (training) mixes background noise per item with the global torch RNG; with
+    ``noise_seed`` (evaluation) item ``i`` always gets the same noise.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        rows: Sequence[dict[str, str]],
+        max_samples: int | None = None,
+        noise: Augment | None = None,
+        noise_seed: int | None = None,
+    ) -> None:
+        self.root, self.rows = Path(root), list(rows)
+        self.labels = [SPOKEN_WORDS.index(r["word"]) for r in self.rows]
+        self.max_samples, self.noise, self.noise_seed = max_samples, noise, noise_seed
+        self._resample = Resampler()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def waveform(self, i: int) -> Tensor:
+        """The clean 16 kHz mono clip of item ``i``."""
+        x = self._resample(*load_audio(self.root / self.rows[i]["path"]))
+        return x if self.max_samples is None else centre_crop(x, self.max_samples)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        x = self.waveform(i)
+        x = augment_item(x, self.noise, self.noise_seed, i)
+        return {"waveform": x, "label": self.labels[i]}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m multimodal.data.sources.spoken_words",
+        description="Synthesise the spoken-words dataset (cached) and check the Sonic Pi samples.",
+    )
+    parser.add_argument("--root", default=str(DEFAULT_ROOT / "spoken_words"))
+    parser.add_argument("--takes-per-word", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--samples-dir", default=str(SONIC_PI_DIR))
+    args = parser.parse_args(argv)
+    manifest = synthesize_spoken_words(
+        args.root, takes_per_word=args.takes_per_word, seed=args.seed, workers=args.workers
+    )
+    rows = read_manifest(args.root)
+    voices = {r["voice"] for r in rows}
+    print(f"spoken words: {len(rows)} clips, {len(voices)} voices, "
+          f"{len({r['word'] for r in rows})} words -> {manifest}")  # fmt: skip
+    try:
+        files = sonic_pi_files(args.samples_dir)
+        summary = ", ".join(f"{c} {len(f)}" for c, f in files.items())
+        total = sum(map(len, files.values()))
+        print(f"sonic pi: {total} files in {len(files)} classes ({summary})")
+    except FileNotFoundError as err:
+        print(f"sonic pi: {err}")
+
+
+if __name__ == "__main__":
+    main()
+
