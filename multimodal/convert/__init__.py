@@ -39,7 +39,12 @@ from typing import Any
 
 from torch import nn
 
-from multimodal.convert import hf_clip, hf_text, hf_vision  # noqa: F401  (they register)
+from multimodal.convert import (  # noqa: F401  (each module registers its converters)
+    hf_clip,
+    hf_siglip,
+    hf_text,
+    hf_vision,
+)
 from multimodal.convert.common import HF_CONVERTERS, SUPPORTED
 from multimodal.convert.hf_folder import from_hf_folder, read_hf_weights
 from multimodal.convert.timm_vit import from_timm
