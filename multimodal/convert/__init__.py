@@ -47,9 +47,12 @@ from multimodal.convert import (  # noqa: F401  (each module registers its conve
 )
 from multimodal.convert.common import HF_CONVERTERS, SUPPORTED
 from multimodal.convert.hf_folder import from_hf_folder, read_hf_weights
+from multimodal.convert.openclip import from_open_clip
 from multimodal.convert.timm_vit import from_timm
 from multimodal.convert.torchvision_vit import from_torchvision
 
+SUPPORTED["open_clip"] = ("CLIP, CustomTextCLIP with open_clip's own VisionTransformer and "
+                         "TextTransformer (from_open_clip)")
 SUPPORTED["transformers"] = (", ".join(sorted(HF_CONVERTERS)) + "; or a Hugging Face layout "
                              "folder of one of them (from_hf_folder)")
 
@@ -73,7 +76,7 @@ def from_hf(model: nn.Module | str | os.PathLike) -> nn.Module:
 
 
 def convert(model: nn.Module, **kwargs: Any) -> nn.Module:
-    """Dispatch on the source library: torchvision, timm or transformers."""
+    """Dispatch on the source library: torchvision, timm, transformers or open_clip."""
     module = type(model).__module__
     if module.startswith("torchvision."):
         return from_torchvision(model, **kwargs)
@@ -81,9 +84,11 @@ def convert(model: nn.Module, **kwargs: Any) -> nn.Module:
         return from_timm(model, **kwargs)
     if module.startswith("transformers."):
         return from_hf(model, **kwargs)
+    if module.startswith("open_clip."):
+        return from_open_clip(model, **kwargs)
     raise ValueError(f"cannot convert a {module}.{type(model).__name__}; supported: "
                      + "; ".join(f"{lib}: {what}" for lib, what in SUPPORTED.items()))
 
 
-__all__ = ["SUPPORTED", "convert", "from_hf", "from_hf_folder", "from_timm",
+__all__ = ["SUPPORTED", "convert", "from_hf", "from_hf_folder", "from_open_clip", "from_timm",
            "from_torchvision", "read_hf_weights"]
