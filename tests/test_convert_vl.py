@@ -281,3 +281,102 @@ def test_open_clip_builtin_vit_b_32_matches():
                                    source.encode_image(images), atol=ATOL, rtol=1e-4)
         torch.testing.assert_close(ours.encode_text(ids, normalize=False),
                                    source.encode_text(ids), atol=ATOL, rtol=1e-4)
+
+
+# -- VisionEncoderDecoderModel (ViT + GPT-2) -> Captioner ------------------------------------
+BOS, EOS, PAD = 1, 2, 11  # PAD not 0: transformers' beam search fills with EOS when pad is 0
+
+
+def hf_vision_encoder_decoder(seed=1, enc_width=24):
+    """Random weights with a wide init (0.5) so that logits are peaked and captions vary
+    with the image and end at EOS at different steps."""
+    t = transformers
+    torch.manual_seed(seed)
+    enc = t.ViTConfig(image_size=32, patch_size=8, hidden_size=enc_width, num_hidden_layers=2,
+                      num_attention_heads=4, intermediate_size=40, initializer_range=0.5)
+    dec = t.GPT2Config(vocab_size=12, n_positions=24, n_embd=32, n_layer=2, n_head=4,
+                       add_cross_attention=True, is_decoder=True, bos_token_id=BOS,
+                       eos_token_id=EOS, initializer_range=0.5)
+    cfg = t.VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
+    cfg.decoder_start_token_id, cfg.pad_token_id, cfg.eos_token_id = BOS, PAD, EOS
+    return t.VisionEncoderDecoderModel(config=cfg).eval()
+
+
+def _generate_both(source, ours, images, **kw):
+    with torch.no_grad():
+        want = source.generate(pixel_values=images, do_sample=False, early_stopping="never",
+                               **kw)
+    return ours.generate(images, **kw), want
+
+
+@pytest.mark.parametrize("enc_width", [24, 32])  # 24: enc_to_dec_proj folded into kv
+def test_vision_encoder_decoder_logits_match(enc_width):
+    source = hf_vision_encoder_decoder(enc_width=enc_width)
+    assert ("enc_to_dec_proj.weight" in source.state_dict()) == (enc_width == 24)
+    ours = convert.from_hf(source)
+    assert type(ours) is mm.Captioner and ours.config.memory == "all"
+    assert (ours.config.bos_token_id, ours.config.eos_token_id, ours.config.pad_token_id) \
+        == (BOS, EOS, PAD)
+    images = torch.randn(3, 3, 32, 32)
+    ids = torch.randint(3, 12, (3, 6))
+    ids[:, 0] = BOS
+    with torch.no_grad():
+        want = source(pixel_values=images, decoder_input_ids=ids).logits
+        torch.testing.assert_close(ours(images, ids), want, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("beams", [dict(num_beams=1), dict(num_beams=3),
+                                   dict(num_beams=3, length_penalty=0.5)])
+def test_vision_encoder_decoder_generation_is_token_for_token(seed, beams):
+    source = hf_vision_encoder_decoder(seed=seed)
+    ours = convert.from_hf(source)
+    torch.manual_seed(100)
+    images = torch.randn(4, 3, 32, 32)
+    got, want = _generate_both(source, ours, images, max_new_tokens=14, **beams)
+    assert torch.equal(got, want), (got.tolist(), want.tolist())
+    ended = [(row == EOS).any().item() for row in want]  # the EOS rule was exercised:
+    assert any(ended) and got.shape[1] == 15  # some rows end early, another runs to the end
+
+
+def test_vision_encoder_decoder_refuses_other_decoders():
+    t = transformers
+    enc = t.ViTConfig(image_size=16, patch_size=8, hidden_size=16, num_hidden_layers=1,
+                      num_attention_heads=2, intermediate_size=16)
+    dec = t.BertConfig(vocab_size=10, hidden_size=16, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=16, is_decoder=True,
+                       add_cross_attention=True)
+    cfg = t.VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
+    with pytest.raises(ValueError, match="'bert' decoder is not supported"):
+        convert.from_hf(t.VisionEncoderDecoderModel(config=cfg))
+
+
+_BLOCKED_CAPTIONER = _BLOCKED_PAIR.split("model = mm.from_hf")[0] + textwrap.dedent("""
+    model = mm.from_hf(folder)
+    assert type(model) is mm.Captioner, type(model)
+    got = model.generate(io["images"], max_new_tokens=10, num_beams=3)
+    assert torch.equal(got, io["beam"]), (got, io["beam"])
+    with torch.no_grad():
+        torch.testing.assert_close(model(io["images"], io["ids"]), io["logits"], atol=1e-4,
+                                   rtol=1e-4)
+    assert "transformers" not in sys.modules
+    print("ok captioner")
+""")
+
+
+def test_vision_encoder_decoder_folder_loads_without_transformers(tmp_path):
+    source = hf_vision_encoder_decoder(seed=2)
+    source.save_pretrained(tmp_path)
+    images = torch.randn(3, 3, 32, 32)
+    ids = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 8, 9], [BOS, 3, 3, 10]])
+    with torch.no_grad():
+        beam = source.generate(pixel_values=images, max_new_tokens=10, num_beams=3,
+                               early_stopping="never")
+        logits = source(pixel_values=images, decoder_input_ids=ids).logits
+    save_file({"images": images, "ids": ids, "beam": beam.contiguous(),
+               "logits": logits.contiguous()},
+              str(tmp_path / "io.safetensors"))
+    run = subprocess.run([sys.executable, "-c", _BLOCKED_CAPTIONER, str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ok captioner" in run.stdout

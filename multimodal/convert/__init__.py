@@ -40,6 +40,7 @@ from typing import Any
 from torch import nn
 
 from multimodal.convert import (  # noqa: F401  (each module registers its converters)
+    hf_captioner,
     hf_clip,
     hf_siglip,
     hf_text,
