@@ -380,3 +380,105 @@ def test_vision_encoder_decoder_folder_loads_without_transformers(tmp_path):
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "ok captioner" in run.stdout
+
+
+# -- zero-shot on imported CLIP / SigLIP ---------------------------------------------------
+WORDS = {"a": 5, "photo": 6, "of": 7, "dog": 9, "cat": 10, "red": 11, "car": 12, "sketch": 13,
+         "blurry": 14}
+
+
+class Words:
+    """A tokenizer of our API over a fixed word -> id table (BOS 97, EOS 98, PAD 0)."""
+
+    vocab_size = 99
+
+    def encode_many(self, texts, add_cls=False, add_eos=False):
+        return [[97] + [WORDS[w] for w in t.split()] + [98] * add_eos for t in texts]
+
+    def pad(self, seqs, length=None):
+        n = length or max(map(len, seqs))
+        ids = torch.tensor([s + [0] * (n - len(s)) for s in seqs])
+        return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+
+
+def hf_clip_small():
+    torch.manual_seed(7)
+    cfg = transformers.CLIPConfig(
+        text_config=dict(vocab_size=99, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=2, num_attention_heads=4,
+                         max_position_embeddings=16, eos_token_id=98, bos_token_id=97,
+                         pad_token_id=0),
+        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                           num_attention_heads=4, image_size=32, patch_size=8),
+        projection_dim=24)
+    source = transformers.CLIPModel(cfg)
+    with torch.no_grad():
+        source.logit_scale.fill_(3.0)
+    return _randomise(source)
+
+
+def test_clip_zero_shot_equals_transformers_softmax_one_template():
+    source = hf_clip_small()
+    ours = convert.from_hf(source)
+    classes = ["dog", "cat", "red car"]
+    batch = Words().pad(Words().encode_many([f"a photo of {c}" for c in classes],
+                                            add_eos=True))
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        want = source(pixel_values=images, **batch).logits_per_image.softmax(dim=-1)
+    got = ours.zero_shot(images, classes, templates=["a photo of {}"], tokenizer=Words())
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
+    assert not torch.allclose(got, torch.full_like(got, 1 / 3), atol=1e-2)  # not uniform
+
+
+def test_clip_zero_shot_prompt_ensemble_equals_transformers_features():
+    """Several templates: the class vector is the renormalised mean of the normalised
+    text features (CLIP's prompt ensembling), computed here from transformers' features."""
+    source = hf_clip_small()
+    ours = convert.from_hf(source)
+    classes, templates = ["dog", "cat", "red car"], ["a photo of {}", "a sketch of {}",
+                                                     "a blurry {}"]
+    texts = [t.format(c) for c in classes for t in templates]
+    batch = Words().pad(Words().encode_many(texts, add_eos=True))
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        txt = source.get_text_features(**batch).pooler_output
+        img = source.get_image_features(pixel_values=images).pooler_output
+    txt = nn.functional.normalize(txt, dim=-1).view(3, 3, -1).mean(1)
+    txt = nn.functional.normalize(txt, dim=-1)
+    img = nn.functional.normalize(img, dim=-1)
+    want = (source.logit_scale.exp() * img @ txt.T).softmax(-1)
+    got = ours.zero_shot(images, classes, templates=templates, tokenizer=Words())
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
+
+
+def test_siglip_zero_shot_equals_transformers_softmax():
+    """SigLIP pools at the last column: prompts padded to one length give the same ids to
+    both; the bias does not change a softmax over classes."""
+    source = hf_siglip()
+    ours = convert.from_hf(source)
+    classes = ["dog", "cat", "red car"]
+    batch = Words().pad(Words().encode_many([f"a photo of {c}" for c in classes]))
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        want = source(pixel_values=images, **batch).logits_per_image.softmax(dim=-1)
+    got = ours.zero_shot(images, classes, templates=["a photo of {}"], tokenizer=Words())
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
+
+
+def test_captioner_with_class_token_memory_maps_show_the_patch_share():
+    """memory='all': the class token is in the memory; the maps keep the patches' share,
+    equal to transformers' cross-attentions without the class-token column."""
+    source = hf_vision_encoder_decoder(seed=1)
+    ours = convert.from_hf(source)
+    source.set_attn_implementation("eager")  # sdpa returns no attention maps
+    images = torch.randn(2, 3, 32, 32)
+    ids, maps = ours.generate(images, max_new_tokens=4, return_attention=True)
+    assert maps.shape == (2, ids.shape[1] - 1, 4, 4)
+    with torch.no_grad():
+        out = source(pixel_values=images, decoder_input_ids=ids[:, :-1],
+                     output_attentions=True)
+    want = out.cross_attentions[-1].mean(dim=1)[..., 1:].reshape(maps.shape)
+    torch.testing.assert_close(maps, want, atol=ATOL, rtol=1e-4)
+    share = maps.sum(dim=(-1, -2))  # the class token takes the rest
+    assert bool((share <= 1 + 1e-6).all()) and bool((share < 0.99).any())
