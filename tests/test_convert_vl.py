@@ -129,50 +129,6 @@ def test_hf_siglip_without_head_is_refused():
         convert.from_hf(transformers.SiglipModel(cfg))
 
 
-_BLOCKED_PAIR = textwrap.dedent("""
-    import sys
-    class Block:
-        def find_spec(self, name, path=None, target=None):
-            if name == "transformers" or name.startswith("transformers."):
-                raise ImportError("transformers is blocked in this test")
-    sys.meta_path.insert(0, Block())
-    import torch
-    from safetensors.torch import load_file
-    import multimodal as mm
-    folder = sys.argv[1]
-    io = load_file(folder + "/io.safetensors")
-    model = mm.from_hf(folder)
-    assert type(model) is mm.CLIP, type(model)
-    with torch.no_grad():
-        logits = model.similarity(io["images"], io["ids"], io["mask"])
-        text = model.encode_text(io["ids"], io["mask"], normalize=False)
-        image = model.encode_image(io["images"], normalize=False)
-    for got, key in ((logits, "logits_per_image"), (text, "text"), (image, "image")):
-        torch.testing.assert_close(got, io[key], atol=1e-4, rtol=1e-4)
-    assert "transformers" not in sys.modules
-    print("ok", model.config.loss)
-""")
-
-
-def test_siglip_folder_loads_without_transformers(tmp_path):
-    source = hf_siglip()
-    source.save_pretrained(tmp_path)
-    images = torch.randn(3, 3, 32, 32)
-    with torch.no_grad():
-        out = source(input_ids=SIG_IDS, attention_mask=SIG_MASK, pixel_values=images)
-        text = source.get_text_features(input_ids=SIG_IDS, attention_mask=SIG_MASK)
-        image = source.get_image_features(pixel_values=images)
-    save_file({"images": images, "ids": SIG_IDS, "mask": SIG_MASK,
-               "logits_per_image": out.logits_per_image.contiguous(),
-               "text": text.pooler_output.contiguous(),
-               "image": image.pooler_output.contiguous()}, str(tmp_path / "io.safetensors"))
-    assert "logit_bias" in load_file(str(tmp_path / "model.safetensors"))
-    run = subprocess.run([sys.executable, "-c", _BLOCKED_PAIR, str(tmp_path)],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "ok sigmoid" in run.stdout
-
-
 def test_clip_without_image_projection_needs_matching_width():
     vision = mm.ViTConfig(image_size=16, patch_size=8, dim=32, depth=1, heads=2, mlp_dim=32)
     text = mm.TextEncoderConfig(vocab_size=20, max_len=8, dim=16, depth=1, heads=2)
@@ -351,8 +307,31 @@ def test_vision_encoder_decoder_refuses_other_decoders():
         convert.from_hf(t.VisionEncoderDecoderModel(config=cfg))
 
 
-_BLOCKED_CAPTIONER = _BLOCKED_PAIR.split("model = mm.from_hf")[0] + textwrap.dedent("""
-    model = mm.from_hf(folder)
+_BLOCKED = textwrap.dedent("""
+    import sys
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name == "transformers" or name.startswith("transformers."):
+                raise ImportError("transformers is blocked in this test")
+    sys.meta_path.insert(0, Block())
+    import torch
+    from safetensors.torch import load_file
+    import multimodal as mm
+    siglip, captioner = sys.argv[1], sys.argv[2]
+
+    io = load_file(siglip + "/io.safetensors")
+    model = mm.from_hf(siglip)
+    assert type(model) is mm.CLIP and model.config.loss == "sigmoid", type(model)
+    with torch.no_grad():
+        logits = model.similarity(io["images"], io["ids"], io["mask"])
+        text = model.encode_text(io["ids"], io["mask"], normalize=False)
+        image = model.encode_image(io["images"], normalize=False)
+    for got, key in ((logits, "logits_per_image"), (text, "text"), (image, "image")):
+        torch.testing.assert_close(got, io[key], atol=1e-4, rtol=1e-4)
+    print("ok siglip")
+
+    io = load_file(captioner + "/io.safetensors")
+    model = mm.from_hf(captioner)
     assert type(model) is mm.Captioner, type(model)
     got = model.generate(io["images"], max_new_tokens=10, num_beams=3)
     assert torch.equal(got, io["beam"]), (got, io["beam"])
@@ -364,10 +343,24 @@ _BLOCKED_CAPTIONER = _BLOCKED_PAIR.split("model = mm.from_hf")[0] + textwrap.ded
 """)
 
 
-def test_vision_encoder_decoder_folder_loads_without_transformers(tmp_path):
-    source = hf_vision_encoder_decoder(seed=2)
-    source.save_pretrained(tmp_path)
+def test_siglip_and_captioner_folders_load_without_transformers(tmp_path):
+    """save_pretrained folders -> mm.from_hf with transformers blocked (one subprocess)."""
+    source = hf_siglip()
+    source.save_pretrained(tmp_path / "siglip")
     images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        out = source(input_ids=SIG_IDS, attention_mask=SIG_MASK, pixel_values=images)
+        text = source.get_text_features(input_ids=SIG_IDS, attention_mask=SIG_MASK)
+        image = source.get_image_features(pixel_values=images)
+    save_file({"images": images, "ids": SIG_IDS, "mask": SIG_MASK,
+               "logits_per_image": out.logits_per_image.contiguous(),
+               "text": text.pooler_output.contiguous(),
+               "image": image.pooler_output.contiguous()},
+              str(tmp_path / "siglip" / "io.safetensors"))
+    assert "logit_bias" in load_file(str(tmp_path / "siglip" / "model.safetensors"))
+
+    source = hf_vision_encoder_decoder(seed=2)
+    source.save_pretrained(tmp_path / "captioner")
     ids = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 8, 9], [BOS, 3, 3, 10]])
     with torch.no_grad():
         beam = source.generate(pixel_values=images, max_new_tokens=10, num_beams=3,
@@ -375,11 +368,12 @@ def test_vision_encoder_decoder_folder_loads_without_transformers(tmp_path):
         logits = source(pixel_values=images, decoder_input_ids=ids).logits
     save_file({"images": images, "ids": ids, "beam": beam.contiguous(),
                "logits": logits.contiguous()},
-              str(tmp_path / "io.safetensors"))
-    run = subprocess.run([sys.executable, "-c", _BLOCKED_CAPTIONER, str(tmp_path)],
+              str(tmp_path / "captioner" / "io.safetensors"))
+    run = subprocess.run([sys.executable, "-c", _BLOCKED, str(tmp_path / "siglip"),
+                          str(tmp_path / "captioner")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "ok captioner" in run.stdout
+    assert "ok siglip" in run.stdout and "ok captioner" in run.stdout
 
 
 # -- zero-shot on imported CLIP / SigLIP ---------------------------------------------------
