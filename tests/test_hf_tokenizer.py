@@ -122,3 +122,30 @@ def test_load_encoder_real_minilm_folder_with_its_tokenizer_json():
     torch.testing.assert_close(mm.mean_pool(features, mask),
                                mm.mean_pool(want, batch["attention_mask"]), atol=1e-5,
                                rtol=1e-5)
+
+
+def test_encoder_wraps_a_clip_trained_here_with_its_own_tokenizer():
+    """The image-text Encoder with the package's tokenizer: the text tower's rule
+    (tokens + [EOS] for "eot" pooling) through tokenize_texts, embeddings unnormalised."""
+    from multimodal.models.clip import tokenize_texts
+
+    tok = mm.WordPieceTokenizer.train(["a red car", "a small dog", "two cats"] * 5,
+                                      vocab_size=60)
+    torch.manual_seed(0)
+    clip = mm.CLIP(mm.CLIPConfig(
+        vision=mm.ViTConfig(image_size=16, patch_size=8, dim=32, depth=1, heads=2, mlp_dim=32,
+                            pool="mean", class_token=False),
+        text=mm.TextEncoderConfig(vocab_size=tok.vocab_size, max_len=12, dim=32, depth=1,
+                                  heads=2, mlp_dim=32), embed_dim=16)).eval()
+    encoder = load_encoder(clip, tokenizer=tok)
+    texts = ["a red car", "two small cats"]
+    features, mask = encoder.encode(texts)
+    batch = tokenize_texts(tok, texts, "eot")
+    with torch.no_grad():
+        want = clip.encode_text(batch["input_ids"], batch["attention_mask"], normalize=False)
+    torch.testing.assert_close(features, want)
+    assert torch.equal(mask, batch["attention_mask"])
+    images = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(encoder(images), clip.encode_image(images, normalize=False))
+    with pytest.raises(ValueError, match="attention_mask is for text"):
+        encoder(images, torch.ones(2, 4))

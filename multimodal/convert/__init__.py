@@ -1,10 +1,11 @@
-"""Import models from torchvision, timm and transformers: the one place that knows
-foreign weight layouts.
+"""Import models from torchvision, timm, transformers and open_clip: the one place that
+knows foreign weight layouts.
 
 >>> vit = from_torchvision(torchvision.models.vit_b_16(weights=None))
 >>> vit = from_timm(timm.create_model("vit_tiny_patch16_224"), img_size=384)
 >>> gpt = from_hf(transformers.GPT2LMHeadModel(config))
 >>> llama = from_hf("path/to/hf_folder")   # config.json + safetensors, no transformers
+>>> clip = from_open_clip(open_clip.create_model("ViT-B-32", pretrained=None))
 
 Every converter reads the source's hyper-parameters, builds the matching model of this
 package, renames (and where needed fuses or transposes) the weights and loads them with
@@ -27,7 +28,8 @@ Layout notes:
 
 Layout of this package: ``common`` (state-dict reading, the registry of transformers
 architectures), one module per source family (``torchvision_vit``, ``timm_vit``,
-``hf_vision``, ``hf_text``, ``hf_clip``, ...) each registering what it converts, and
+``hf_vision``, ``hf_text``, ``hf_clip``, ``hf_siglip``, ``hf_captioner``, ``openclip``,
+...) each registering what it converts, and
 ``hf_folder`` for folders read without transformers. A new converter is a new module
 imported below.
 """
