@@ -12,6 +12,7 @@ names are re-exported here for code written against the old single module.
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,10 @@ import torch
 from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
-from multimodal.convert import convert
+from multimodal.convert import convert, from_hf
 from multimodal.models.api import Model
 from multimodal.registry import PRESETS
+from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
 from multimodal.tokenizers.text import load_tokenizer
 from multimodal.weights import (
     CONFIG_NAME,
@@ -159,19 +161,26 @@ class Encoder(nn.Module):
     states (B, L, dim). ``encoder.pool(features, attention_mask)`` -> one vector per input,
     the model's ``pool`` (ViT: class token or mean; TextEncoder: [CLS], through its pooler
     if it has one; TextDecoder: the last real token). ``encoder.encode(texts)`` tokenises
-    with the tokenizer first ([CLS] ... [SEP] for a bidirectional encoder).
+    with the tokenizer first ([CLS] ... [SEP] for a bidirectional encoder; a Hugging Face
+    ``tokenizer.json`` adds its own special tokens).
+    An image-text model (CLIP, SigLIP) gives its embeddings before normalisation
+    (``encode_image`` / ``encode_text`` with ``normalize=False``, transformers'
+    ``get_image_features`` / ``get_text_features``): ``encoder(images)`` (B, embed_dim),
+    ``encoder(input_ids, attention_mask)`` and ``encoder.encode(texts)`` likewise; ``pool``
+    returns them unchanged.
     With ``freeze`` (the default) no parameter needs gradients and the backbone stays in
     eval mode even when a model holding the encoder is trained.
     """
 
-    MODALITIES = ("image", "text")
+    MODALITIES = ("image", "text", "image-text")
 
     def __init__(self, backbone: nn.Module, tokenizer: Any = None, freeze: bool = True) -> None:
         super().__init__()
         modality = getattr(backbone, "modality", None)
         if not isinstance(backbone, Model) or modality not in self.MODALITIES:
-            raise ValueError(f"an Encoder wraps one of our image or text models (ViT, "
-                             f"TextEncoder, TextDecoder, ...), got {type(backbone).__name__}"
+            raise ValueError(f"an Encoder wraps one of our image, text or image-text models "
+                             f"(ViT, TextEncoder, TextDecoder, CLIP, ...), got "
+                             f"{type(backbone).__name__}"
                              + (f" (modality {modality!r})" if modality else ""))
         self.backbone = backbone
         self.tokenizer = tokenizer
@@ -194,6 +203,12 @@ class Encoder(nn.Module):
 
     def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 **kwargs: Any) -> torch.Tensor:
+        if self.modality == "image-text":  # pooled embeddings of images or of token ids
+            if inputs.is_floating_point():
+                if attention_mask is not None:
+                    raise ValueError("attention_mask is for text; images take none")
+                return self.backbone.encode_image(inputs, normalize=False)
+            return self.backbone.encode_text(inputs, attention_mask, normalize=False)
         if self.modality == "image":
             if attention_mask is not None:
                 raise ValueError("attention_mask is for text; images take none")
@@ -202,6 +217,8 @@ class Encoder(nn.Module):
 
     def pool(self, features: torch.Tensor,
              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.modality == "image-text":
+            return features  # already one embedding per input
         if self.modality == "image":
             return self.backbone.pool(features)
         return self.backbone.pool(features, attention_mask)
@@ -212,6 +229,15 @@ class Encoder(nn.Module):
         if self.tokenizer is None:
             raise ValueError("this Encoder has no tokenizer: pass token ids to forward, or "
                              "load_encoder(model, tokenizer=...)")
+        if self.modality == "image-text":
+            text = self.backbone.config.text
+            pool = self.backbone.config.text_pool
+            # "last" pooling (SigLIP) reads the last column: pad to the full context
+            batch = self.tokenizer.encode_batch(
+                texts, max_length=max_length or text.max_len, add_cls=pool == "cls",
+                add_eos=pool == "eot", padding="max_length" if pool == "last" else True)
+            mask = batch["attention_mask"]
+            return self(batch["input_ids"], mask), mask
         if self.modality != "text":
             raise ValueError(f"encode() is for text; this Encoder reads {self.modality}s")
         bidirectional = not self.backbone.config.backbone.causal  # BERT-style: [CLS] .. [SEP]
@@ -229,12 +255,32 @@ class Encoder(nn.Module):
         return path
 
 
+def _is_hf_folder(path: Path) -> bool:
+    """A Hugging Face layout ``config.json`` (``model_type`` / ``architectures`` at the
+    top) rather than one of ours (``model_type`` and a ``config`` object)."""
+    config = path / CONFIG_NAME
+    if not config.is_file():
+        return False
+    try:
+        meta = json.loads(config.read_text())
+    except json.JSONDecodeError:
+        return False
+    return isinstance(meta, dict) and not isinstance(meta.get("config"), dict)
+
+
+def _load_any_tokenizer(path: Path) -> Any:
+    return HFTokenizer.from_file(path) if is_hf_tokenizer_file(path) else load_tokenizer(path)
+
+
 def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
                  freeze: bool = True) -> Encoder:
     """A backbone ready as a feature extractor, with its tokenizer.
 
-    ``source`` is a folder written by ``save_pretrained`` (its ``tokenizer.json`` is
-    loaded when present), a Lightning ``.ckpt`` of one of our tasks, one of our models,
+    ``source`` is a folder written by ``save_pretrained`` or a folder in the Hugging Face
+    layout (``config.json`` + safetensors, read by :func:`multimodal.from_hf` without
+    transformers); its ``tokenizer.json`` is loaded when present (a Hugging Face one
+    through the ``tokenizers`` library: :class:`~multimodal.tokenizers.hf_json.HFTokenizer`),
+    a Lightning ``.ckpt`` of one of our tasks, one of our models,
     or a torchvision / timm / transformers model (converted with
     :func:`multimodal.convert.convert`). Classification heads are kept but unused.
     """
@@ -244,9 +290,9 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
         if path.is_file() and path.suffix == ".ckpt":
             model = load_checkpoint(path)
         else:
-            model = from_pretrained(path)
+            model = from_hf(path) if _is_hf_folder(path) else from_pretrained(path)
             if tokenizer is None and (path / TOKENIZER_NAME).is_file():
-                tokenizer = load_tokenizer(path / TOKENIZER_NAME)
+                tokenizer = _load_any_tokenizer(path / TOKENIZER_NAME)
     elif isinstance(source, Model):
         model = source
     elif isinstance(source, nn.Module):

@@ -1,10 +1,11 @@
-"""Import models from torchvision, timm and transformers: the one place that knows
-foreign weight layouts.
+"""Import models from torchvision, timm, transformers and open_clip: the one place that
+knows foreign weight layouts.
 
 >>> vit = from_torchvision(torchvision.models.vit_b_16(weights=None))
 >>> vit = from_timm(timm.create_model("vit_tiny_patch16_224"), img_size=384)
 >>> gpt = from_hf(transformers.GPT2LMHeadModel(config))
 >>> llama = from_hf("path/to/hf_folder")   # config.json + safetensors, no transformers
+>>> clip = from_open_clip(open_clip.create_model("ViT-B-32", pretrained=None))
 
 Every converter reads the source's hyper-parameters, builds the matching model of this
 package, renames (and where needed fuses or transposes) the weights and loads them with
@@ -27,7 +28,8 @@ Layout notes:
 
 Layout of this package: ``common`` (state-dict reading, the registry of transformers
 architectures), one module per source family (``torchvision_vit``, ``timm_vit``,
-``hf_vision``, ``hf_text``, ``hf_clip``, ...) each registering what it converts, and
+``hf_vision``, ``hf_text``, ``hf_clip``, ``hf_siglip``, ``hf_captioner``, ``openclip``,
+...) each registering what it converts, and
 ``hf_folder`` for folders read without transformers. A new converter is a new module
 imported below.
 """
@@ -39,12 +41,21 @@ from typing import Any
 
 from torch import nn
 
-from multimodal.convert import hf_clip, hf_text, hf_vision  # noqa: F401  (they register)
+from multimodal.convert import (  # noqa: F401  (each module registers its converters)
+    hf_captioner,
+    hf_clip,
+    hf_siglip,
+    hf_text,
+    hf_vision,
+)
 from multimodal.convert.common import HF_CONVERTERS, SUPPORTED
 from multimodal.convert.hf_folder import from_hf_folder, read_hf_weights
+from multimodal.convert.openclip import from_open_clip
 from multimodal.convert.timm_vit import from_timm
 from multimodal.convert.torchvision_vit import from_torchvision
 
+SUPPORTED["open_clip"] = ("CLIP, CustomTextCLIP with open_clip's own VisionTransformer and "
+                         "TextTransformer (from_open_clip)")
 SUPPORTED["transformers"] = (", ".join(sorted(HF_CONVERTERS)) + "; or a Hugging Face layout "
                              "folder of one of them (from_hf_folder)")
 
@@ -68,7 +79,7 @@ def from_hf(model: nn.Module | str | os.PathLike) -> nn.Module:
 
 
 def convert(model: nn.Module, **kwargs: Any) -> nn.Module:
-    """Dispatch on the source library: torchvision, timm or transformers."""
+    """Dispatch on the source library: torchvision, timm, transformers or open_clip."""
     module = type(model).__module__
     if module.startswith("torchvision."):
         return from_torchvision(model, **kwargs)
@@ -76,9 +87,11 @@ def convert(model: nn.Module, **kwargs: Any) -> nn.Module:
         return from_timm(model, **kwargs)
     if module.startswith("transformers."):
         return from_hf(model, **kwargs)
+    if module.startswith("open_clip."):
+        return from_open_clip(model, **kwargs)
     raise ValueError(f"cannot convert a {module}.{type(model).__name__}; supported: "
                      + "; ".join(f"{lib}: {what}" for lib, what in SUPPORTED.items()))
 
 
-__all__ = ["SUPPORTED", "convert", "from_hf", "from_hf_folder", "from_timm",
+__all__ = ["SUPPORTED", "convert", "from_hf", "from_hf_folder", "from_open_clip", "from_timm",
            "from_torchvision", "read_hf_weights"]

@@ -27,8 +27,10 @@ def _hf_gpt2(model: nn.Module) -> TextDecoder:
     ):
         raise ValueError("GPT-2 variants with scale_attn_by_inverse_layer_idx=True or "
                          "scale_attn_weights=False are not supported")
-    if getattr(cfg, "add_cross_attention", False):
-        raise ValueError("GPT-2 with add_cross_attention=True is not supported")
+    # add_cross_attention (the decoder of a VisionEncoderDecoderModel): after each
+    # self-attention, ln_cross_attn + crossattention (q_attn on the tokens, c_attn = [k; v]
+    # on a memory of width n_embd) -> our Block's norm_cross / cross_attn
+    cross = bool(getattr(cfg, "add_cross_attention", False))
     lm = type(model).__name__ == "GPT2LMHeadModel"
     state = model.state_dict()
     tied = True
@@ -38,7 +40,7 @@ def _hf_gpt2(model: nn.Module) -> TextDecoder:
         vocab_size=cfg.vocab_size, max_len=cfg.n_positions, dim=cfg.n_embd, depth=cfg.n_layer,
         heads=cfg.n_head, mlp_dim=cfg.n_inner or 4 * cfg.n_embd, pos_embed="learned",
         norm_eps=cfg.layer_norm_epsilon, activation=hf_activation(cfg, "activation_function"),
-        tie_embeddings=tied,
+        tie_embeddings=tied, cross_attention=cross, memory_dim=cfg.n_embd if cross else None,
     )
     src = StateReader(state, type(model).__name__, prefix="transformer." if lm else "")
     out: dict[str, Tensor] = {"tok_embed.weight": src.take("wte.weight"),
@@ -52,13 +54,20 @@ def _hf_gpt2(model: nn.Module) -> TextDecoder:
                              ("mlp.fc1", "mlp.c_fc"), ("mlp.fc2", "mlp.c_proj")):
             put_linear(out, f"{o}.{ours}", src.take(f"{t}.{theirs}.weight").t(),
                        src.take(f"{t}.{theirs}.bias"))
+        if cross:
+            put_norm(out, f"{o}.norm_cross", src, f"{t}.ln_cross_attn")
+            for ours, theirs in (("q", "q_attn"), ("kv", "c_attn"), ("proj", "c_proj")):
+                put_linear(out, f"{o}.cross_attn.{ours}",
+                           src.take(f"{t}.crossattention.{theirs}.weight").t(),
+                           src.take(f"{t}.crossattention.{theirs}.bias"))
     put_norm(out, "transformer.norm", src, "ln_f")
     if lm:
         src.prefix = ""
         head = src.take("lm_head.weight")
         if not tied:
             out["lm_head.weight"] = head
-    src.finish(ignore=(".attn.bias", ".attn.masked_bias"))  # old causal-mask buffers
+    src.finish(ignore=(".attn.bias", ".attn.masked_bias",  # old causal-mask buffers
+                       ".crossattention.bias", ".crossattention.masked_bias"))
     return load_converted(TextDecoder(config), out)
 
 

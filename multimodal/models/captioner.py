@@ -14,8 +14,11 @@ encoded once per call and the decoder's KV cache projects the cross-attention ke
 values once. The model is ids in, ids out: :func:`caption` turns ids into strings with
 a tokenizer.
 
-Only patch tokens are the memory: a class token of the encoder (if it has one) is
-dropped, so every cross-attention map is a distribution over the patch grid.
+By default only patch tokens are the memory: a class token of the encoder (if it has
+one) is dropped, so every cross-attention map is a distribution over the patch grid.
+``CaptionerConfig.memory="all"`` keeps the encoder's prefix tokens (class, registers) in
+the memory, as transformers' ``VisionEncoderDecoderModel`` does; its cross-attention maps
+then show the patches' share only (rows sum to at most 1).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class CaptionerConfig:
     bos_token_id: int = BOS_ID
     eos_token_id: int = EOS_ID
     pad_token_id: int = PAD_ID
+    memory: Literal["patches", "all"] = "patches"  # all: class/register tokens too
 
     def __post_init__(self) -> None:
         if isinstance(self.encoder, dict):
@@ -69,6 +73,8 @@ class CaptionerConfig:
         if isinstance(self.decoder, dict):
             self.decoder = TextDecoderConfig(**self.decoder)
         enc, dec = self.encoder, self.decoder
+        if self.memory not in ("patches", "all"):
+            raise ValueError(f"memory must be 'patches' or 'all', got {self.memory!r}")
         if dec.memory_dim is not None and dec.memory_dim != enc.dim:
             raise ValueError(f"decoder.memory_dim ({dec.memory_dim}) must equal the encoder "
                              f"width encoder.dim ({enc.dim}); leave it unset to fill it in")
@@ -114,12 +120,21 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
         """(rows, columns) of the patch grid the encoder makes of ``images``."""
         return self.encoder.patch_embed.grid_size(*images.shape[-2:])
 
+    @property
+    def memory_prefix(self) -> int:
+        """How many encoder prefix tokens (class, registers) lead the memory: 0 unless
+        ``memory="all"``."""
+        return self.encoder.num_prefix_tokens if self.config.memory == "all" else 0
+
     def encode(self, images: Tensor) -> Tensor:
         """Patch tokens (B, P, encoder.dim) after the encoder's final norm (class token
-        dropped). Images of another size than the config's get resampled positions when
+        dropped unless ``memory="all"``, then (B, prefix + P, encoder.dim)). Images of
+        another size than the config's get resampled positions when
         ``encoder.dynamic_size``, else a ValueError."""
         self._check_images(images)
         tokens = self.encoder.forward_features(images)
+        if self.config.memory == "all":
+            return tokens
         return tokens[:, self.encoder.num_prefix_tokens :]
 
     # -- teacher forcing --------------------------------------------------------------
@@ -176,7 +191,7 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
             memory = self.encode(images_or_memory)
         else:
             memory = images_or_memory
-            if grid is None or grid[0] * grid[1] != memory.shape[1]:
+            if grid is None or grid[0] * grid[1] + self.memory_prefix != memory.shape[1]:
                 raise ValueError(f"give the patch grid of the {memory.shape[1]} memory tokens, "
                                  f"got grid={grid}")
         if ids.shape[1] < 2:
@@ -185,6 +200,7 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
         cross = maps["cross"]  # per layer (B, H, T-1, P)
         att = cross[-1].mean(dim=1) if layers == "last" \
             else torch.stack(cross).mean(dim=(0, 2))
+        att = att[..., self.memory_prefix :]
         return att.reshape(att.shape[0], att.shape[1], *grid)
 
     # -- decoding -----------------------------------------------------------------------

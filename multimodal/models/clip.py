@@ -12,7 +12,9 @@ Zhai et al., 2023) the model also learns a bias ``b`` and pairs are scored with
 ``s · I Tᵀ + b``. The losses themselves live in :mod:`multimodal.tasks.contrastive`.
 
 Text pooling: ``text_pool="cls"`` reads position 0 (the tokenizer puts ``[CLS]`` there),
-``"eot"`` reads the end-of-text token of each row. Where that is: with
+``"last"`` the last column whatever the mask says (SigLIP, trained on texts padded to the
+full context, pools there even when it is padding), ``"eot"`` reads the end-of-text token
+of each row. Where that is: with
 ``eot_token_id=None`` (models trained here) the last real token (``[EOS]``; the last
 position with ``attention_mask == 1``, or the last column without a mask); with
 ``eot_token_id=k`` (imported CLIPs) the *first* position whose id is ``k``, the rule of
@@ -32,8 +34,14 @@ pair of unit embeddings stacked as two tokens ``(B, 2, embed_dim)`` (row 0 the i
 the text); ``pool`` reads the image embedding; ``forward_head`` / ``model(images,
 input_ids)`` give ``logits_per_image`` (B, B) of the batch, as transformers' ``CLIPModel``.
 
+SigLIP's layout is reached by switches: ``image_projection=False`` (the image tower's
+pooled feature, e.g. its attention-pooling head ``vision.pool="map"``, is the embedding:
+``visual_projection`` is the identity and ``embed_dim`` must equal ``vision.dim``) and
+``text_projection_bias=True`` (the text head ``W_t h + b``).
+
 Parameter layout (for converters): ``vision_model`` (ViT), ``text_model`` (TextEncoder),
-``visual_projection`` / ``text_projection`` (``nn.Linear`` without bias),
+``visual_projection`` / ``text_projection`` (``nn.Linear``, without bias unless
+``text_projection_bias``; the visual one an ``nn.Identity`` without ``image_projection``),
 ``logit_scale`` (scalar), ``logit_bias`` (scalar, sigmoid loss only).
 """
 
@@ -82,12 +90,14 @@ class CLIPConfig:
     vision: ViTConfig = field(default_factory=_default_vision)
     text: TextEncoderConfig = field(default_factory=_default_text)
     embed_dim: int = 128
-    text_pool: Literal["cls", "eot"] = "eot"
+    text_pool: Literal["cls", "eot", "last"] = "eot"
     eot_token_id: int | None = None  # "eot" pooling at the first such id (None: last token)
     loss: Literal["softmax", "sigmoid"] = "softmax"
     logit_scale_init: float = math.log(1 / 0.07)
     logit_scale_max: float = math.log(100.0)
     logit_bias_init: float = -10.0  # SigLIP's b at the start (sigmoid loss only)
+    image_projection: bool = True  # False: the pooled image feature is the embedding
+    text_projection_bias: bool = False  # SigLIP's text head has a bias
 
     def __post_init__(self) -> None:
         if isinstance(self.vision, dict):
@@ -96,8 +106,9 @@ class CLIPConfig:
             self.text = TextEncoderConfig(**self.text)
         self.vision = dataclasses.replace(self.vision, num_classes=0)
         self.text = dataclasses.replace(self.text, mlm_head=False, num_classes=0, pooler=False)
-        if self.text_pool not in ("cls", "eot"):
-            raise ValueError(f"text_pool must be 'cls' or 'eot', got {self.text_pool!r}")
+        if self.text_pool not in ("cls", "eot", "last"):
+            raise ValueError(f"text_pool must be 'cls', 'eot' or 'last', "
+                             f"got {self.text_pool!r}")
         if self.loss not in ("softmax", "sigmoid"):
             raise ValueError(f"loss must be 'softmax' or 'sigmoid', got {self.loss!r}")
         if self.text.causal and self.text_pool == "cls":
@@ -105,6 +116,10 @@ class CLIPConfig:
                              "itself): use text_pool='eot'")
         if self.embed_dim < 1:
             raise ValueError(f"embed_dim must be >= 1, got {self.embed_dim}")
+        if not self.image_projection and self.embed_dim != self.vision.dim:
+            raise ValueError(f"image_projection=False uses the image tower's features as "
+                             f"embeddings: embed_dim ({self.embed_dim}) must equal vision.dim "
+                             f"({self.vision.dim})")
         if self.logit_scale_init > self.logit_scale_max:
             raise ValueError(f"logit_scale_init ({self.logit_scale_init}) is above "
                              f"logit_scale_max ({self.logit_scale_max})")
@@ -138,10 +153,15 @@ class CLIP(PretrainedMixin, nn.Module):
         self.config = config
         self.vision_model = ViT(config.vision)
         self.text_model = TextEncoder(config.text)
-        self.visual_projection = nn.Linear(config.vision.dim, config.embed_dim, bias=False)
-        self.text_projection = nn.Linear(config.text.dim, config.embed_dim, bias=False)
-        nn.init.normal_(self.visual_projection.weight, std=config.vision.dim ** -0.5)
+        self.visual_projection: nn.Module = nn.Identity()
+        if config.image_projection:
+            self.visual_projection = nn.Linear(config.vision.dim, config.embed_dim, bias=False)
+            nn.init.normal_(self.visual_projection.weight, std=config.vision.dim ** -0.5)
+        self.text_projection = nn.Linear(config.text.dim, config.embed_dim,
+                                         bias=config.text_projection_bias)
         nn.init.normal_(self.text_projection.weight, std=config.text.dim ** -0.5)
+        if self.text_projection.bias is not None:
+            nn.init.zeros_(self.text_projection.bias)
         self.logit_scale = nn.Parameter(torch.tensor(float(config.logit_scale_init)))
         if config.loss == "sigmoid":
             self.logit_bias = nn.Parameter(torch.tensor(float(config.logit_bias_init)))
@@ -199,6 +219,8 @@ class CLIP(PretrainedMixin, nn.Module):
         hidden = self.text_model(input_ids, attention_mask)
         if self.config.text_pool == "cls":
             return hidden[:, 0]
+        if self.config.text_pool == "last":
+            return hidden[:, -1]
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         if attention_mask is None:
             last = torch.full_like(rows, hidden.shape[1] - 1)
