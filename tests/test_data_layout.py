@@ -129,3 +129,20 @@ def test_pixel_statistics_by_hand() -> None:
                                allpix.std(dim=1, correction=0))
     with pytest.raises(ValueError, match="no training image"):
         pixel_statistics([None], channels=2)
+
+
+@pytest.mark.parametrize("module", ["multimodal.data.sources.spoken_words",
+                                    "multimodal.data.audio"])
+def test_the_synthesis_recipe_runs_from_both_module_paths(module, monkeypatch, capsys) -> None:
+    """data/get_audio.sh runs the spoken-words source as a module; the old path still works."""
+    import runpy
+    import warnings
+
+    monkeypatch.setattr("sys.argv", [module, "--help"])
+    with warnings.catch_warnings():  # runpy warns that the module is already imported
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_module(module, run_name="__main__")
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--takes-per-word" in out and "Synthesise the spoken-words dataset" in out

@@ -18,12 +18,10 @@ Sonic Pi samples (:func:`multimodal.data.sources.spoken_words.main`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.audio_datasets import (
@@ -33,7 +31,7 @@ from multimodal.data.audio_datasets import (
     list_audio_files,
     read_audio_folder,
 )
-from multimodal.data.audio_transforms import SAMPLE_RATE, centre_crop, trim_silence
+from multimodal.data.audio_transforms import SAMPLE_RATE, trim_silence
 from multimodal.data.noise import NoiseMixer
 from multimodal.data.sources import GET_AUDIO
 from multimodal.data.sources.sonic_pi import (
@@ -181,7 +179,7 @@ class AudioClassificationDataModule(SplitDataModule):
         self.limit_train, self.predict_dir = limit_train, predict_dir
         self.tokenizer = AudioFrameTokenizer(AudioFeatureConfig(n_mels=n_mels))
         self._class_names: list[str] | None = None
-        self._datasets: dict[str, Dataset] = {}
+        self._datasets: dict[str, SpokenWordsDataset | SonicPiDataset] = {}
         self.split_voices: dict[str, list[str]] = {}
         self.split_files: dict[str, list[Path]] = {}
 
@@ -258,12 +256,7 @@ class AudioClassificationDataModule(SplitDataModule):
         train = self._datasets["train"]
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.seed))
         chosen = order[: self.stats_clips].tolist()
-        if isinstance(train, SpokenWordsDataset):
-            clips: Iterable[Tensor] = (train.waveform(i) for i in chosen)
-        elif isinstance(train, SonicPiDataset):
-            clips = (centre_crop(train.clips[i], self.clip_samples) for i in chosen)
-        else:
-            raise TypeError(f"unexpected training dataset {type(train).__name__}")
+        clips = (train.waveform(i) for i in chosen)  # every source's clean clip of item i
         self.tokenizer.fit_stats(c for c in clips if c.shape[0] >= 400)
 
     def setup(self, stage: str | None = None) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.utils.data import Dataset
 
 from multimodal.data.audio_transforms import (
@@ -94,6 +95,10 @@ class SonicPiDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.clips)
+
+    def waveform(self, i: int) -> Tensor:
+        """The clean (noise-free) centre crop of item ``i``: what feature statistics see."""
+        return centre_crop(self.clips[i], self.clip_samples)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         x, n = self.clips[i], self.clip_samples
