@@ -39,6 +39,7 @@ from typing import Any
 
 from torch import nn
 
+import multimodal.convert.hf_audio  # noqa: F401  (registers AST, Whisper encoder)
 from multimodal.convert import hf_clip, hf_text, hf_vision  # noqa: F401  (they register)
 from multimodal.convert.common import HF_CONVERTERS, SUPPORTED
 from multimodal.convert.hf_folder import from_hf_folder, read_hf_weights

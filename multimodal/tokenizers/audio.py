@@ -37,6 +37,7 @@ from torch import Tensor, nn
 __all__ = [
     "AudioFeatureConfig",
     "AudioFrameTokenizer",
+    "ConvStem",
     "FrameEmbed",
     "SpecAugment",
     "SpectrogramPatchEmbed",
@@ -69,7 +70,9 @@ class AudioFeatureConfig:
 
     ``mode="frames"`` groups ``stack_frames`` consecutive frames into one token
     (:class:`FrameEmbed`); ``mode="patches"`` cuts the (mel, time) image into
-    ``patch_size`` squares every ``patch_stride`` bins/frames (:class:`SpectrogramPatchEmbed`).
+    ``patch_size`` squares every ``patch_stride`` frames and ``freq_stride`` bins (default
+    ``patch_stride``) (:class:`SpectrogramPatchEmbed`); ``mode="conv"`` is Whisper's stem of
+    two 1-D convolutions, the second with stride 2 (:class:`ConvStem`).
     ``max_frames`` (optional) truncates long clips.
     """
 
@@ -80,15 +83,20 @@ class AudioFeatureConfig:
     f_min: float = 0.0
     f_max: float | None = None  # None: sample_rate / 2
     log_offset: float = 1e-6
-    mode: Literal["frames", "patches"] = "frames"
+    mode: Literal["frames", "patches", "conv"] = "frames"
     stack_frames: int = 1
     patch_size: int = 16
     patch_stride: int = 10
+    freq_stride: int | None = None  # None: patch_stride
     max_frames: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in ("frames", "patches"):
-            raise ValueError(f"mode must be 'frames' or 'patches', got {self.mode!r}")
+        if self.mode not in ("frames", "patches", "conv"):
+            raise ValueError(f"mode must be 'frames', 'patches' or 'conv', got {self.mode!r}")
+        if self.freq_stride is not None and (not isinstance(self.freq_stride, int)
+                                             or self.freq_stride < 1):
+            raise ValueError(f"freq_stride must be None or a positive int, got "
+                             f"{self.freq_stride!r}")
         for name in ("sample_rate", "n_mels", "stack_frames", "patch_size", "patch_stride"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -372,12 +380,15 @@ class AudioFrameTokenizer(nn.Module):
         tok.fitted.fill_(bool(data.get("fitted", True)))
         return tok
 
-    def build_embed(self, dim: int) -> FrameEmbed | SpectrogramPatchEmbed:
+    def build_embed(self, dim: int) -> FrameEmbed | SpectrogramPatchEmbed | ConvStem:
         """The learnable frames -> tokens module that ``config.mode`` names."""
         c = self.config
         if c.mode == "frames":
             return FrameEmbed(c.n_mels, dim, stack_frames=c.stack_frames)
-        return SpectrogramPatchEmbed(c.n_mels, dim, patch_size=c.patch_size, stride=c.patch_stride)
+        if c.mode == "conv":
+            return ConvStem(c.n_mels, dim)
+        return SpectrogramPatchEmbed(c.n_mels, dim, patch_size=c.patch_size, stride=c.patch_stride,
+                                     freq_stride=c.freq_stride)
 
 
 def _check_features(features: Tensor, n_mels: int) -> None:
@@ -425,25 +436,30 @@ class SpectrogramPatchEmbed(nn.Module):
     """AST-style patches of the log-mel image -> tokens, with a Conv2d.
 
     The features ``(B, F, n_mels)`` are seen as a one-channel image ``(n_mels, F)``; a
-    ``patch_size x patch_size`` convolution with stride ``stride`` (``stride < patch_size``
-    overlaps patches, AST uses 10 with 16) gives a grid of
-    ``freq_patches = (n_mels - p) // s + 1`` by ``time_patches = (F - p) // s + 1``.
+    ``patch_size x patch_size`` convolution with stride ``(freq_stride, stride)`` (a stride
+    below ``patch_size`` overlaps patches, AST uses 10 with 16; ``freq_stride`` defaults to
+    ``stride``) gives a grid of ``freq_patches = (n_mels - p) // s_f + 1`` by
+    ``time_patches = (F - p) // s + 1``.
     Tokens are ordered time-major (token ``t * freq_patches + f``) so that the valid tokens
     of a shorter clip form a prefix: ``max(1, time_patches(L)) * freq_patches``.
     """
 
-    def __init__(self, n_mels: int, dim: int, patch_size: int = 16, stride: int = 10) -> None:
+    def __init__(self, n_mels: int, dim: int, patch_size: int = 16, stride: int = 10,
+                 freq_stride: int | None = None) -> None:
         super().__init__()
+        freq_stride = stride if freq_stride is None else freq_stride
         if not 1 <= patch_size <= n_mels:
             raise ValueError(f"patch_size must be in [1, n_mels={n_mels}], got {patch_size}")
-        if stride < 1:
-            raise ValueError(f"stride must be >= 1, got {stride}")
+        if stride < 1 or freq_stride < 1:
+            raise ValueError(f"strides must be >= 1, got stride={stride}, "
+                             f"freq_stride={freq_stride}")
         self.n_mels, self.dim, self.patch_size, self.stride = n_mels, dim, patch_size, stride
-        self.proj = nn.Conv2d(1, dim, kernel_size=patch_size, stride=stride)
+        self.freq_stride = freq_stride
+        self.proj = nn.Conv2d(1, dim, kernel_size=patch_size, stride=(freq_stride, stride))
 
     @property
     def freq_patches(self) -> int:
-        return (self.n_mels - self.patch_size) // self.stride + 1
+        return (self.n_mels - self.patch_size) // self.freq_stride + 1
 
     def time_patches(self, num_frames: int) -> int:
         return max(0, (num_frames - self.patch_size) // self.stride + 1)
@@ -474,6 +490,35 @@ class SpectrogramPatchEmbed(nn.Module):
         image = features.transpose(1, 2).unsqueeze(1)  # (B, 1, n_mels, F)
         grid = self.proj(image)  # (B, dim, freq_patches, time_patches)
         return grid.permute(0, 3, 2, 1).flatten(1, 2)  # time-major (B, T*Fp, dim)
+
+
+class ConvStem(nn.Module):
+    """Whisper's convolutional stem: ``(B, F, n_mels) -> (B, ceil(F / 2), dim)``.
+
+    ``h = GELU(conv1(x))``, ``y = GELU(conv2(h))`` with 1-D convolutions over time, kernel
+    3, padding 1; ``conv1`` maps ``n_mels -> dim`` with stride 1, ``conv2`` ``dim -> dim``
+    with stride 2. A clip of ``L`` frames gives ``(L - 1) // 2 + 1`` tokens.
+    """
+
+    def __init__(self, n_mels: int, dim: int) -> None:
+        super().__init__()
+        self.n_mels, self.dim = n_mels, dim
+        self.conv1 = nn.Conv1d(n_mels, dim, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(dim, dim, kernel_size=3, stride=2, padding=1)
+        self.act = nn.GELU()
+
+    def num_tokens(self, num_frames: int) -> int:
+        return (num_frames - 1) // 2 + 1 if num_frames > 0 else 0
+
+    def output_lengths(self, frame_lengths: Tensor) -> Tensor:
+        """Valid tokens per clip: ``(L - 1) // 2 + 1`` for ``L >= 1``."""
+        tokens = torch.div(frame_lengths - 1, 2, rounding_mode="floor") + 1
+        return torch.where(frame_lengths > 0, tokens, torch.zeros_like(tokens))
+
+    def forward(self, features: Tensor) -> Tensor:
+        _check_features(features, self.n_mels)
+        x = self.act(self.conv1(features.transpose(1, 2)))
+        return self.act(self.conv2(x)).transpose(1, 2)
 
 
 class SpecAugment(nn.Module):
