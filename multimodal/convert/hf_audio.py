@@ -21,6 +21,12 @@ position table (``embed_positions``, ``max_source_positions`` rows) as our learn
 pre-norm blocks with LayerNorm eps 1e-5 and no key bias (a zero bias in our fused
 ``qkv``), and the final LayerNorm. Ours: ``mode="conv"``, ``pool="mean"``, no head;
 ``forward_features(input_features.transpose(1, 2))`` equals ``last_hidden_state``.
+
+Front ends come along: the converted AST reads waveforms through Kaldi's fbank normalised
+with AST's AudioSet statistics ``(x - mean) / (2 std)``, Whisper through its log-mel and
+``(L + 4) / 4`` (``frontend`` of the config, ``model(waveform=...)``;
+:mod:`multimodal.tokenizers.audio_frontends`). A folder's ``preprocessor_config.json``
+overrides the statistics (:mod:`multimodal.convert.hf_preprocess`).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from multimodal.convert.common import (
     register_hf_model_type,
 )
 from multimodal.models.audio import AudioClassifier, AudioClassifierConfig
+from multimodal.tokenizers.audio_frontends import AST_MEAN, AST_STD
 
 
 def ast_token_order(freq_patches: int, time_patches: int, prefix: int = 2) -> Tensor:
@@ -60,12 +67,14 @@ def _hf_ast(model: nn.Module) -> AudioClassifier:
         mode="patches", n_mels=cfg_get(cfg, "num_mel_bins"), patch_size=cfg_get(cfg, "patch_size"),
         patch_stride=cfg_get(cfg, "time_stride"), freq_stride=cfg_get(cfg, "frequency_stride"),
         distill_token=True, head_norm=classifier, pos_embed="learned",
-        pos_frames=cfg_get(cfg, "max_length"), dim=dim, depth=cfg_get(cfg, "num_hidden_layers"),
+        pos_frames=cfg_get(cfg, "max_length"), max_frames=cfg_get(cfg, "max_length"),
+        frontend="kaldi_fbank", dim=dim, depth=cfg_get(cfg, "num_hidden_layers"),
         heads=cfg_get(cfg, "num_attention_heads"), mlp_dim=cfg_get(cfg, "intermediate_size"),
         norm_eps=cfg_get(cfg, "layer_norm_eps"), activation=hf_activation(cfg, "hidden_act"),
         qkv_bias=bool(cfg_get(cfg, "qkv_bias", True)),
     )
     ours = AudioClassifier(config)
+    set_normalisation(ours, AST_MEAN, 2 * AST_STD)
     fp, tp = ours.embed.freq_patches, ours._time_tokens(config.pos_frames)
     src = StateReader(model.state_dict(), kind,
                       prefix="audio_spectrogram_transformer." if classifier else "")
@@ -105,6 +114,14 @@ def _hf_ast(model: nn.Module) -> AudioClassifier:
     return load_converted(ours, out)
 
 
+def set_normalisation(model: AudioClassifier, mean: float, std: float) -> None:
+    """The front end's ``(x - mean) / std``, the same for every mel bin, marked fitted."""
+    with torch.no_grad():
+        model.tokenizer.mean.fill_(mean)
+        model.tokenizer.std.fill_(std)
+        model.tokenizer.fitted.fill_(True)
+
+
 def _keep_tokenizer_state(model: AudioClassifier, out: dict[str, Tensor]) -> None:
     """The front end's buffers (window, filter bank, normalisation) are ours, not the
     source's: keep the freshly built ones."""
@@ -122,7 +139,8 @@ def _hf_whisper(model: nn.Module) -> AudioClassifier:
     positions = cfg_get(cfg, "max_source_positions")
     config = AudioClassifierConfig(
         num_classes=0, pool="mean", mode="conv", n_mels=cfg_get(cfg, "num_mel_bins"),
-        pos_embed="learned", pos_frames=2 * positions, dim=cfg_get(cfg, "d_model"),
+        pos_embed="learned", pos_frames=2 * positions, max_frames=2 * positions,
+        frontend="whisper", dim=cfg_get(cfg, "d_model"),
         depth=cfg_get(cfg, "encoder_layers"), heads=cfg_get(cfg, "encoder_attention_heads"),
         mlp_dim=cfg_get(cfg, "encoder_ffn_dim"), norm_eps=1e-5,
         activation=hf_activation(cfg, "activation_function"), qkv_bias=True,
@@ -148,6 +166,7 @@ def _hf_whisper(model: nn.Module) -> AudioClassifier:
     put_norm(out, "transformer.norm", src, "layer_norm")
     src.finish()
     ours = AudioClassifier(config)
+    set_normalisation(ours, -4.0, 4.0)  # Whisper's (L + 4) / 4
     _keep_tokenizer_state(ours, out)
     return load_converted(ours, out)
 

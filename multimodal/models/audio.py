@@ -94,6 +94,7 @@ class AudioClassifierConfig:
     f_max: float | None = None
     pos_embed: Literal["sincos", "learned"] = "sincos"
     pos_frames: int = 100  # frames the learned table covers (1 s at 10 ms hop)
+    frontend: Literal["logmel", "kaldi_fbank", "whisper"] = "logmel"
     freq_mask: int = 0
     time_mask: int = 0
     spec_augment_masks: int = 0
@@ -127,12 +128,13 @@ class AudioClassifierConfig:
             hop_ms=self.hop_ms, f_min=self.f_min, f_max=self.f_max, mode=self.mode,
             stack_frames=self.stack_frames, patch_size=self.patch_size,
             patch_stride=self.patch_stride, freq_stride=self.freq_stride,
-            max_frames=self.max_frames,
+            max_frames=self.max_frames, frontend=self.frontend,
         )
 
 
 # Tokenizer settings that must agree for two tokenizers' features to be interchangeable.
-_SIGNAL_FIELDS = ("sample_rate", "n_mels", "win_ms", "hop_ms", "f_min", "f_max", "log_offset")
+_SIGNAL_FIELDS = ("sample_rate", "n_mels", "win_ms", "hop_ms", "f_min", "f_max", "log_offset",
+                  "frontend")
 
 
 @register_model

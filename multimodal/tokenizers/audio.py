@@ -34,6 +34,8 @@ import torch
 import torchaudio
 from torch import Tensor, nn
 
+from multimodal.tokenizers.audio_frontends import kaldi_fbank, whisper_log_mel, whisper_mel_filters
+
 __all__ = [
     "AudioFeatureConfig",
     "AudioFrameTokenizer",
@@ -74,6 +76,11 @@ class AudioFeatureConfig:
     ``patch_stride``) (:class:`SpectrogramPatchEmbed`); ``mode="conv"`` is Whisper's stem of
     two 1-D convolutions, the second with stride 2 (:class:`ConvStem`).
     ``max_frames`` (optional) truncates long clips.
+
+    ``frontend``: ``"logmel"`` (this package's, the default), or an imported model's own:
+    ``"kaldi_fbank"`` (AST) or ``"whisper"`` (see :mod:`multimodal.tokenizers.audio_frontends`).
+    Those two give exactly ``max_frames`` frames per clip (padding included: the models
+    attend to it), all counted as valid.
     """
 
     sample_rate: int = 16000
@@ -89,8 +96,15 @@ class AudioFeatureConfig:
     patch_stride: int = 10
     freq_stride: int | None = None  # None: patch_stride
     max_frames: int | None = None
+    frontend: Literal["logmel", "kaldi_fbank", "whisper"] = "logmel"
 
     def __post_init__(self) -> None:
+        if self.frontend not in ("logmel", "kaldi_fbank", "whisper"):
+            raise ValueError(f"frontend must be 'logmel', 'kaldi_fbank' or 'whisper', got "
+                             f"{self.frontend!r}")
+        if self.frontend != "logmel" and self.max_frames is None:
+            raise ValueError(f"frontend={self.frontend!r} gives a fixed number of frames: set "
+                             "max_frames (AST: max_length, Whisper: 2 * max_source_positions)")
         if self.mode not in ("frames", "patches", "conv"):
             raise ValueError(f"mode must be 'frames', 'patches' or 'conv', got {self.mode!r}")
         if self.freq_stride is not None and (not isinstance(self.freq_stride, int)
@@ -192,6 +206,9 @@ class AudioFrameTokenizer(nn.Module):
             power=2.0,
             center=False,
         )
+        if c.frontend == "whisper":  # not saved: a function of the config
+            self.register_buffer("whisper_filters", whisper_mel_filters(
+                c.n_mels, c.sample_rate, c.n_fft), persistent=False)
         self.register_buffer("mean", torch.zeros(c.n_mels))
         self.register_buffer("std", torch.ones(c.n_mels))
         self.register_buffer("fitted", torch.tensor(False))
@@ -266,8 +283,11 @@ class AudioFrameTokenizer(nn.Module):
 
     def frame_lengths(self, sample_lengths: Tensor) -> Tensor:
         """Valid frames of clips with ``sample_lengths`` samples at ``config.sample_rate``:
-        ``1 + (T - W) // H``, capped at ``max_frames``."""
+        ``1 + (T - W) // H``, capped at ``max_frames`` (the imported front ends:
+        ``max_frames`` for every clip)."""
         c = self.config
+        if c.frontend != "logmel":
+            return torch.full_like(sample_lengths, int(c.max_frames))
         frames = 1 + torch.div(sample_lengths - c.win_length, c.hop_length, rounding_mode="floor")
         frames = frames.clamp(min=0)
         return frames if c.max_frames is None else frames.clamp(max=c.max_frames)
@@ -297,6 +317,15 @@ class AudioFrameTokenizer(nn.Module):
                 f"{c.sample_rate} Hz (one {c.win_ms:g} ms window), clip {too_short[0]} has {got}"
             )
         frame_lens = self.frame_lengths(lens)
+        if c.frontend == "kaldi_fbank":
+            return torch.stack([kaldi_fbank(clip[: int(n)], c.sample_rate, c.n_mels,
+                                            int(c.max_frames))
+                                for clip, n in zip(batch, lens, strict=True)]), frame_lens
+        if c.frontend == "whisper":
+            clips = [whisper_log_mel(clip[None, : int(n)], self.whisper_filters,
+                                     int(c.max_frames), c.n_fft, c.hop_length)
+                     for clip, n in zip(batch, lens, strict=True)]
+            return torch.cat(clips), frame_lens
         feats = self.log_mel(batch)
         if c.max_frames is not None:
             feats = feats[:, : c.max_frames]
