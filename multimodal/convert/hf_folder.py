@@ -77,7 +77,12 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json (a Hugging Face layout folder "
                                 "holds config.json and model.safetensors)")
-    data = json.loads(config_file.read_text())
+    try:
+        data = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_file} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config_file}: expected a JSON object, got {type(data).__name__}")
     model_type = data.get("model_type")
     known = HF_MODEL_TYPES.get(model_type or "")
     archs = [a for a in data.get("architectures") or [] if a in HF_CONVERTERS]
