@@ -134,3 +134,19 @@ def test_converted_audio_model_round_trips_through_save_pretrained(tmp_path):
     wave = torch.randn(16000) * 0.1
     with torch.no_grad():
         torch.testing.assert_close(again(waveform=wave), ours(waveform=wave), rtol=0, atol=0)
+
+
+def test_folder_weights_are_assigned_once_and_tied_weights_stay_tied(tmp_path):
+    """Folder loading builds the model without parameter memory and assigns the file's
+    tensors (one copy): every parameter ends real, trainable, and GPT-2's tied output
+    layer is still the token embedding."""
+    source = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=60, n_embd=16, n_layer=1, n_head=2)).eval()
+    source.save_pretrained(tmp_path)
+    ours = mm.from_hf(tmp_path)
+    assert ours.lm_head.weight is ours.tok_embed.weight
+    assert all(p.device.type == "cpu" and p.requires_grad for p in ours.parameters())
+    assert torch.nn.Linear(2, 2).weight.device.type == "cpu"  # the meta patch is undone
+    ids = torch.randint(0, 60, (1, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), source(ids).logits, atol=1e-4, rtol=1e-4)

@@ -8,7 +8,13 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from multimodal.convert.common import HF_CONVERTERS, HF_MODEL_TYPES, HF_TIED, HFConfig
+from multimodal.convert.common import (
+    HF_CONVERTERS,
+    HF_MODEL_TYPES,
+    HF_TIED,
+    HFConfig,
+    meta_parameters,
+)
 
 
 class _FolderModel:
@@ -105,6 +111,7 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
             state[omitted] = state[source]
     snapshot = type(arch, (_FolderModel,), {})(config, state)
     try:
-        return HF_CONVERTERS[arch](snapshot)
+        with meta_parameters():  # the folder's tensors become the parameters: one copy
+            return HF_CONVERTERS[arch](snapshot)
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None
