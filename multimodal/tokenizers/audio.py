@@ -24,6 +24,7 @@ with ``M`` the HTK-scale triangular filter bank, then ``(x - mean_m) / std_m``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -195,17 +196,21 @@ class AudioFrameTokenizer(nn.Module):
         super().__init__()
         self.config = config or AudioFeatureConfig()
         c = self.config
-        self.melspec = torchaudio.transforms.MelSpectrogram(
-            sample_rate=c.sample_rate,
-            n_fft=c.n_fft,
-            win_length=c.win_length,
-            hop_length=c.hop_length,
-            f_min=c.f_min,
-            f_max=c.f_max,
-            n_mels=c.n_mels,
-            power=2.0,
-            center=False,
-        )
+        with warnings.catch_warnings():
+            if c.frontend != "logmel":  # kept for the state-dict layout, unused: its
+                # "empty mel filter" warning (128 bins on a 400-point FFT) would mislead
+                warnings.simplefilter("ignore", UserWarning)
+            self.melspec = torchaudio.transforms.MelSpectrogram(
+                sample_rate=c.sample_rate,
+                n_fft=c.n_fft,
+                win_length=c.win_length,
+                hop_length=c.hop_length,
+                f_min=c.f_min,
+                f_max=c.f_max,
+                n_mels=c.n_mels,
+                power=2.0,
+                center=False,
+            )
         if c.frontend == "whisper":  # not saved: a function of the config
             self.register_buffer("whisper_filters", whisper_mel_filters(
                 c.n_mels, c.sample_rate, c.n_fft), persistent=False)
