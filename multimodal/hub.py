@@ -21,7 +21,13 @@ import torch
 from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
-from multimodal.convert import convert, from_hf
+from multimodal.convert import convert, from_hf_folder
+from multimodal.convert.hf_preprocess import (
+    PREPROCESSOR_NAME,
+    ImagePreprocessor,
+    apply_audio_preprocessor,
+    read_preprocessor_config,
+)
 from multimodal.models.api import Model
 from multimodal.registry import PRESETS
 from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
@@ -153,12 +159,17 @@ TOKENIZER_NAME = "tokenizer.json"
 
 
 class Encoder(nn.Module):
-    """A pretrained backbone (and its tokenizer) as a frozen feature extractor.
+    """A pretrained backbone (and its tokenizer / preprocessor) as a frozen feature extractor.
 
-    Any model of the package that reads one modality, images or text (``model.modality``),
-    through the common model API (docs/models.md): ``encoder(images)`` -> token features
-    (B, tokens, dim) after the final norm; ``encoder(input_ids, attention_mask)`` -> hidden
-    states (B, L, dim). ``encoder.pool(features, attention_mask)`` -> one vector per input,
+    Any model of the package that reads one modality, images, text or audio
+    (``model.modality``), through the common model API (docs/models.md): ``encoder(images)``
+    -> token features (B, tokens, dim) after the final norm; ``encoder(input_ids,
+    attention_mask)`` -> hidden states (B, L, dim); ``encoder(features)`` (audio: normalised
+    log-mel / fbank frames (B, frames, n_mels)) -> tokens. Raw inputs:
+    ``encoder.preprocess(x)`` turns PNG paths / PIL images (with an ``ImagePreprocessor``,
+    e.g. from a folder's ``preprocessor_config.json``) or waveforms (the audio model's own
+    front end) into what ``encoder(...)`` takes; ``encoder.encode(x)`` does both.
+    ``encoder.pool(features, attention_mask)`` -> one vector per input,
     the model's ``pool`` (ViT: class token or mean; TextEncoder: [CLS], through its pooler
     if it has one; TextDecoder: the last real token). ``encoder.encode(texts)`` tokenises
     with the tokenizer first ([CLS] ... [SEP] for a bidirectional encoder; a Hugging Face
@@ -172,18 +183,21 @@ class Encoder(nn.Module):
     eval mode even when a model holding the encoder is trained.
     """
 
-    MODALITIES = ("image", "text", "image-text")
+    MODALITIES = ("image", "text", "audio", "image-text")
 
-    def __init__(self, backbone: nn.Module, tokenizer: Any = None, freeze: bool = True) -> None:
+    def __init__(self, backbone: nn.Module, tokenizer: Any = None, freeze: bool = True,
+                 preprocessor: Any = None) -> None:
         super().__init__()
         modality = getattr(backbone, "modality", None)
         if not isinstance(backbone, Model) or modality not in self.MODALITIES:
-            raise ValueError(f"an Encoder wraps one of our image, text or image-text models "
-                             f"(ViT, TextEncoder, TextDecoder, CLIP, ...), got "
+            raise ValueError(f"an Encoder wraps one of our image, text, audio or image-text "
+                             f"models (ViT, TextEncoder, TextDecoder, AudioClassifier, CLIP, "
+                             f"...), got "
                              f"{type(backbone).__name__}"
                              + (f" (modality {modality!r})" if modality else ""))
         self.backbone = backbone
         self.tokenizer = tokenizer
+        self.preprocessor = preprocessor
         self.modality = modality
         self.frozen = freeze
         if freeze:
@@ -209,9 +223,9 @@ class Encoder(nn.Module):
                     raise ValueError("attention_mask is for text; images take none")
                 return self.backbone.encode_image(inputs, normalize=False)
             return self.backbone.encode_text(inputs, attention_mask, normalize=False)
-        if self.modality == "image":
+        if self.modality in ("image", "audio"):
             if attention_mask is not None:
-                raise ValueError("attention_mask is for text; images take none")
+                raise ValueError(f"attention_mask is for text; {self.modality} takes none")
             return self.backbone.forward_features(inputs, **kwargs)
         return self.backbone.forward_features(inputs, attention_mask, **kwargs)
 
@@ -219,13 +233,35 @@ class Encoder(nn.Module):
              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.modality == "image-text":
             return features  # already one embedding per input
-        if self.modality == "image":
+        if self.modality in ("image", "audio"):
             return self.backbone.pool(features)
         return self.backbone.pool(features, attention_mask)
 
-    def encode(self, texts: list[str], max_length: int | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokenise ``texts`` and return ``(features, attention_mask)``."""
+    def preprocess(self, inputs: Any, sample_rate: int | None = None) -> torch.Tensor:
+        """Raw inputs -> model inputs. Images: paths / PIL images / uint8 tensors through
+        ``self.preprocessor`` -> ``(B, 3, H, W)``. Audio: a waveform ``(T,)`` / ``(B, T)`` /
+        list of clips at ``sample_rate`` (default the model's) through the model's front end
+        -> normalised features ``(B, frames, n_mels)``."""
+        if self.modality == "audio":
+            return self.backbone.features_from_waveform(inputs, sample_rate=sample_rate)[0]
+        if self.modality in ("image", "image-text"):
+            if self.preprocessor is None:
+                raise ValueError("this Encoder has no image preprocessor: pass pixel tensors "
+                                 "to forward, or load_encoder(folder) with a "
+                                 "preprocessor_config.json, or Encoder(..., preprocessor=)")
+            return self.preprocessor(inputs)
+        raise ValueError("text is tokenised by encode(texts)")
+
+    def encode(self, inputs: Any, max_length: int | None = None,
+               sample_rate: int | None = None) -> Any:
+        """Raw inputs -> features. Text (and an image-text model's texts):
+        ``(features, attention_mask)`` of the tokenised strings; images and audio:
+        ``self(self.preprocess(inputs))`` (an image-text model's images:
+        ``encoder(encoder.preprocess(images))``)."""
+        if self.modality in ("image", "audio"):
+            with torch.no_grad() if self.frozen else torch.enable_grad():
+                return self(self.preprocess(inputs, sample_rate=sample_rate))
+        texts = inputs
         if self.tokenizer is None:
             raise ValueError("this Encoder has no tokenizer: pass token ids to forward, or "
                              "load_encoder(model, tokenizer=...)")
@@ -255,19 +291,6 @@ class Encoder(nn.Module):
         return path
 
 
-def _is_hf_folder(path: Path) -> bool:
-    """A Hugging Face layout ``config.json`` (``model_type`` / ``architectures`` at the
-    top) rather than one of ours (``model_type`` and a ``config`` object)."""
-    config = path / CONFIG_NAME
-    if not config.is_file():
-        return False
-    try:
-        meta = json.loads(config.read_text())
-    except json.JSONDecodeError:
-        return False
-    return isinstance(meta, dict) and not isinstance(meta.get("config"), dict)
-
-
 def _load_any_tokenizer(path: Path) -> Any:
     return HFTokenizer.from_file(path) if is_hf_tokenizer_file(path) else load_tokenizer(path)
 
@@ -277,20 +300,26 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     """A backbone ready as a feature extractor, with its tokenizer.
 
     ``source`` is a folder written by ``save_pretrained`` or a folder in the Hugging Face
-    layout (``config.json`` + safetensors, read by :func:`multimodal.from_hf` without
-    transformers); its ``tokenizer.json`` is loaded when present (a Hugging Face one
-    through the ``tokenizers`` library: :class:`~multimodal.tokenizers.hf_json.HFTokenizer`),
-    a Lightning ``.ckpt`` of one of our tasks, one of our models,
+    layout (``config.json`` + safetensors, converted without transformers by
+    :func:`multimodal.convert.from_hf_folder`; its ``preprocessor_config.json``, when
+    present, gives images their preprocessing and checks and sets an audio model's
+    front end); a folder's ``tokenizer.json`` is loaded when present (a Hugging Face one
+    through the ``tokenizers`` library: :class:`~multimodal.tokenizers.hf_json.HFTokenizer`);
+    or a Lightning ``.ckpt`` of one of our tasks, one of our models,
     or a torchvision / timm / transformers model (converted with
     :func:`multimodal.convert.convert`). Classification heads are kept but unused.
     """
 
+    preprocessor = None
     if isinstance(source, (str, Path)):
         path = Path(source)
         if path.is_file() and path.suffix == ".ckpt":
             model = load_checkpoint(path)
         else:
-            model = from_hf(path) if _is_hf_folder(path) else from_pretrained(path)
+            if _is_hf_folder(path):
+                model, preprocessor = _load_hf_folder(path)
+            else:
+                model = from_pretrained(path)
             if tokenizer is None and (path / TOKENIZER_NAME).is_file():
                 tokenizer = _load_any_tokenizer(path / TOKENIZER_NAME)
     elif isinstance(source, Model):
@@ -300,7 +329,43 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     else:
         raise ValueError(f"load_encoder expects a folder, a .ckpt file or a model, "
                          f"got {type(source).__name__}")
-    return Encoder(model, tokenizer, freeze=freeze)
+    return Encoder(model, tokenizer, freeze=freeze, preprocessor=preprocessor)
+
+
+def _is_hf_folder(path: Path) -> bool:
+    """A Hugging Face layout folder: its ``config.json`` names a ``model_type`` but holds no
+    nested ``config`` (ours does)."""
+    try:
+        meta = json.loads((path / CONFIG_NAME).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(meta, dict) and "model_type" in meta \
+        and not isinstance(meta.get("config"), dict)
+
+
+def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
+    """Model of a Hugging Face folder and, from its ``preprocessor_config.json`` (when
+    present), the image preprocessor (images) or the front end's settings (audio, applied
+    to the model)."""
+    model = from_hf_folder(path)
+    pre = read_preprocessor_config(path)
+    if pre is None:
+        return model, None
+    file = str(path / PREPROCESSOR_NAME)
+    modality = getattr(model, "modality", None)
+    if modality == "audio":
+        apply_audio_preprocessor(model, pre, file)
+        return model, None
+    if modality == "image":
+        if "feature_extractor_type" in pre and "image_processor_type" not in pre \
+                and "image_mean" not in pre:
+            raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "
+                             "processor")
+        try:
+            return model, ImagePreprocessor.from_dict(pre)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{file}: {err}") from None
+    return model, None
 
 
 __all__ = [  # the weight-format names are re-exported for code that imported them from here

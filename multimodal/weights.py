@@ -149,9 +149,9 @@ def load_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor],
-                            strict: bool = True) -> None:
+                            strict: bool = True, assign: bool = False) -> None:
     """``load_state_dict`` with an error that lists every missing, unexpected or
-    mis-shaped key at once."""
+    mis-shaped key at once (``assign``: the tensors become the parameters, no copy)."""
     own = model.state_dict()
     shape_errors = [f"{k}: expected {tuple(own[k].shape)}, got {tuple(v.shape)}"
                     for k, v in state.items() if k in own and own[k].shape != v.shape]
@@ -168,7 +168,7 @@ def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor],
         problems.append("unexpected: " + ", ".join(unexpected))
     if problems:
         raise ValueError(f"state dict does not fit {type(model).__name__}: " + " | ".join(problems))
-    model.load_state_dict(state, strict=False)
+    model.load_state_dict(state, strict=False, assign=assign)
 
 
 def _is_tied_alias(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool:

@@ -42,6 +42,7 @@ from typing import Any
 from torch import nn
 
 from multimodal.convert import (  # noqa: F401  (each module registers its converters)
+    hf_audio,
     hf_captioner,
     hf_clip,
     hf_siglip,

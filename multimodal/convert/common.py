@@ -4,7 +4,9 @@ fill (so a new converter is one new module, not an edit of a dispatch table)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,8 +126,59 @@ class StateReader:
                              + " | ".join(problems))
 
 
+_ASSIGNING: ContextVar[bool] = ContextVar("assigning", default=False)
+
+
+@contextmanager
+def meta_parameters() -> Iterator[None]:
+    """Models built inside get their parameters on the ``meta`` device (no memory, no
+    initialisation); buffers stay real (mel filter banks, masks). :func:`load_converted`
+    then *assigns* the converted tensors as the parameters instead of copying into them, so
+    a folder's weights are held once, not once read and once in the model."""
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None and param.device.type != "meta" and not _ASSIGNING.get():
+            module._parameters[name] = nn.Parameter(param.to("meta"),
+                                                    requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
 def load_converted(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
-    load_state_dict_checked(model, state)
+    """Load ``state`` into ``model`` (checked: missing, unexpected, mis-shaped keys listed).
+    A model built under :func:`meta_parameters` takes the tensors themselves (cast to the
+    parameter's dtype where they differ); parameters shared by several names stay shared."""
+    if not any(p.is_meta for p in model.parameters()):
+        load_state_dict_checked(model, state)
+        return model.eval()
+    own = model.state_dict()
+    state = {k: v.to(own[k].dtype) if k in own and v.dtype != own[k].dtype else v
+             for k, v in state.items()}
+    shared: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(p), []).append(name)
+    token = _ASSIGNING.set(True)  # the assigned parameters must stay real
+    try:
+        load_state_dict_checked(model, state, assign=True)
+        for names in shared.values():
+            given = [n for n in names if n in state]
+            if len(names) > 1 and given:
+                param = model.get_parameter(given[0])
+                for name in names:
+                    owner, _, attr = name.rpartition(".")
+                    setattr(model.get_submodule(owner), attr, param)
+    finally:
+        _ASSIGNING.reset(token)
+    still = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if still:
+        raise RuntimeError(f"converted {type(model).__name__} left without values: "
+                           + ", ".join(still))
     return model.eval()
 
 

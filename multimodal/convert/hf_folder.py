@@ -8,7 +8,13 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from multimodal.convert.common import HF_CONVERTERS, HF_MODEL_TYPES, HF_TIED, HFConfig
+from multimodal.convert.common import (
+    HF_CONVERTERS,
+    HF_MODEL_TYPES,
+    HF_TIED,
+    HFConfig,
+    meta_parameters,
+)
 
 
 class _FolderModel:
@@ -77,7 +83,12 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json (a Hugging Face layout folder "
                                 "holds config.json and model.safetensors)")
-    data = json.loads(config_file.read_text())
+    try:
+        data = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_file} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config_file}: expected a JSON object, got {type(data).__name__}")
     model_type = data.get("model_type")
     known = HF_MODEL_TYPES.get(model_type or "")
     archs = [a for a in data.get("architectures") or [] if a in HF_CONVERTERS]
@@ -100,6 +111,7 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
             state[omitted] = state[source]
     snapshot = type(arch, (_FolderModel,), {})(config, state)
     try:
-        return HF_CONVERTERS[arch](snapshot)
+        with meta_parameters():  # the folder's tensors become the parameters: one copy
+            return HF_CONVERTERS[arch](snapshot)
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None

@@ -49,6 +49,7 @@ from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.audio import (
     AudioFeatureConfig,
     AudioFrameTokenizer,
+    ConvStem,
     FrameEmbed,
     SpecAugment,
     SpectrogramPatchEmbed,
@@ -65,18 +66,26 @@ class AudioClassifierConfig:
     Features: ``n_mels`` log-mel bins of ``win_ms`` windows every ``hop_ms`` at
     ``sample_rate``; ``max_frames`` (optional) truncates longer clips. Tokens:
     ``mode="frames"`` maps ``stack_frames`` frames to one token; ``mode="patches"`` cuts
-    ``patch_size`` squares every ``patch_stride`` bins/frames. SpecAugment (training only):
+    ``patch_size`` squares every ``patch_stride`` frames and ``freq_stride`` bins (default
+    ``patch_stride``); ``mode="conv"`` is Whisper's two-convolution stem (stride 2 in time).
+    Prefix and head (AST): ``distill_token`` adds a second learned token after the class
+    token (needs ``pool="cls"``; the pooled vector is then the mean of the two tokens'
+    outputs); ``head_norm`` puts a LayerNorm between the pooled vector and the head.
+    SpecAugment (training only):
     ``spec_augment_masks`` frequency masks of up to ``freq_mask`` bins and as many time masks
     of up to ``time_mask`` frames (0 masks: off).
     """
 
     num_classes: int = 20
     pool: Literal["cls", "mean"] = "mean"
-    mode: Literal["frames", "patches"] = "frames"
+    mode: Literal["frames", "patches", "conv"] = "frames"
     n_mels: int = 80
     stack_frames: int = 1
     patch_size: int = 16
     patch_stride: int = 10
+    freq_stride: int | None = None
+    distill_token: bool = False
+    head_norm: bool = False
     max_frames: int | None = None
     sample_rate: int = 16000
     win_ms: float = 25.0
@@ -85,6 +94,7 @@ class AudioClassifierConfig:
     f_max: float | None = None
     pos_embed: Literal["sincos", "learned"] = "sincos"
     pos_frames: int = 100  # frames the learned table covers (1 s at 10 ms hop)
+    frontend: Literal["logmel", "kaldi_fbank", "whisper"] = "logmel"
     freq_mask: int = 0
     time_mask: int = 0
     spec_augment_masks: int = 0
@@ -92,6 +102,9 @@ class AudioClassifierConfig:
     def __post_init__(self) -> None:
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
+        if self.distill_token and self.pool != "cls":
+            raise ValueError("distill_token needs pool='cls' (the pooled vector is the mean "
+                             f"of the class and distillation tokens), got pool={self.pool!r}")
         if self.pos_embed not in ("sincos", "learned"):
             raise ValueError(f"pos_embed must be 'sincos' or 'learned', got {self.pos_embed!r}")
         if self.num_classes < 0:
@@ -114,12 +127,14 @@ class AudioClassifierConfig:
             sample_rate=self.sample_rate, n_mels=self.n_mels, win_ms=self.win_ms,
             hop_ms=self.hop_ms, f_min=self.f_min, f_max=self.f_max, mode=self.mode,
             stack_frames=self.stack_frames, patch_size=self.patch_size,
-            patch_stride=self.patch_stride, max_frames=self.max_frames,
+            patch_stride=self.patch_stride, freq_stride=self.freq_stride,
+            max_frames=self.max_frames, frontend=self.frontend,
         )
 
 
 # Tokenizer settings that must agree for two tokenizers' features to be interchangeable.
-_SIGNAL_FIELDS = ("sample_rate", "n_mels", "win_ms", "hop_ms", "f_min", "f_max", "log_offset")
+_SIGNAL_FIELDS = ("sample_rate", "n_mels", "win_ms", "hop_ms", "f_min", "f_max", "log_offset",
+                  "frontend")
 
 
 @register_model
@@ -146,19 +161,24 @@ class AudioClassifier(PretrainedMixin, nn.Module):
         spectrogram.window = spectrogram.window.clone()
         self.spec_augment = SpecAugment(config.freq_mask, config.time_mask,
                                         config.spec_augment_masks)
-        self.embed: FrameEmbed | SpectrogramPatchEmbed = self.tokenizer.build_embed(config.dim)
-        self.num_prefix_tokens = 1 if config.pool == "cls" else 0
+        self.embed: FrameEmbed | SpectrogramPatchEmbed | ConvStem = \
+            self.tokenizer.build_embed(config.dim)
+        self.num_prefix_tokens = (1 + config.distill_token) if config.pool == "cls" else 0
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim)) if config.pool == "cls" \
+            else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, config.dim)) if config.distill_token \
             else None
         if config.pos_embed == "learned":
             time = self._time_tokens(config.pos_frames)
-            shape = (time, config.dim) if config.mode == "frames" else \
+            shape = (time, config.dim) if config.mode != "patches" else \
                 (time, self._freq_tokens, config.dim)
             self.pos_table = nn.Parameter(torch.randn(*shape) * 0.02)
         else:
             self.register_parameter("pos_table", None)
         self.pos_drop = nn.Dropout(config.dropout)
         self.transformer = Transformer(config.backbone)
+        self.head_norm = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.head_norm \
+            else nn.Identity()
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 \
             else nn.Identity()
         self.apply(partial(init_weights, conv_fan_in=True))
@@ -172,7 +192,7 @@ class AudioClassifier(PretrainedMixin, nn.Module):
     def _min_frames(self) -> int:
         """Frames the embedding needs to make one token (shorter inputs are zero padded)."""
         c = self.config
-        return c.stack_frames if c.mode == "frames" else c.patch_size
+        return {"frames": c.stack_frames, "patches": c.patch_size}.get(c.mode, 1)
 
     def _time_tokens(self, num_frames: int) -> int:
         if isinstance(self.embed, SpectrogramPatchEmbed):
@@ -250,7 +270,7 @@ class AudioClassifier(PretrainedMixin, nn.Module):
         length, whatever the batch's padded length."""
         c, fp = self.config, self._freq_tokens
         if self.pos_table is None:
-            if c.mode == "frames":
+            if c.mode != "patches":
                 return sinusoidal_positions(time_tokens, c.dim).to(ref)[None]
             return sincos_2d_positions(time_tokens, fp, c.dim).to(ref)[None]
         table = self.pos_table.to(ref.dtype).reshape(-1, fp, c.dim)  # (T, fp, dim)
@@ -281,9 +301,10 @@ class AudioClassifier(PretrainedMixin, nn.Module):
         time_tokens = x.shape[1] // self._freq_tokens
         x = x + self._positions(time_tokens, x, token_lengths // self._freq_tokens)
         pad = torch.arange(x.shape[1], device=x.device)[None, :] >= token_lengths[:, None]
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-            pad = torch.cat([pad.new_zeros(pad.shape[0], 1), pad], dim=1)
+        prefix = [t for t in (self.cls_token, self.dist_token) if t is not None]
+        if prefix:
+            x = torch.cat([*(t.expand(x.shape[0], -1, -1).to(x.dtype) for t in prefix), x], dim=1)
+            pad = torch.cat([pad.new_zeros(pad.shape[0], len(prefix)), pad], dim=1)
         return self.pos_drop(x), pad
 
     @property
@@ -321,10 +342,12 @@ class AudioClassifier(PretrainedMixin, nn.Module):
         return out if len(out) > 1 else tokens
 
     def pool(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        """Class token, or the mean over valid tokens: ``sum_n m_n x_n / sum_n m_n``
-        (``padding_mask`` True at padding; None: every token is valid)."""
+        """Class token (with a distillation token: ``(x_cls + x_dist) / 2``, as AST), or
+        the mean over valid tokens: ``sum_n m_n x_n / sum_n m_n`` (``padding_mask`` True at
+        padding; None: every token is valid)."""
         if self.config.pool == "cls":
-            return tokens[:, 0]
+            return (tokens[:, 0] + tokens[:, 1]) / 2 if self.dist_token is not None \
+                else tokens[:, 0]
         if padding_mask is None:
             return tokens.mean(dim=1)
         keep = (~padding_mask).unsqueeze(-1).to(tokens.dtype)
@@ -332,10 +355,11 @@ class AudioClassifier(PretrainedMixin, nn.Module):
 
     def forward_head(self, tokens: Tensor, padding_mask: Tensor | None = None,
                      pre_logits: bool = False) -> Tensor:
-        """Class logits ``(B, num_classes)`` of the pooled tokens (``pre_logits``: the pooled
-        tokens; ``num_classes=0``: likewise)."""
+        """Class logits ``(B, num_classes)`` of the pooled tokens, ``head(head_norm(pooled))``
+        (``pre_logits``: the pooled tokens; ``num_classes=0``: the pooled tokens through
+        ``head_norm``)."""
         pooled = self.pool(tokens, padding_mask)
-        return pooled if pre_logits else self.head(pooled)
+        return pooled if pre_logits else self.head(self.head_norm(pooled))
 
     def forward(
         self,

@@ -24,6 +24,7 @@ with ``M`` the HTK-scale triangular filter bank, then ``(x - mean_m) / std_m``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -34,9 +35,12 @@ import torch
 import torchaudio
 from torch import Tensor, nn
 
+from multimodal.tokenizers.audio_frontends import kaldi_fbank, whisper_log_mel, whisper_mel_filters
+
 __all__ = [
     "AudioFeatureConfig",
     "AudioFrameTokenizer",
+    "ConvStem",
     "FrameEmbed",
     "SpecAugment",
     "SpectrogramPatchEmbed",
@@ -69,8 +73,15 @@ class AudioFeatureConfig:
 
     ``mode="frames"`` groups ``stack_frames`` consecutive frames into one token
     (:class:`FrameEmbed`); ``mode="patches"`` cuts the (mel, time) image into
-    ``patch_size`` squares every ``patch_stride`` bins/frames (:class:`SpectrogramPatchEmbed`).
+    ``patch_size`` squares every ``patch_stride`` frames and ``freq_stride`` bins (default
+    ``patch_stride``) (:class:`SpectrogramPatchEmbed`); ``mode="conv"`` is Whisper's stem of
+    two 1-D convolutions, the second with stride 2 (:class:`ConvStem`).
     ``max_frames`` (optional) truncates long clips.
+
+    ``frontend``: ``"logmel"`` (this package's, the default), or an imported model's own:
+    ``"kaldi_fbank"`` (AST) or ``"whisper"`` (see :mod:`multimodal.tokenizers.audio_frontends`).
+    Those two give exactly ``max_frames`` frames per clip (padding included: the models
+    attend to it), all counted as valid.
     """
 
     sample_rate: int = 16000
@@ -80,15 +91,27 @@ class AudioFeatureConfig:
     f_min: float = 0.0
     f_max: float | None = None  # None: sample_rate / 2
     log_offset: float = 1e-6
-    mode: Literal["frames", "patches"] = "frames"
+    mode: Literal["frames", "patches", "conv"] = "frames"
     stack_frames: int = 1
     patch_size: int = 16
     patch_stride: int = 10
+    freq_stride: int | None = None  # None: patch_stride
     max_frames: int | None = None
+    frontend: Literal["logmel", "kaldi_fbank", "whisper"] = "logmel"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("frames", "patches"):
-            raise ValueError(f"mode must be 'frames' or 'patches', got {self.mode!r}")
+        if self.frontend not in ("logmel", "kaldi_fbank", "whisper"):
+            raise ValueError(f"frontend must be 'logmel', 'kaldi_fbank' or 'whisper', got "
+                             f"{self.frontend!r}")
+        if self.frontend != "logmel" and self.max_frames is None:
+            raise ValueError(f"frontend={self.frontend!r} gives a fixed number of frames: set "
+                             "max_frames (AST: max_length, Whisper: 2 * max_source_positions)")
+        if self.mode not in ("frames", "patches", "conv"):
+            raise ValueError(f"mode must be 'frames', 'patches' or 'conv', got {self.mode!r}")
+        if self.freq_stride is not None and (not isinstance(self.freq_stride, int)
+                                             or self.freq_stride < 1):
+            raise ValueError(f"freq_stride must be None or a positive int, got "
+                             f"{self.freq_stride!r}")
         for name in ("sample_rate", "n_mels", "stack_frames", "patch_size", "patch_stride"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -173,17 +196,24 @@ class AudioFrameTokenizer(nn.Module):
         super().__init__()
         self.config = config or AudioFeatureConfig()
         c = self.config
-        self.melspec = torchaudio.transforms.MelSpectrogram(
-            sample_rate=c.sample_rate,
-            n_fft=c.n_fft,
-            win_length=c.win_length,
-            hop_length=c.hop_length,
-            f_min=c.f_min,
-            f_max=c.f_max,
-            n_mels=c.n_mels,
-            power=2.0,
-            center=False,
-        )
+        with warnings.catch_warnings():
+            if c.frontend != "logmel":  # kept for the state-dict layout, unused: its
+                # "empty mel filter" warning (128 bins on a 400-point FFT) would mislead
+                warnings.simplefilter("ignore", UserWarning)
+            self.melspec = torchaudio.transforms.MelSpectrogram(
+                sample_rate=c.sample_rate,
+                n_fft=c.n_fft,
+                win_length=c.win_length,
+                hop_length=c.hop_length,
+                f_min=c.f_min,
+                f_max=c.f_max,
+                n_mels=c.n_mels,
+                power=2.0,
+                center=False,
+            )
+        if c.frontend == "whisper":  # not saved: a function of the config
+            self.register_buffer("whisper_filters", whisper_mel_filters(
+                c.n_mels, c.sample_rate, c.n_fft), persistent=False)
         self.register_buffer("mean", torch.zeros(c.n_mels))
         self.register_buffer("std", torch.ones(c.n_mels))
         self.register_buffer("fitted", torch.tensor(False))
@@ -258,8 +288,11 @@ class AudioFrameTokenizer(nn.Module):
 
     def frame_lengths(self, sample_lengths: Tensor) -> Tensor:
         """Valid frames of clips with ``sample_lengths`` samples at ``config.sample_rate``:
-        ``1 + (T - W) // H``, capped at ``max_frames``."""
+        ``1 + (T - W) // H``, capped at ``max_frames`` (the imported front ends:
+        ``max_frames`` for every clip)."""
         c = self.config
+        if c.frontend != "logmel":
+            return torch.full_like(sample_lengths, int(c.max_frames))
         frames = 1 + torch.div(sample_lengths - c.win_length, c.hop_length, rounding_mode="floor")
         frames = frames.clamp(min=0)
         return frames if c.max_frames is None else frames.clamp(max=c.max_frames)
@@ -289,6 +322,15 @@ class AudioFrameTokenizer(nn.Module):
                 f"{c.sample_rate} Hz (one {c.win_ms:g} ms window), clip {too_short[0]} has {got}"
             )
         frame_lens = self.frame_lengths(lens)
+        if c.frontend == "kaldi_fbank":
+            return torch.stack([kaldi_fbank(clip[: int(n)], c.sample_rate, c.n_mels,
+                                            int(c.max_frames))
+                                for clip, n in zip(batch, lens, strict=True)]), frame_lens
+        if c.frontend == "whisper":
+            clips = [whisper_log_mel(clip[None, : int(n)], self.whisper_filters,
+                                     int(c.max_frames), c.n_fft, c.hop_length)
+                     for clip, n in zip(batch, lens, strict=True)]
+            return torch.cat(clips), frame_lens
         feats = self.log_mel(batch)
         if c.max_frames is not None:
             feats = feats[:, : c.max_frames]
@@ -372,12 +414,15 @@ class AudioFrameTokenizer(nn.Module):
         tok.fitted.fill_(bool(data.get("fitted", True)))
         return tok
 
-    def build_embed(self, dim: int) -> FrameEmbed | SpectrogramPatchEmbed:
+    def build_embed(self, dim: int) -> FrameEmbed | SpectrogramPatchEmbed | ConvStem:
         """The learnable frames -> tokens module that ``config.mode`` names."""
         c = self.config
         if c.mode == "frames":
             return FrameEmbed(c.n_mels, dim, stack_frames=c.stack_frames)
-        return SpectrogramPatchEmbed(c.n_mels, dim, patch_size=c.patch_size, stride=c.patch_stride)
+        if c.mode == "conv":
+            return ConvStem(c.n_mels, dim)
+        return SpectrogramPatchEmbed(c.n_mels, dim, patch_size=c.patch_size, stride=c.patch_stride,
+                                     freq_stride=c.freq_stride)
 
 
 def _check_features(features: Tensor, n_mels: int) -> None:
@@ -425,25 +470,30 @@ class SpectrogramPatchEmbed(nn.Module):
     """AST-style patches of the log-mel image -> tokens, with a Conv2d.
 
     The features ``(B, F, n_mels)`` are seen as a one-channel image ``(n_mels, F)``; a
-    ``patch_size x patch_size`` convolution with stride ``stride`` (``stride < patch_size``
-    overlaps patches, AST uses 10 with 16) gives a grid of
-    ``freq_patches = (n_mels - p) // s + 1`` by ``time_patches = (F - p) // s + 1``.
+    ``patch_size x patch_size`` convolution with stride ``(freq_stride, stride)`` (a stride
+    below ``patch_size`` overlaps patches, AST uses 10 with 16; ``freq_stride`` defaults to
+    ``stride``) gives a grid of ``freq_patches = (n_mels - p) // s_f + 1`` by
+    ``time_patches = (F - p) // s + 1``.
     Tokens are ordered time-major (token ``t * freq_patches + f``) so that the valid tokens
     of a shorter clip form a prefix: ``max(1, time_patches(L)) * freq_patches``.
     """
 
-    def __init__(self, n_mels: int, dim: int, patch_size: int = 16, stride: int = 10) -> None:
+    def __init__(self, n_mels: int, dim: int, patch_size: int = 16, stride: int = 10,
+                 freq_stride: int | None = None) -> None:
         super().__init__()
+        freq_stride = stride if freq_stride is None else freq_stride
         if not 1 <= patch_size <= n_mels:
             raise ValueError(f"patch_size must be in [1, n_mels={n_mels}], got {patch_size}")
-        if stride < 1:
-            raise ValueError(f"stride must be >= 1, got {stride}")
+        if stride < 1 or freq_stride < 1:
+            raise ValueError(f"strides must be >= 1, got stride={stride}, "
+                             f"freq_stride={freq_stride}")
         self.n_mels, self.dim, self.patch_size, self.stride = n_mels, dim, patch_size, stride
-        self.proj = nn.Conv2d(1, dim, kernel_size=patch_size, stride=stride)
+        self.freq_stride = freq_stride
+        self.proj = nn.Conv2d(1, dim, kernel_size=patch_size, stride=(freq_stride, stride))
 
     @property
     def freq_patches(self) -> int:
-        return (self.n_mels - self.patch_size) // self.stride + 1
+        return (self.n_mels - self.patch_size) // self.freq_stride + 1
 
     def time_patches(self, num_frames: int) -> int:
         return max(0, (num_frames - self.patch_size) // self.stride + 1)
@@ -474,6 +524,35 @@ class SpectrogramPatchEmbed(nn.Module):
         image = features.transpose(1, 2).unsqueeze(1)  # (B, 1, n_mels, F)
         grid = self.proj(image)  # (B, dim, freq_patches, time_patches)
         return grid.permute(0, 3, 2, 1).flatten(1, 2)  # time-major (B, T*Fp, dim)
+
+
+class ConvStem(nn.Module):
+    """Whisper's convolutional stem: ``(B, F, n_mels) -> (B, ceil(F / 2), dim)``.
+
+    ``h = GELU(conv1(x))``, ``y = GELU(conv2(h))`` with 1-D convolutions over time, kernel
+    3, padding 1; ``conv1`` maps ``n_mels -> dim`` with stride 1, ``conv2`` ``dim -> dim``
+    with stride 2. A clip of ``L`` frames gives ``(L - 1) // 2 + 1`` tokens.
+    """
+
+    def __init__(self, n_mels: int, dim: int) -> None:
+        super().__init__()
+        self.n_mels, self.dim = n_mels, dim
+        self.conv1 = nn.Conv1d(n_mels, dim, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(dim, dim, kernel_size=3, stride=2, padding=1)
+        self.act = nn.GELU()
+
+    def num_tokens(self, num_frames: int) -> int:
+        return (num_frames - 1) // 2 + 1 if num_frames > 0 else 0
+
+    def output_lengths(self, frame_lengths: Tensor) -> Tensor:
+        """Valid tokens per clip: ``(L - 1) // 2 + 1`` for ``L >= 1``."""
+        tokens = torch.div(frame_lengths - 1, 2, rounding_mode="floor") + 1
+        return torch.where(frame_lengths > 0, tokens, torch.zeros_like(tokens))
+
+    def forward(self, features: Tensor) -> Tensor:
+        _check_features(features, self.n_mels)
+        x = self.act(self.conv1(features.transpose(1, 2)))
+        return self.act(self.conv2(x)).transpose(1, 2)
 
 
 class SpecAugment(nn.Module):

@@ -1,0 +1,181 @@
+"""transformers audio encoders -> :class:`~multimodal.AudioClassifier`: AST and Whisper's
+encoder.
+
+AST (``ASTModel``, ``ASTForAudioClassification``): overlapping ``p x p`` patches of the
+(mel, time) fbank with strides ``(frequency_stride, time_stride)``, a class and a
+distillation token, learned positions for exactly ``max_length`` frames, post-LN-free
+pre-norm ViT blocks, a final LayerNorm; the classifier is ``dense(LN((h_cls + h_dist) / 2))``.
+Ours: ``mode="patches"``, ``freq_stride``, ``distill_token=True``, ``pool="cls"``,
+``head_norm=True``, ``pos_embed="learned"`` with ``pos_frames = max_length``.
+
+- AST orders patch tokens frequency-major (token ``f * T_p + t``), ours time-major
+  (``t * F_p + f``): attention is equivariant to the order of the tokens, so only the
+  position table is reordered; ``last_hidden_state`` equals our ``forward_features`` with
+  the patch tokens permuted back (:func:`ast_token_order`).
+- AST adds position rows to its two prefix tokens; ours carry no position, so those rows
+  are folded into the tokens (``cls + pos_0``, ``dist + pos_1``): the same sum.
+
+Whisper (``WhisperModel``, ``WhisperForConditionalGeneration``; the encoder only): the
+stem ``GELU(conv2(GELU(conv1(x))))`` (stride 2 on the second), the stored sinusoidal
+position table (``embed_positions``, ``max_source_positions`` rows) as our learned table,
+pre-norm blocks with LayerNorm eps 1e-5 and no key bias (a zero bias in our fused
+``qkv``), and the final LayerNorm. Ours: ``mode="conv"``, ``pool="mean"``, no head;
+``forward_features(input_features.transpose(1, 2))`` equals ``last_hidden_state``.
+
+Front ends come along: the converted AST reads waveforms through Kaldi's fbank normalised
+with AST's AudioSet statistics ``(x - mean) / (2 std)``, Whisper through its log-mel and
+``(L + 4) / 4`` (``frontend`` of the config, ``model(waveform=...)``;
+:mod:`multimodal.tokenizers.audio_frontends`). A folder's ``preprocessor_config.json``
+overrides the statistics (:mod:`multimodal.convert.hf_preprocess`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from multimodal.convert.common import (
+    StateReader,
+    cfg_get,
+    hf_activation,
+    load_converted,
+    put_linear,
+    put_norm,
+    qkv_from_separate,
+    register_hf,
+    register_hf_model_type,
+)
+from multimodal.models.audio import AudioClassifier, AudioClassifierConfig
+from multimodal.tokenizers.audio_frontends import AST_MEAN, AST_STD
+
+
+def ast_token_order(freq_patches: int, time_patches: int, prefix: int = 2) -> Tensor:
+    """Index ``idx`` with ``ours[:, idx] == ast[:, :]``: AST's token ``prefix + f T + t``
+    is our token ``prefix + t F + f``."""
+    f, t = torch.meshgrid(torch.arange(freq_patches), torch.arange(time_patches), indexing="ij")
+    return torch.cat([torch.arange(prefix), prefix + (t * freq_patches + f).flatten()])
+
+
+def _hf_ast(model: nn.Module) -> AudioClassifier:
+    """``ASTModel`` (``num_classes=0``: ``forward`` gives ``pooler_output``) or
+    ``ASTForAudioClassification`` (``forward`` gives its ``logits``) -> AudioClassifier."""
+    cfg, kind = model.config, type(model).__name__
+    classifier = kind == "ASTForAudioClassification"
+    dim = cfg_get(cfg, "hidden_size")
+    config = AudioClassifierConfig(
+        num_classes=cfg_get(cfg, "num_labels") if classifier else 0, pool="cls",
+        mode="patches", n_mels=cfg_get(cfg, "num_mel_bins"), patch_size=cfg_get(cfg, "patch_size"),
+        patch_stride=cfg_get(cfg, "time_stride"), freq_stride=cfg_get(cfg, "frequency_stride"),
+        distill_token=True, head_norm=classifier, pos_embed="learned",
+        pos_frames=cfg_get(cfg, "max_length"), max_frames=cfg_get(cfg, "max_length"),
+        frontend="kaldi_fbank", dim=dim, depth=cfg_get(cfg, "num_hidden_layers"),
+        heads=cfg_get(cfg, "num_attention_heads"), mlp_dim=cfg_get(cfg, "intermediate_size"),
+        norm_eps=cfg_get(cfg, "layer_norm_eps"), activation=hf_activation(cfg, "hidden_act"),
+        qkv_bias=bool(cfg_get(cfg, "qkv_bias", True)),
+    )
+    ours = AudioClassifier(config)
+    set_normalisation(ours, AST_MEAN, 2 * AST_STD)
+    fp, tp = ours.embed.freq_patches, ours._time_tokens(config.pos_frames)
+    src = StateReader(model.state_dict(), kind,
+                      prefix="audio_spectrogram_transformer." if classifier else "")
+    e = "embeddings"
+    pos = src.take(f"{e}.position_embeddings")
+    if pos.numel() and pos.shape != (1, 2 + fp * tp, dim):
+        raise ValueError(f"{kind}: {e}.position_embeddings has shape {tuple(pos.shape)}, the "
+                         f"config's fbank grid needs (1, {2 + fp * tp}, {dim}) "
+                         f"({fp} x {tp} patches + 2)")
+    out: dict[str, Tensor] = {
+        "cls_token": src.take(f"{e}.cls_token") + pos[:, :1],
+        "dist_token": src.take(f"{e}.distillation_token") + pos[:, 1:2],
+        # AST's rows are frequency-major (f, t); ours (t, f)
+        "pos_table": pos[0, 2:].reshape(fp, tp, dim).transpose(0, 1).contiguous()
+        if pos.numel() else pos,
+        "embed.proj.weight": src.take(f"{e}.patch_embeddings.projection.weight"),
+        "embed.proj.bias": src.take(f"{e}.patch_embeddings.projection.bias"),
+    }
+    for i in range(config.depth):  # transformers >= 5 names first, then the older ones
+        new, old, o = f"layers.{i}", f"encoder.layer.{i}", f"transformer.blocks.{i}"
+        t = new if f"{src.prefix}{new}.layernorm_before.weight" in src.state else old
+        qkv_from_separate(out, f"{o}.attn", src, t, config.qkv_bias)
+        put_norm(out, f"{o}.norm1", src, f"{t}.layernorm_before")
+        put_norm(out, f"{o}.norm2", src, f"{t}.layernorm_after")
+        for ours_fc, theirs in (("fc1", "intermediate.dense"), ("fc2", "output.dense")):
+            put_linear(out, f"{o}.mlp.{ours_fc}",
+                       src.take(f"{t}.mlp.{ours_fc}.weight", f"{t}.{theirs}.weight"),
+                       src.take(f"{t}.mlp.{ours_fc}.bias", f"{t}.{theirs}.bias"))
+    put_norm(out, "transformer.norm", src, "layernorm")
+    if classifier:
+        src.prefix = ""
+        put_norm(out, "head_norm", src, "classifier.layernorm")
+        put_linear(out, "head", src.take("classifier.dense.weight"),
+                   src.take("classifier.dense.bias"))
+    src.finish()
+    _keep_tokenizer_state(ours, out)
+    return load_converted(ours, out)
+
+
+def set_normalisation(model: AudioClassifier, mean: float, std: float) -> None:
+    """The front end's ``(x - mean) / std``, the same for every mel bin, marked fitted."""
+    with torch.no_grad():
+        model.tokenizer.mean.fill_(mean)
+        model.tokenizer.std.fill_(std)
+        model.tokenizer.fitted.fill_(True)
+
+
+def _keep_tokenizer_state(model: AudioClassifier, out: dict[str, Tensor]) -> None:
+    """The front end's buffers (window, filter bank, normalisation) are ours, not the
+    source's: keep the freshly built ones."""
+    for key, value in model.state_dict().items():
+        if key.startswith("tokenizer."):
+            out.setdefault(key, value)
+
+
+def _hf_whisper(model: nn.Module) -> AudioClassifier:
+    """``WhisperModel`` / ``WhisperForConditionalGeneration`` -> its encoder as an
+    AudioClassifier without head (the decoder is not converted)."""
+    cfg, kind = model.config, type(model).__name__
+    prefix = "model.encoder." if kind == "WhisperForConditionalGeneration" else "encoder."
+    state = model.state_dict()
+    positions = cfg_get(cfg, "max_source_positions")
+    config = AudioClassifierConfig(
+        num_classes=0, pool="mean", mode="conv", n_mels=cfg_get(cfg, "num_mel_bins"),
+        pos_embed="learned", pos_frames=2 * positions, max_frames=2 * positions,
+        frontend="whisper", dim=cfg_get(cfg, "d_model"),
+        depth=cfg_get(cfg, "encoder_layers"), heads=cfg_get(cfg, "encoder_attention_heads"),
+        mlp_dim=cfg_get(cfg, "encoder_ffn_dim"), norm_eps=1e-5,
+        activation=hf_activation(cfg, "activation_function"), qkv_bias=True,
+    )
+    src = StateReader({k: v for k, v in state.items() if k.startswith(prefix)}, kind, prefix)
+    out: dict[str, Tensor] = {"pos_table": src.take("embed_positions.weight")}
+    for conv in ("conv1", "conv2"):
+        put_linear(out, f"embed.{conv}", src.take(f"{conv}.weight"), src.take(f"{conv}.bias"))
+    for i in range(config.depth):
+        t, o = f"layers.{i}", f"transformer.blocks.{i}"
+        a = f"{t}.self_attn"
+        q_bias = src.take(f"{a}.q_proj.bias")
+        put_linear(out, f"{o}.attn.qkv",
+                   torch.cat([src.take(f"{a}.{p}_proj.weight") for p in "qkv"]),
+                   torch.cat([q_bias, torch.zeros_like(q_bias), src.take(f"{a}.v_proj.bias")]))
+        put_linear(out, f"{o}.attn.proj", src.take(f"{a}.out_proj.weight"),
+                   src.take(f"{a}.out_proj.bias"))
+        put_norm(out, f"{o}.norm1", src, f"{t}.self_attn_layer_norm")
+        put_norm(out, f"{o}.norm2", src, f"{t}.final_layer_norm")
+        for fc in ("fc1", "fc2"):
+            put_linear(out, f"{o}.mlp.{fc}", src.take(f"{t}.{fc}.weight"),
+                       src.take(f"{t}.{fc}.bias"))
+    put_norm(out, "transformer.norm", src, "layer_norm")
+    src.finish()
+    ours = AudioClassifier(config)
+    set_normalisation(ours, -4.0, 4.0)  # Whisper's (L + 4) / 4
+    _keep_tokenizer_state(ours, out)
+    return load_converted(ours, out)
+
+
+register_hf(_hf_ast, "ASTModel", "ASTForAudioClassification")
+register_hf(_hf_whisper, "WhisperModel", "WhisperForConditionalGeneration")
+register_hf_model_type("audio-spectrogram-transformer", "ASTModel",
+                       "audio_spectrogram_transformer.", hidden_act="gelu",
+                       layer_norm_eps=1e-12, qkv_bias=True, patch_size=16, frequency_stride=10,
+                       time_stride=10, max_length=1024, num_mel_bins=128, num_labels=2)
+register_hf_model_type("whisper", "WhisperModel", "model.", activation_function="gelu",
+                       max_source_positions=1500, num_mel_bins=80)

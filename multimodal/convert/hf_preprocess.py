@@ -1,0 +1,192 @@
+"""A Hugging Face folder's ``preprocessor_config.json`` -> the input pipeline of our model.
+
+Audio (``feature_extractor_type``): ``ASTFeatureExtractor`` and ``WhisperFeatureExtractor``
+set the statistics of the converted model's front end (``model.tokenizer``) and are checked
+against it (sampling rate, mel bins, frames, FFT and hop): a folder whose extractor does not
+fit its model is an error naming the field, never a silent mismatch.
+
+Images (``image_processor_type``: ViT, DeiT, BiT / DINOv2, CLIP processors and the like):
+:class:`ImagePreprocessor` with the folder's size, resize mode, crop, rescale factor and
+mean/std. It follows transformers' default (torchvision) image processors: the image as a
+``uint8`` tensor, ``resize`` with antialiasing (to ``(height, width)``, or the shorter side
+to ``shortest_edge`` keeping the aspect ratio: the longer side becomes
+``int(shortest_edge * long / short)``), a centre crop, then ``(x * rescale_factor - mean) /
+std`` per channel.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+PREPROCESSOR_NAME = "preprocessor_config.json"
+AUDIO_EXTRACTORS = ("ASTFeatureExtractor", "WhisperFeatureExtractor")
+
+# PIL's resample codes (as transformers stores them) -> torchvision's interpolation names
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+def read_preprocessor_config(folder: str | Path) -> dict[str, Any] | None:
+    """The folder's ``preprocessor_config.json`` as a dict, or None when there is none."""
+    file = Path(folder) / PREPROCESSOR_NAME
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: expected a JSON object")
+    return data
+
+
+def _check(file: str, pairs: dict[str, tuple[Any, Any]]) -> None:
+    bad = {k: v for k, v in pairs.items() if v[0] is not None and v[0] != v[1]}
+    if bad:
+        detail = ", ".join(f"{k}={theirs!r} but the model has {ours!r}"
+                           for k, (theirs, ours) in bad.items())
+        raise ValueError(f"{file} does not fit the model: {detail}")
+
+
+def apply_audio_preprocessor(model: Any, pre: dict[str, Any],
+                             file: str = PREPROCESSOR_NAME) -> None:
+    """Check ``pre`` (an audio feature extractor's config) against the converted
+    :class:`~multimodal.AudioClassifier` and set its front end's normalisation."""
+    kind = pre.get("feature_extractor_type")
+    c = model.config
+    if kind == "ASTFeatureExtractor":
+        _check(file, {"frontend": ("kaldi_fbank", c.frontend),
+                      "sampling_rate": (pre.get("sampling_rate"), c.sample_rate),
+                      "num_mel_bins": (pre.get("num_mel_bins"), c.n_mels),
+                      "max_length": (pre.get("max_length"), c.max_frames)})
+        from multimodal.tokenizers.audio_frontends import AST_MEAN, AST_STD
+        if pre.get("do_normalize", True):
+            mean, std = float(pre.get("mean", AST_MEAN)), 2.0 * float(pre.get("std", AST_STD))
+        else:
+            mean, std = 0.0, 1.0
+    elif kind == "WhisperFeatureExtractor":
+        rate = pre.get("sampling_rate", c.sample_rate)
+        hop = pre.get("hop_length", 160)
+        chunk = pre.get("chunk_length")
+        _check(file, {"frontend": ("whisper", c.frontend),
+                      "sampling_rate": (rate, c.sample_rate),
+                      "feature_size": (pre.get("feature_size"), c.n_mels),
+                      "n_fft": (pre.get("n_fft"), model.tokenizer.config.n_fft),
+                      "hop_length": (hop, model.tokenizer.config.hop_length),
+                      "chunk_length * sampling_rate / hop_length":
+                          (None if chunk is None else chunk * rate // hop, c.max_frames)})
+        if float(pre.get("dither", 0.0)) != 0.0:
+            raise ValueError(f"{file}: dither={pre['dither']} (random noise) is not supported")
+        mean, std = -4.0, 4.0
+    else:
+        raise ValueError(f"{file}: unsupported feature_extractor_type {kind!r} for an audio "
+                         f"model; supported: {', '.join(AUDIO_EXTRACTORS)}")
+    with torch.no_grad():
+        model.tokenizer.mean.fill_(mean)
+        model.tokenizer.std.fill_(std)
+        model.tokenizer.fitted.fill_(True)
+
+
+class ImagePreprocessor:
+    """Images (PNG/JPEG paths, PIL images or ``uint8`` tensors ``(3, H, W)``) -> a float
+    batch ``(B, 3, H', W')`` as a transformers image processor of the same settings gives.
+
+    ``size``: ``{"height": h, "width": w}`` or ``{"shortest_edge": s}``; ``crop_size``:
+    ``{"height", "width"}`` (used when ``do_center_crop``); ``resample``: PIL's code
+    (2 bilinear, 3 bicubic, ...).
+    """
+
+    def __init__(self, size: dict[str, int] | int | None = None, resample: int = 2,
+                 do_resize: bool = True, do_center_crop: bool = False,
+                 crop_size: dict[str, int] | int | None = None, do_rescale: bool = True,
+                 rescale_factor: float = 1 / 255, do_normalize: bool = True,
+                 image_mean: Sequence[float] = (0.5, 0.5, 0.5),
+                 image_std: Sequence[float] = (0.5, 0.5, 0.5)) -> None:
+        if resample not in _RESAMPLE:
+            raise ValueError(f"unsupported resample={resample!r}; supported PIL codes: "
+                             f"{_RESAMPLE}")
+        self.size = {"height": size, "width": size} if isinstance(size, int) else dict(size or {})
+        if do_resize and not ({"height", "width"} <= set(self.size)
+                              or "shortest_edge" in self.size):
+            raise ValueError(f"size must give height and width or shortest_edge, got {size!r}")
+        crop = {"height": crop_size, "width": crop_size} if isinstance(crop_size, int) \
+            else dict(crop_size or {})
+        if do_center_crop and not {"height", "width"} <= set(crop):
+            raise ValueError(f"crop_size must give height and width, got {crop_size!r}")
+        self.crop_size, self.resample = crop, resample
+        self.do_resize, self.do_center_crop = do_resize, do_center_crop
+        self.do_rescale, self.rescale_factor = do_rescale, float(rescale_factor)
+        self.do_normalize = do_normalize
+        self.mean = torch.tensor([float(m) for m in image_mean])
+        self.std = torch.tensor([float(s) for s in image_std])
+
+    @classmethod
+    def from_dict(cls, pre: dict[str, Any]) -> ImagePreprocessor:
+        keys = ("size", "resample", "do_resize", "do_center_crop", "crop_size", "do_rescale",
+                "rescale_factor", "do_normalize", "image_mean", "image_std")
+        return cls(**{k: pre[k] for k in keys if k in pre and pre[k] is not None})
+
+    def _load(self, image: Any) -> Tensor:
+        if isinstance(image, Tensor):
+            if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:
+                raise ValueError(f"image tensors must be uint8 (3, H, W), got {image.dtype} "
+                                 f"{tuple(image.shape)}")
+            return image
+        from PIL import Image
+        from torchvision.transforms.v2.functional import pil_to_tensor
+
+        if isinstance(image, (str, Path)):
+            path = Path(image)
+            if not path.is_file():
+                raise FileNotFoundError(f"image file not found: {path}")
+            with Image.open(path) as img:
+                image = img.convert("RGB")
+        elif isinstance(image, Image.Image):
+            image = image.convert("RGB")
+        else:
+            raise ValueError(f"expected an image path, a PIL image or a uint8 tensor, got "
+                             f"{type(image).__name__}")
+        return pil_to_tensor(image)
+
+    def _resize(self, x: Tensor) -> Tensor:
+        from torchvision.transforms.v2 import InterpolationMode
+        from torchvision.transforms.v2 import functional as tvf
+
+        if "shortest_edge" in self.size:
+            h, w = x.shape[-2:]
+            s = int(self.size["shortest_edge"])
+            new = (s, int(s * w / h)) if h <= w else (int(s * h / w), s)
+        else:
+            new = (int(self.size["height"]), int(self.size["width"]))
+        mode = InterpolationMode(_RESAMPLE[self.resample])
+        if mode == InterpolationMode.LANCZOS:
+            mode = InterpolationMode.BICUBIC  # as transformers' torchvision backend does
+        return tvf.resize(x, list(new), interpolation=mode, antialias=True)
+
+    def __call__(self, images: Any) -> Tensor:
+        from torchvision.transforms.v2 import functional as tvf
+
+        if not isinstance(images, (list, tuple)):
+            images = [images]
+        out = []
+        for image in images:
+            x = self._load(image)
+            if self.do_resize:
+                x = self._resize(x)
+            if self.do_center_crop:
+                x = tvf.center_crop(x, [self.crop_size["height"], self.crop_size["width"]])
+            x = x.float()
+            if self.do_rescale:
+                x = x * self.rescale_factor
+            if self.do_normalize:
+                x = (x - self.mean[:, None, None]) / self.std[:, None, None]
+            out.append(x)
+        shapes = {tuple(x.shape) for x in out}
+        if len(shapes) > 1:
+            raise ValueError(f"images of different sizes after preprocessing: {sorted(shapes)}")
+        return torch.stack(out)
