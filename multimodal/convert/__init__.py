@@ -9,7 +9,7 @@ knows foreign weight layouts.
 
 Every converter reads the source's hyper-parameters, builds the matching model of this
 package, renames (and where needed fuses or transposes) the weights and loads them with
-:func:`multimodal.hub.load_state_dict_checked`. The result gives the source's outputs
+:func:`multimodal.weights.load_state_dict_checked`. The result gives the source's outputs
 (to float rounding). A foreign key that is needed but absent, or present but never used
 (a feature we do not implement, e.g. attention pooling), is an error that lists the keys.
 

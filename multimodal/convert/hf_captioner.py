@@ -29,6 +29,7 @@ from multimodal.convert.common import (
     HF_CONVERTERS,
     HF_MODEL_TYPES,
     cfg_get,
+    load_converted,
     register_hf,
     register_hf_model_type,
     sub_config,
@@ -37,7 +38,6 @@ from multimodal.models.backbone import BACKBONE_FIELDS
 from multimodal.models.captioner import Captioner, CaptionerConfig
 from multimodal.models.text import TextDecoder, TextDecoderConfig
 from multimodal.models.vit import ViT
-from multimodal.weights import load_state_dict_checked
 
 
 class _Half:
@@ -132,8 +132,7 @@ def _hf_vision_encoder_decoder(model: nn.Module) -> Captioner:
     captioner = Captioner(config)
     ours = {f"encoder.{k}": v for k, v in encoder.state_dict().items()}
     ours.update({f"decoder.{k}": v for k, v in dec_state_ours.items()})
-    load_state_dict_checked(captioner, ours)
-    return captioner.eval()
+    return load_converted(captioner, ours)
 
 
 register_hf(_hf_vision_encoder_decoder, "VisionEncoderDecoderModel")
