@@ -204,10 +204,12 @@ def plot_buckets(runs: dict[str, list[dict]], path: Path, title: str) -> None:
     xs = list(range(len(keep)))
     for name, model_runs in runs.items():
         rates = [[100 * r["buckets"][i][2] for r in model_runs] for i in keep]
-        ax.plot(xs, [statistics.median(r) for r in rates], marker="o",
-                label=f"{label(name)} ({len(model_runs)} seeds)")
-        if len(model_runs) > 1:
-            ax.fill_between(xs, [min(r) for r in rates], [max(r) for r in rates], alpha=0.15)
+        n = len(model_runs)
+        (line,) = ax.plot(xs, [statistics.median(r) for r in rates], marker="o",
+                          label=f"{label(name)} ({n} seed{'s' if n > 1 else ''})")
+        if n > 1:
+            ax.fill_between(xs, [min(r) for r in rates], [max(r) for r in rates], alpha=0.15,
+                            color=line.get_color())
     ax.set_xticks(xs, [f"{first[i][0]}-{first[i][1]}\n(n={first[i][3]})" for i in keep])
     ax.set_xlabel("source length (words)")
     ax.set_ylabel("held-out exact match (%)")
