@@ -276,6 +276,27 @@ def test_bad_input_gives_clear_errors() -> None:
         model(src, tgt, mask[:, :3])
     with pytest.raises(ValueError, match="integer tensor"):
         model(src.float(), tgt, mask)
+    with pytest.raises(ValueError, match=r"source_ids must be \(batch, tokens\), got shape \(6,\)"):
+        model(src[0], tgt)
+    with pytest.raises(ValueError, match=r"target_ids must be \(batch, tokens\)"):
+        model(src, tgt[None], mask)
+    with pytest.raises(ValueError, match="target_ids has 3 rows but source_ids has 2"):
+        model(src[:2], tgt, mask[:2])
+
+
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_generate_refuses_bad_sources_clearly(num_beams: int) -> None:
+    """Decoding reads the source through the same checks as training."""
+    model = make("lstm", "multiplicative")
+    src, mask, _ = batch()
+    with pytest.raises(ValueError, match=r"source_ids holds ids outside the vocabulary \[0, 20\)"):
+        model.generate(src.masked_fill(src == src[0, 0], 20), mask, num_beams=num_beams)
+    with pytest.raises(ValueError, match="source_ids is empty"):
+        model.generate(src[:, :0], num_beams=num_beams)
+    with pytest.raises(ValueError, match=r"source rows \[1\] are empty"):
+        model.generate(src, mask * torch.tensor([[1], [0], [1]]), num_beams=num_beams)
+    with pytest.raises(ValueError, match="source of 11 tokens exceeds max_source_len 10"):
+        model.generate(torch.full((1, 11), 9), num_beams=num_beams)
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [

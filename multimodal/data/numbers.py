@@ -8,6 +8,13 @@ Sources are word-level (the 33 number words, ``and`` and ``-``), targets charact
 (the ten digits), both with the package's special ids (``[PAD]`` = 0, ``[BOS]`` = 5,
 ``[EOS]`` = 6). Held-out numbers (val and test) are chosen first, from a seeded random
 subset of 0..999,999, and never occur in the training set.
+
+With ``numbers_per_source=K > 1`` every example is a list of 1..K numbers (the count
+uniform), words joined by ``,`` and digits joined by ``,`` (``"twelve , five" -> "12,5"``):
+sources up to ``K`` times longer, for measuring how a model copes with input length (the
+bottleneck of an RNN encoder-decoder without attention). The lists of the val and test
+splits are drawn from the held-out numbers only, those of the training split from the
+training numbers only.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", 
 TENS = ("_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty",
         "ninety")
 MAX_NUMBER = 999_999
+SEPARATOR = ","
 
-__all__ = ["NumberWordsDataModule", "number_to_words", "source_tokenizer",
-           "target_tokenizer", "words_to_number"]
+__all__ = ["NumberWordsDataModule", "number_to_words", "numbers_to_digits", "numbers_to_words",
+           "source_tokenizer", "target_tokenizer", "words_to_number"]
 
 
 def _below_100(n: int) -> str:
@@ -80,15 +88,31 @@ def words_to_number(text: str) -> int:
     return total + group
 
 
-def source_tokenizer() -> WordTokenizer:
-    """Word-level tokenizer over the number words, ``and`` and ``-``."""
+def numbers_to_words(numbers: Sequence[int]) -> str:
+    """Words of a list of numbers, joined by ``" , "`` (one number: its words)."""
+    if not numbers:
+        raise ValueError("numbers is empty: give at least one number")
+    return f" {SEPARATOR} ".join(number_to_words(n) for n in numbers)
+
+
+def numbers_to_digits(numbers: Sequence[int]) -> str:
+    """Digits of a list of numbers, joined by ``","``."""
+    if not numbers:
+        raise ValueError("numbers is empty: give at least one number")
+    return SEPARATOR.join(str(n) for n in numbers)
+
+
+def source_tokenizer(separator: bool = False) -> WordTokenizer:
+    """Word-level tokenizer over the number words, ``and`` and ``-`` (and with
+    ``separator`` the list separator ``,``, the last id, so the other ids do not move)."""
     words = [*ONES, *TENS[2:], "hundred", "thousand", "and", "-"]
-    return WordTokenizer([*SPECIAL_TOKENS, *words])
+    return WordTokenizer([*SPECIAL_TOKENS, *words, *([SEPARATOR] if separator else [])])
 
 
-def target_tokenizer() -> CharTokenizer:
-    """Character-level tokenizer over the ten digits."""
-    return CharTokenizer([*SPECIAL_TOKENS, *"0123456789"])
+def target_tokenizer(separator: bool = False) -> CharTokenizer:
+    """Character-level tokenizer over the ten digits (and with ``separator`` ``,``, the
+    last id)."""
+    return CharTokenizer([*SPECIAL_TOKENS, *"0123456789", *([SEPARATOR] if separator else [])])
 
 
 def sample_number(rng: random.Random) -> int:
@@ -99,13 +123,16 @@ def sample_number(rng: random.Random) -> int:
 
 
 class NumberPairs(Dataset):
-    """``(source ids, target ids)`` of a list of numbers: words -> ``[BOS] digits [EOS]``."""
+    """``(source ids, target ids)`` of a list of numbers: words -> ``[BOS] digits [EOS]``;
+    an item that is a tuple of numbers becomes their joined words and digits
+    (:func:`numbers_to_words`, :func:`numbers_to_digits`)."""
 
-    def __init__(self, numbers: Sequence[int]) -> None:
-        src, tgt = source_tokenizer(), target_tokenizer()
+    def __init__(self, numbers: Sequence[int | tuple[int, ...]]) -> None:
+        src, tgt = source_tokenizer(separator=True), target_tokenizer(separator=True)
         self.numbers = list(numbers)
-        self.sources = src.encode_many([number_to_words(n) for n in self.numbers])
-        self.targets = tgt.encode_many([str(n) for n in self.numbers], add_bos=True,
+        items = [n if isinstance(n, tuple) else (n,) for n in self.numbers]
+        self.sources = src.encode_many([numbers_to_words(n) for n in items])
+        self.targets = tgt.encode_many([numbers_to_digits(n) for n in items], add_bos=True,
                                        add_eos=True)
 
     def __len__(self) -> int:
@@ -138,12 +165,20 @@ class NumberWordsDataModule(SplitDataModule):
     0..9,999 so that short numbers are tested too) and split into val and test; the
     ``train_size`` distinct training numbers are drawn with :func:`sample_number` from
     the rest.
+
+    ``numbers_per_source=K > 1``: each split holds as many lists of 1..K numbers (the count
+    uniform, the numbers drawn with replacement from that split's numbers) as it has
+    numbers; ``lists`` holds them, and the vocabularies gain the separator ``,``.
     """
 
     def __init__(self, train_size: int = 50_000, held_out: int = 10_000,
                  test_size: int = 2000, val_size: int = 500, batch_size: int = 64,
-                 seed: int = 0) -> None:
+                 seed: int = 0, numbers_per_source: int = 1) -> None:
         super().__init__()
+        if isinstance(numbers_per_source, bool) or not isinstance(numbers_per_source, int) \
+                or numbers_per_source < 1:
+            raise ValueError(f"numbers_per_source must be an integer >= 1, got "
+                             f"{numbers_per_source!r}")
         if not 0 < val_size + test_size <= held_out:
             raise ValueError(f"need 0 < val_size + test_size <= held_out, got {val_size} + "
                              f"{test_size} and {held_out}")
@@ -152,9 +187,12 @@ class NumberWordsDataModule(SplitDataModule):
         self.train_size, self.held_out = train_size, held_out
         self.test_size, self.val_size = test_size, val_size
         self.batch_size, self.seed = batch_size, seed
-        self.source_vocab_size = source_tokenizer().vocab_size
-        self.target_vocab_size = target_tokenizer().vocab_size
+        self.numbers_per_source = numbers_per_source
+        lists = numbers_per_source > 1
+        self.source_vocab_size = source_tokenizer(separator=lists).vocab_size
+        self.target_vocab_size = target_tokenizer(separator=lists).vocab_size
         self.numbers: dict[str, list[int]] = {}
+        self.lists: dict[str, list[tuple[int, ...]]] = {}
 
     def setup(self, stage: str | None = None) -> None:
         if self.numbers:
@@ -172,10 +210,16 @@ class NumberWordsDataModule(SplitDataModule):
                 train.add(n)
         self.numbers = {"train": sorted(train), "val": held[: self.val_size],
                         "test": held[self.val_size: self.val_size + self.test_size]}
+        if self.numbers_per_source > 1:
+            lists_rng = random.Random(f"{self.seed}-lists")
+            for split, pool in self.numbers.items():
+                self.lists[split] = [
+                    tuple(lists_rng.choices(pool, k=lists_rng.randint(1, self.numbers_per_source)))
+                    for _ in pool]
 
     def split_dataset(self, split: str) -> NumberPairs:
         self.setup()
-        return NumberPairs(self.numbers[split])
+        return NumberPairs(self.lists[split] if self.lists else self.numbers[split])
 
     def collate_fn(self) -> Callable[..., dict[str, Any]]:
         return collate_pairs

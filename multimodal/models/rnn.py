@@ -287,6 +287,10 @@ class RNNSeq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
         ``return_attention`` also the attention weights (B, T, S)."""
         if target_ids.dim() == 2 and target_ids.shape[1] == 0:
             raise ValueError("target_ids is empty: give at least [BOS]")
+        if target_ids.dim() == 2 and source_ids.dim() == 2 \
+                and target_ids.shape[0] != source_ids.shape[0]:
+            raise ValueError(f"target_ids has {target_ids.shape[0]} rows but source_ids has "
+                             f"{source_ids.shape[0]}: one target per source")
         memory, pad, state = self.encode(source_ids, source_mask)
         return self.decoder.forward_features(target_ids, memory=memory,
                                              memory_padding_mask=pad, encoder_state=state,
