@@ -127,11 +127,12 @@ class AudioClassificationDataModule(SplitDataModule):
         samples_dir: the Sonic Pi samples folder.
         batch_size: clips per batch.
         num_workers: DataLoader worker processes.
-        clip_seconds: Sonic Pi crop length (random at train, centre at eval); spoken words
+        clip_seconds: Sonic Pi and your files' crop length (random at train, centre at
+            eval; your shorter clips keep their length, padded in the batch); spoken words
             longer than this are centre-cropped (they are ~0.3-1 s after trimming).
         noise: background noise mixed into training clips: ``"none"``, ``"white"``,
-            ``"pink"`` or ``"ambient"`` (Sonic Pi ``ambi_``/``vinyl_`` recordings; spoken
-            words only, as those are classes of ``sonic_pi``).
+            ``"pink"`` or ``"ambient"`` (Sonic Pi ``ambi_``/``vinyl_`` recordings; not with
+            ``sonic_pi``, whose classes they are).
         snr_db_min, snr_db_max: range of the random SNR in dB.
         noise_eval: also mix (seeded, fixed) noise into val/test clips.
         features: batches of log-mel ``features`` (True) or raw ``waveform`` (False).
@@ -193,11 +194,10 @@ class AudioClassificationDataModule(SplitDataModule):
             raise ValueError(f"dataset must be 'spoken_words' or 'sonic_pi', got {dataset!r}")
         if noise not in ("none", "white", "pink", "ambient"):
             raise ValueError(f"noise must be 'none', 'white', 'pink' or 'ambient', got {noise!r}")
-        if dataset != "spoken_words" and noise == "ambient":
+        if dataset == "sonic_pi" and noise == "ambient":
             raise ValueError(
                 "noise='ambient' mixes Sonic Pi ambi_/vinyl_ recordings, which are classes of "
-                "the sonic_pi dataset itself (and may be in your recordings); use "
-                "noise='white' or 'pink' there"
+                "the sonic_pi dataset itself; use noise='white' or 'pink' there"
             )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
