@@ -6,13 +6,14 @@
 #   audio   -> data/get_audio.sh    (Debian espeak-ng, flite, sonic-pi-samples; synthesis)
 #   emoji   -> data/get_emoji.sh    (npm package emoji-datasource-twitter)
 #   folders -> data/get_folders.sh  (Fashion-MNIST and emoji as PNG class folders; own-data proofs)
+#   klettres -> data/get_klettres.sh (Debian klettres-data: real speech as audio class folders)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 what=("${@:-images}")
 [[ "${what[0]}" == all ]] && what=(images text audio emoji)
 for name in "${what[@]}"; do
     script="$here/get_$name.sh"
-    [[ -f "$script" ]] || { echo "unknown dataset group '$name' (images, text, audio, emoji, folders, all)" >&2; exit 2; }
+    [[ -f "$script" ]] || { echo "unknown dataset group '$name' (images, text, audio, emoji, folders, klettres, all)" >&2; exit 2; }
     echo "== data: $name"
     bash "$script"
 done

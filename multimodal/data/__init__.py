@@ -8,7 +8,8 @@ loader recipe of ``splits`` (with ``sampling``'s resumable shuffle).
 
 Built-in sources, one module each: ``sources/`` (how each dataset is obtained offline and
 read; ``emoji`` and ``scenes`` are the caption sources). Generic readers of your own files:
-``readers`` (class folders, manifests, image decoding), ``shards`` (LitData). Items and
-batches: ``images``, ``audio_datasets``, ``documents``. Per-modality transforms:
-``transforms`` (images), ``audio_transforms`` and ``noise`` (audio).
+``readers`` (class folders, manifests, image decoding), ``audio_files`` (labelled recordings),
+``caption_files`` (caption manifests, COCO JSON), ``text_files`` (.txt / JSONL text),
+``shards`` (LitData). Items and batches: ``images``, ``audio_datasets``, ``documents``.
+Per-modality transforms: ``transforms`` (images), ``audio_transforms`` and ``noise`` (audio).
 """

@@ -18,6 +18,8 @@ Sonic Pi samples (:func:`multimodal.data.sources.spoken_words.main`).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,8 +33,16 @@ from multimodal.data.audio_datasets import (
     list_audio_files,
     read_audio_folder,
 )
-from multimodal.data.audio_transforms import SAMPLE_RATE, trim_silence
+from multimodal.data.audio_files import (
+    AudioFileDataset,
+    SkippingAudioCollate,
+    audio_class_names,
+    check_audio_files,
+    read_audio_files,
+)
+from multimodal.data.audio_transforms import SAMPLE_RATE, centre_crop, trim_silence
 from multimodal.data.noise import NoiseMixer
+from multimodal.data.readers import FileList
 from multimodal.data.sources import GET_AUDIO
 from multimodal.data.sources.sonic_pi import (
     SONIC_PI_DIR,
@@ -63,7 +73,7 @@ from multimodal.data.sources.spoken_words import (
     split_voices,
     synthesize_spoken_words,
 )
-from multimodal.data.splits import SplitDataModule
+from multimodal.data.splits import SplitDataModule, held_out
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 
 __all__ = [
@@ -100,10 +110,15 @@ __all__ = [
     "trim_silence",
 ]
 
+log = logging.getLogger(__name__)
+
 
 # ----------------------------------------------------------------------------- datamodule
 class AudioClassificationDataModule(SplitDataModule):
-    """Spoken words (20 classes, split by voice) or Sonic Pi samples (split by file).
+    """Spoken words (20 classes, split by voice), Sonic Pi samples (split by file), or your
+    own recordings (``train``: a class-per-subfolder folder or a ``path,label`` manifest of
+    WAV / FLAC / OGG / MP3 files at any sample rate and channel count; see
+    :mod:`multimodal.data.audio_files`).
 
     Args:
         dataset: ``"spoken_words"`` or ``"sonic_pi"``.
@@ -111,22 +126,34 @@ class AudioClassificationDataModule(SplitDataModule):
         samples_dir: the Sonic Pi samples folder.
         batch_size: clips per batch.
         num_workers: DataLoader worker processes.
-        clip_seconds: Sonic Pi crop length (random at train, centre at eval); spoken words
+        clip_seconds: Sonic Pi and your files' crop length (random at train, centre at
+            eval; your shorter clips keep their length, padded in the batch); spoken words
             longer than this are centre-cropped (they are ~0.3-1 s after trimming).
         noise: background noise mixed into training clips: ``"none"``, ``"white"``,
-            ``"pink"`` or ``"ambient"`` (Sonic Pi ``ambi_``/``vinyl_`` recordings; spoken
-            words only, as those are classes of ``sonic_pi``).
+            ``"pink"`` or ``"ambient"`` (Sonic Pi ``ambi_``/``vinyl_`` recordings; not with
+            ``sonic_pi``, whose classes they are).
         snr_db_min, snr_db_max: range of the random SNR in dB.
         noise_eval: also mix (seeded, fixed) noise into val/test clips.
         features: batches of log-mel ``features`` (True) or raw ``waveform`` (False).
         n_mels: mel bins of the features.
-        val_fraction, test_fraction: share of voices (spoken words) / files (Sonic Pi).
+        val_fraction, test_fraction: share of voices (spoken words) / files (Sonic Pi);
+            for your files, as the image module's ``val_size`` / ``test_size``: a fraction
+            (< 1) or a count of ``train``'s files held out (seeded; test first, then val of
+            the rest) when no ``val`` / ``test`` is given.
         seed: seed of the splits and of the stats subset.
         min_class_files: Sonic Pi classes with fewer files are dropped.
         stats_clips: number of training clips the normalisation is fitted on.
         synthesize: in ``prepare_data``, synthesise the spoken words if missing.
         limit_train: keep only this many training clips (quick runs).
         predict_dir: folder of audio files for ``predict``.
+        train: your training recordings: a folder ``train/<class>/<file>`` (classes sorted by
+            name, as torchvision's ``ImageFolder``) or a ``path,label`` manifest (``.csv``
+            with a header or ``.jsonl``; paths relative to it). ``dataset`` is then unused.
+        val, test: your validation / test recordings (same kinds); default: held out of
+            ``train`` by ``val_fraction`` / ``test_fraction``.
+        classes: the class list in index order (default: ``train``'s sorted classes).
+        skip_corrupt: skip unreadable or too-short files (counted, logged) instead of an
+            error naming the first.
     """
 
     def __init__(
@@ -151,9 +178,18 @@ class AudioClassificationDataModule(SplitDataModule):
         synthesize: bool = True,
         limit_train: int | None = None,
         predict_dir: str | None = None,
+        train: str | None = None,
+        val: str | None = None,
+        test: str | None = None,
+        classes: list[str] | None = None,
+        skip_corrupt: bool = False,
     ) -> None:
         super().__init__()
-        if dataset not in ("spoken_words", "sonic_pi"):
+        if train is None and (val is not None or test is not None):
+            raise ValueError("val / test recordings need train (your own recordings) too")
+        if train is not None:
+            dataset = "files"  # type: ignore[assignment]
+        elif dataset not in ("spoken_words", "sonic_pi"):
             raise ValueError(f"dataset must be 'spoken_words' or 'sonic_pi', got {dataset!r}")
         if noise not in ("none", "white", "pink", "ambient"):
             raise ValueError(f"noise must be 'none', 'white', 'pink' or 'ambient', got {noise!r}")
@@ -178,8 +214,19 @@ class AudioClassificationDataModule(SplitDataModule):
         self.min_class_files, self.synthesize = min_class_files, synthesize
         self.limit_train, self.predict_dir = limit_train, predict_dir
         self.tokenizer = AudioFrameTokenizer(AudioFeatureConfig(n_mels=n_mels))
+        self.files = {"train": train, "val": val, "test": test}
+        self.skip_corrupt = skip_corrupt
         self._class_names: list[str] | None = None
-        self._datasets: dict[str, SpokenWordsDataset | SonicPiDataset] = {}
+        if train is not None:
+            self._class_names = list(classes) if classes is not None else list(
+                audio_class_names(train))
+        elif classes is not None:
+            raise ValueError("classes applies to your own recordings (train: ...)")
+        self.file_splits: dict[str, FileList] = {}
+        self.skipped_up_front = 0  # files dropped by the header check (skip_corrupt)
+        self.skipped: dict[int, int] = {}  # epoch -> files skipped when read
+        self._logged: set[int] = set()
+        self._datasets: dict[str, Dataset] = {}
         self.split_voices: dict[str, list[str]] = {}
         self.split_files: dict[str, list[Path]] = {}
 
@@ -218,10 +265,36 @@ class AudioClassificationDataModule(SplitDataModule):
             return None
         return NoiseMixer(self.noise_kind, self.snr_db, self.samples_dir)  # type: ignore[arg-type]
 
+    def _file_lists(self) -> dict[str, FileList]:
+        """Train / val / test lists of your files (given, or held out seeded), each checked
+        header by header (:func:`~multimodal.data.audio_files.check_audio_files`)."""
+        classes = self.class_names
+        full = read_audio_files(self.files["train"], classes)  # type: ignore[arg-type]
+        given = {k: self.files[k] for k in ("val", "test") if self.files[k] is not None}
+        idx = held_out(len(full), self.seed, self.val_fraction, self.test_fraction,
+                       "test" in given, "val" in given, self.limit_train)
+        splits = {k: full.subset(v) for k, v in idx.items() if v is not None}
+        for k, path in given.items():
+            splits[k] = read_audio_files(path, classes)  # type: ignore[arg-type]
+        for k in ("train", "val", "test"):
+            splits[k], n = check_audio_files(splits[k], self.skip_corrupt)
+            if n:
+                log.warning("%s split: skipped %d unreadable or too short audio file(s)", k, n)
+                self.skipped_up_front += n
+        return splits
+
     def _build(self) -> None:
         noise = self._noise()
         eval_noise = noise if self.noise_eval else None
-        if self.dataset == "spoken_words":
+        if self.dataset == "files":
+            self.file_splits = splits = self._file_lists()
+            n, skip = self.clip_samples, self.skip_corrupt
+            self._datasets = {
+                "train": AudioFileDataset(splits["train"], n, True, noise, None, skip),
+                "val": AudioFileDataset(splits["val"], n, False, eval_noise, self.seed, skip),
+                "test": AudioFileDataset(splits["test"], n, False, eval_noise, self.seed, skip),
+            }
+        elif self.dataset == "spoken_words":
             rows = read_manifest(self.words_root)
             self.split_voices = split_voices(
                 (r["voice"] for r in rows), self.val_fraction, self.test_fraction, self.seed
@@ -256,8 +329,20 @@ class AudioClassificationDataModule(SplitDataModule):
         train = self._datasets["train"]
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.seed))
         chosen = order[: self.stats_clips].tolist()
-        clips = (train.waveform(i) for i in chosen)  # every source's clean clip of item i
+        if isinstance(train, AudioFileDataset):  # your files: unreadable ones skipped if asked
+            clips: Iterable[Tensor] = (centre_crop(c, self.clip_samples)
+                                       for c in self._clean_clips(train, chosen))
+        else:
+            clips = (train.waveform(i) for i in chosen)  # a built-in source's clean clip of item i
         self.tokenizer.fit_stats(c for c in clips if c.shape[0] >= 400)
+
+    def _clean_clips(self, train: AudioFileDataset, chosen: list[int]) -> Iterable[Tensor]:
+        for i in chosen:
+            try:
+                yield train.waveform(i)
+            except ValueError:  # CorruptFileError: raised when read unless skipped
+                if not self.skip_corrupt:
+                    raise
 
     def setup(self, stage: str | None = None) -> None:
         if not self._datasets:
@@ -271,8 +356,30 @@ class AudioClassificationDataModule(SplitDataModule):
         self.setup()
         return self._datasets[split]
 
-    def collate_fn(self) -> AudioBatchCollate:
-        return AudioBatchCollate(self.tokenizer if self.features else None)
+    def collate_fn(self) -> Callable[[list[Any]], dict[str, Any]]:
+        collate = AudioBatchCollate(self.tokenizer if self.features else None)
+        return SkippingAudioCollate(collate) if self.skip_corrupt else collate
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Removes the ``skipped`` count that ``skip_corrupt`` batches carry, summing it per
+        epoch; an epoch's count is logged when the next starts and at teardown."""
+        if isinstance(batch, dict) and "skipped" in batch:
+            skipped = int(batch.pop("skipped"))
+            epoch = self.trainer.current_epoch if self.trainer is not None else 0
+            if epoch not in self.skipped:
+                self._log_skipped()
+                self.skipped[epoch] = 0
+            self.skipped[epoch] += skipped
+        return batch
+
+    def _log_skipped(self) -> None:
+        for epoch, n in sorted(self.skipped.items()):
+            if epoch not in self._logged:
+                log.warning("epoch %d: skipped %d unreadable audio file(s)", epoch, n)
+                self._logged.add(epoch)
+
+    def teardown(self, stage: str) -> None:
+        self._log_skipped()
 
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dir is None:

@@ -12,16 +12,16 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from multimodal.data.audio_transforms import SAMPLE_RATE, Resampler, centre_crop
+from multimodal.data.readers import AUDIO_EXTENSIONS  # WAV, FLAC, OGG, MP3
 from multimodal.tokenizers.audio import AudioFrameTokenizer, load_audio
 
 __all__ = ["AUDIO_EXTENSIONS", "AudioBatchCollate", "AudioFolderDataset", "list_audio_files",
            "read_audio_folder"]
 
-AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
 
 
 def list_audio_files(folder: str | os.PathLike) -> list[Path]:
-    """The WAV / FLAC / OGG files directly in ``folder``, sorted by name."""
+    """The WAV / FLAC / OGG / MP3 files directly in ``folder``, sorted by name."""
     path = Path(folder)
     if not path.is_dir():
         raise FileNotFoundError(f"audio folder not found: {path}")

@@ -1,4 +1,6 @@
-"""Image-caption pairs for the captioning task: procedural scenes or Twitter emoji.
+"""Image-caption pairs for the captioning and contrastive tasks: procedural scenes, Twitter
+emoji, or your own files (a CSV / JSONL manifest or COCO-captions JSON, read by
+:mod:`multimodal.data.caption_files`).
 
 Batches are ``{"images": float (B, 3, H, W), "captions": list[str]}`` with images
 normalised per channel, ``x = (pixel / 255 - mean) / std``, mean and std measured on the
@@ -15,6 +17,12 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from multimodal.data.caption_files import (
+    CaptionFiles,
+    FileCaptionDataset,
+    read_caption_files,
+    split_by_image,
+)
 from multimodal.data.emoji import find_package_dir, load_emoji
 from multimodal.data.scenes import (
     Scene,
@@ -25,6 +33,7 @@ from multimodal.data.scenes import (
     sample_scenes,
 )
 from multimodal.data.splits import SplitDataModule
+from multimodal.data.transforms import ImageTransformConfig, image_transform
 
 DATASETS = ("scenes", "emoji")
 SPLITS = ("train", "val", "test")
@@ -73,6 +82,16 @@ class CaptionDataModule(SplitDataModule):
     (how a caption orders the shapes: "random" or "left_to_right", see
     :class:`~multimodal.data.scenes.SceneConfig`) apply to scenes;
     ``val_fraction`` / ``test_fraction`` and ``root`` to emoji (split by emoji).
+
+    Your own pairs: ``train`` (and optionally ``val`` / ``test``) is an ``image,caption``
+    manifest (``.csv`` with a header, one caption per row; ``.jsonl`` whose ``caption`` is a
+    string or a list) or a COCO-captions ``.json`` (``images`` + ``annotations``); image
+    paths are relative to the manifest (or to ``image_root``). Several captions of one image
+    are several items. Without ``val`` / ``test``, ``val_fraction`` / ``test_fraction`` of
+    the *images* are held out (seeded; an image and all its captions are in one split).
+    Images are decoded with ``torchvision.io``, resized to ``image_size`` and normalised
+    with the statistics of up to ``stats_samples`` training images. ``dataset`` is then
+    unused.
     """
 
     def __init__(
@@ -91,9 +110,18 @@ class CaptionDataModule(SplitDataModule):
         num_workers: int = 0,
         seed: int = 0,
         root: str | None = None,
+        train: str | None = None,
+        val: str | None = None,
+        test: str | None = None,
+        image_root: str | None = None,
+        stats_samples: int = 1000,
     ) -> None:
         super().__init__()
-        if dataset not in DATASETS:
+        if train is None and (val is not None or test is not None):
+            raise ValueError("val / test captions need train (your own manifest) too")
+        if train is not None:
+            dataset = "files"
+        elif dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
         if image_size < 8:
             raise ValueError(f"image_size must be >= 8, got {image_size}")
@@ -107,6 +135,8 @@ class CaptionDataModule(SplitDataModule):
         self._splits: dict[str, tuple[torch.Tensor, list[str]]] | None = None
         self._stats: tuple[torch.Tensor, torch.Tensor] | None = None
         self._scenes: dict[str, list[Scene]] = {}
+        self.files = {"train": train, "val": val, "test": test}
+        self.file_splits: dict[str, CaptionFiles] = {}
         self.metadata: dict[str, list[Any]] = {}
         if dataset == "scenes":
             self.scene_config()  # a bad scene option fails here, not at the first batch
@@ -117,6 +147,8 @@ class CaptionDataModule(SplitDataModule):
         if self._splits is not None:
             return self._splits
         hp = self.hparams
+        if self.dataset == "files":
+            return self._load_files()
         if self.dataset == "scenes":
             config = self.scene_config()
             sizes = {"train": hp.num_train, "val": hp.num_val, "test": hp.num_test}
@@ -133,6 +165,41 @@ class CaptionDataModule(SplitDataModule):
                              "val/test fractions")
         self._stats = channel_stats(self._splits["train"][0])
         return self._splits
+
+    def _load_files(self) -> dict[str, tuple[torch.Tensor | None, list[str]]]:
+        """Your manifests: caption rows per split (images stay files, decoded per item)."""
+        hp = self.hparams
+        root = hp.image_root
+        full = read_caption_files(self.files["train"], root)  # type: ignore[arg-type]
+        given = {k: read_caption_files(v, root) for k, v in self.files.items()
+                 if k != "train" and v is not None}
+        splits = split_by_image(full, hp.seed, hp.val_fraction, hp.test_fraction,
+                                "val" in given, "test" in given)
+        splits.update(given)
+        if len(splits["train"]) == 0:
+            raise ValueError(f"{self.files['train']}: the training split has no captions")
+        self.file_splits = splits
+        self._stats = self._file_stats(splits["train"])
+        self._splits = {k: (None, list(v.captions)) for k, v in splits.items()}  # type: ignore[misc]
+        return self._splits  # type: ignore[return-value]
+
+    def _resize(self, mean: Any = (0.0,) * 3, std: Any = (1.0,) * 3) -> Callable:
+        return image_transform(ImageTransformConfig(self.image_size, tuple(mean), tuple(std)),
+                               train=False)
+
+    def _file_stats(self, files: CaptionFiles) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean / std over the pixels of up to ``stats_samples`` training images
+        (seeded choice), each resized to ``image_size``; std = sqrt(E[x^2] - E[x]^2)."""
+        from multimodal.data.images import pixel_statistics
+
+        n = len(files.images)
+        pick = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        resize = self._resize()
+        rows = {int(im): r for r, im in enumerate(files.image_index.tolist())}
+        dataset = FileCaptionDataset(files, resize)
+        chosen = pick[: self.hparams.stats_samples].tolist()
+        mean, std = pixel_statistics(((dataset[rows[i]][0], 0) for i in chosen), 3)
+        return torch.tensor(mean), torch.tensor(std)
 
     def scene_config(self) -> SceneConfig:
         """How this module samples scenes (dataset "scenes" only)."""
@@ -165,6 +232,8 @@ class CaptionDataModule(SplitDataModule):
                                                                            scenes[index])}
 
     def prepare_data(self) -> None:
+        if self.dataset == "files":
+            return
         if self.dataset == "emoji":  # fail early, with the recipe, when the copy is missing
             find_package_dir(self.hparams.root)
 
@@ -195,10 +264,19 @@ class CaptionDataModule(SplitDataModule):
         return list(self._load()[split][1])
 
     def raw_images(self, split: str) -> torch.Tensor:
-        """uint8 images (N, 3, H, W) of a split, before normalisation."""
+        """uint8 images (N, 3, H, W) of a split, before normalisation (your files: one per
+        caption row, decoded and resized now)."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        return self._load()[split][0]
+        images = self._load()[split][0]
+        if images is None:
+            data = FileCaptionDataset(self.file_splits[split], lambda x: x)
+            size = [self.image_size] * 2
+            from torchvision.transforms.v2 import functional as TF
+
+            return torch.stack([TF.resize(data.image(i), size, antialias=True)
+                                for i in range(len(data))])
+        return images
 
     def denormalize(self, images: torch.Tensor) -> torch.Tensor:
         """Inverse of the normalisation: float images in [0, 1]."""
@@ -209,6 +287,9 @@ class CaptionDataModule(SplitDataModule):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         images, captions = self._load()[split]
+        if images is None:  # your files
+            return FileCaptionDataset(self.file_splits[split],  # type: ignore[return-value]
+                                      self._resize(self.mean.tolist(), self.std.tolist()))
         return CaptionDataset(images, captions, self.mean, self.std)
 
     def collate_fn(self) -> Callable[..., dict[str, Any]]:

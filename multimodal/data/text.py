@@ -11,6 +11,9 @@ lived here before the split stay importable from here.
 :class:`SourceClassificationDataModule` labels short passages with their source. Both split
 by document (so no passage of a test document was seen in training), stratified by source,
 and train their WordPiece tokenizer on the training documents only.
+
+:class:`TextCorpusDataModule` also reads your own text (``train``: ``.txt`` files, a folder
+of them, a glob, or JSONL with a ``text`` field; :mod:`multimodal.data.text_files`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from multimodal.data.sources.shakespeare import (
     strip_gutenberg,
 )
 from multimodal.data.splits import SplitDataModule
+from multimodal.data.text_files import read_text_documents
 from multimodal.tokenizers.text import WordPieceTokenizer
 
 # ======================================================================================
@@ -128,11 +132,16 @@ class _TextDataModule(SplitDataModule):
         self.max_documents = max_documents
         self.num_workers = num_workers
         self._documents = list(documents) if documents is not None else None
+        # your own text by split (a file, folder, glob or a list of them; TextCorpusDataModule)
+        self.files: dict[str, str | list[str] | None] = {}
+        self.chunk_chars = 4000
         self.splits: dict[str, list[Document]] | None = None
         self._tokenizer: WordPieceTokenizer | None = None
 
     # --- corpus ---------------------------------------------------------------------------
     def _load_splits(self) -> dict[str, list[Document]]:
+        if self.splits is None and self.files.get("train") is not None:
+            self.splits = self._file_splits()
         if self.splits is None:
             docs = self._documents
             if docs is None:
@@ -142,6 +151,20 @@ class _TextDataModule(SplitDataModule):
                                                self.seed, self.max_documents)
             self.splits = {"train": train, "val": val, "test": test}
         return self.splits
+
+    def _file_splits(self) -> dict[str, list[Document]]:
+        """Your text files: given val / test, else whole documents held out (seeded)."""
+        docs = read_text_documents(self.files["train"], self.chunk_chars)  # type: ignore[arg-type]
+        given = {k: read_text_documents(v, self.chunk_chars)  # type: ignore[arg-type]
+                 for k in ("val", "test") if (v := self.files.get(k)) is not None}
+        try:
+            train, val, test = split_documents(
+                docs, 0.0 if "val" in given else self.val_fraction,
+                0.0 if "test" in given else self.test_fraction, self.seed, self.max_documents)
+        except ValueError as err:
+            raise ValueError(f"{self.files['train']}: {len(docs)} documents of >= "
+                             f"{self.chunk_chars} characters; {err}") from err
+        return {"train": train, "val": given.get("val", val), "test": given.get("test", test)}
 
     @property
     def tokenizer(self) -> WordPieceTokenizer:
@@ -166,7 +189,7 @@ class _TextDataModule(SplitDataModule):
 
     def prepare_data(self) -> None:
         # fail early, with the recipe, when a source is missing
-        if self._documents is None:
+        if self._documents is None and self.files.get("train") is None:
             self._load_splits()
 
     def split_dataset(self, split: str) -> Dataset:
@@ -180,6 +203,12 @@ class TextCorpusDataModule(_TextDataModule):
     Each split's documents are encoded, joined with ``[EOS]`` and cut into non-overlapping
     blocks of ``block_size + 1`` tokens; a batch is ``{"input_ids": (B, block_size),
     "targets": (B, block_size)}`` with ``targets[:, t] = input_ids[:, t + 1]`` inside a block.
+
+    Your own text: ``train`` is a ``.txt`` file, a folder of ``.txt`` / ``.jsonl`` files
+    (recursive), a glob, a JSONL file with a ``text`` field, or a list of these (``sources``
+    is then unused). Each ``.txt`` is cut at blank lines into documents of at least
+    ``chunk_chars`` characters; ``val`` / ``test`` (same kinds) are used whole when given,
+    else ``val_fraction`` / ``test_fraction`` of the documents are held out (seeded).
     """
 
     def __init__(
@@ -199,10 +228,22 @@ class TextCorpusDataModule(_TextDataModule):
         max_documents: int | None = None,
         num_workers: int = 0,
         documents: Sequence[Document] | None = None,
+        train: str | list[str] | None = None,
+        val: str | list[str] | None = None,
+        test: str | list[str] | None = None,
+        chunk_chars: int = 4000,
     ) -> None:
         super().__init__(sources, root, fortunes_dir, bible_command, tokenizer_path, vocab_size,
                          lowercase, batch_size, val_fraction, test_fraction, seed, max_documents,
                          num_workers, documents)
+        if train is None and (val is not None or test is not None):
+            raise ValueError("val / test text needs train (your own text files) too")
+        if train is not None and documents is not None:
+            raise ValueError("give train (your files) or documents, not both")
+        if chunk_chars < 1:
+            raise ValueError(f"chunk_chars must be >= 1, got {chunk_chars}")
+        self.files = {"train": train, "val": val, "test": test}
+        self.chunk_chars = chunk_chars
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size

@@ -49,7 +49,7 @@ __all__ = [
 
 
 def load_audio(path: str | Path) -> tuple[Tensor, int]:
-    """Read a WAV / FLAC / OGG file with ``soundfile``.
+    """Read a WAV / FLAC / OGG / MP3 file with ``soundfile``.
 
     Returns ``(waveform, sample_rate)`` with ``waveform`` float32 shaped
     ``(channels, samples)`` in [-1, 1]. A missing file raises FileNotFoundError, a file
@@ -62,7 +62,7 @@ def load_audio(path: str | Path) -> tuple[Tensor, int]:
         data, sample_rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, TypeError) as err:
         raise ValueError(
-            f"{path} is not a readable audio file (expected WAV, FLAC or OGG): {err}"
+            f"{path} is not a readable audio file (expected WAV, FLAC, OGG or MP3): {err}"
         ) from err
     return torch.from_numpy(data.T.copy()), int(sample_rate)
 
