@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.audio_datasets import (
