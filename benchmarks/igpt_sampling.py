@@ -15,6 +15,8 @@ Run:
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -37,18 +39,25 @@ def hf_model(cfg: ImageGPTConfig) -> torch.nn.Module:
     return ImageGPTForCausalImageModeling(hf_cfg).eval()
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int
-                        ) -> dict[str, float]:
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int,
+                        cpu: dict[str, float] | None = None) -> dict[str, float]:
     """Median wall time of each function, one warm-up each, then ``repeats`` rounds that
-    run every function once in turn (so slow spells of a shared machine hit all of them)."""
+    run every function once in turn (so slow spells of a shared machine hit all of them).
+    ``cpu``: filled with the median CPU time of this process per call (``process_time``:
+    on a machine shared with other jobs, the time this process actually ran; with one
+    thread the fairer measure when the load varies)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
+    cpu_times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
             times[name].append(time.perf_counter() - start)
+            cpu_times[name].append(time.process_time() - start_cpu)
+    if cpu is not None:
+        cpu.update({name: statistics.median(t) for name, t in cpu_times.items()})
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -79,9 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     n_tokens = args.batch * size * size
     sos = torch.full((args.batch, 1), args.vocab, dtype=torch.long, device=args.device)
 
+    last: dict[str, torch.Tensor] = {}
+
     def run_ours() -> torch.Tensor:
         gen = torch.Generator(device=args.device).manual_seed(0)
-        return ours.generate(num_images=args.batch, generator=gen)
+        last["ours"] = ours.generate(num_images=args.batch, generator=gen)
+        return last["ours"]
 
     @torch.no_grad()
     def run_theirs() -> torch.Tensor:
@@ -107,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"compiled ours: first run (compilation included) "
               f"{time.perf_counter() - start:.1f} s, same tokens as eager: {same}")
         fns["compiled"] = run_compiled
-    medians = interleaved_medians(fns, args.repeats)
+    cpu: dict[str, float] = {}
+    medians = interleaved_medians(fns, args.repeats, cpu)
     t_ours, t_theirs = medians["ours"], medians["theirs"]
     print(f"ImageGPT sampling: {size}x{size} = {size * size} tokens/image, batch {args.batch}, "
           f"dim {args.dim}, depth {args.depth}, heads {args.heads}, vocab {args.vocab}, "
@@ -124,6 +137,11 @@ def main(argv: list[str] | None = None) -> None:
               f"{n_tokens / t_comp:.0f} |")
         print(f"compiled / eager ours (tokens/s): {t_ours / t_comp:.2f}x")
     print(f"ratio (ours / theirs, tokens/s): {t_theirs / t_ours:.2f}x")
+    digest = hashlib.sha1(last["ours"].cpu().numpy().tobytes()).hexdigest()[:12]
+    print(f"ours' tokens (seed 0): sha1 {digest} (the same digest = the same images)")
+    print(f"CPU seconds of this process per run: ours {cpu['ours']:.2f}, theirs "
+          f"{cpu['theirs']:.2f}; ratio (theirs / ours) {cpu['theirs'] / cpu['ours']:.2f}x "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":
