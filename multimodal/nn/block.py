@@ -229,19 +229,19 @@ class Block(nn.Module):
                        for m in (self, attn, mlp, self.norm1, self.norm2, mlp.act, *linears))
 
     def step(self, x: Tensor, cache: LayerCache) -> Tensor:
-        """``forward(x, cache=cache)[0]`` for one new token ``x`` (B, 1, dim) in eval mode
-        (when :meth:`can_step`): the same operations on the same values, so the same
-        result bit for bit (tests/test_cache.py), without the module calls, identity
-        dropouts and per-layer argument handling that cost more than the arithmetic at
-        batch 4 on a CPU. One query after the cache sees every cached key: no mask."""
+        """``forward(x[:, None], cache=cache)[0][:, 0]`` for one new token per row, ``x``
+        (B, dim), in eval mode (when :meth:`can_step`): the same kernels on the same
+        values, so the same result bit for bit (tests/test_cache.py), without the module
+        calls, identity dropouts, per-layer argument handling and (B, 1, ...) reshapes that
+        cost more than the arithmetic at batch 4 on a CPU. One query after the cache sees
+        every cached key: no mask. Heads are views of the fused projection: for one token
+        (B, heads * d) is already (B, heads, 1, d) in memory."""
         attn, mlp = self.attn, self.mlp
         b, dim, heads, d = x.shape[0], attn.dim, attn.heads, attn.head_dim
-        h = _norm(self.norm1, x)
-        q, k, v = F.linear(h, attn.qkv.weight, attn.qkv.bias).split([dim, dim, dim], dim=-1)
-        q = q.view(b, 1, heads, d).transpose(1, 2)
-        k, v = cache.append(k.view(b, 1, heads, d).transpose(1, 2),
-                            v.view(b, 1, heads, d).transpose(1, 2))
-        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, 1, dim)
+        qkv = F.linear(_norm(self.norm1, x), attn.qkv.weight, attn.qkv.bias)
+        q, k, v = (t.view(b, heads, 1, d) for t in qkv.split([dim, dim, dim], dim=-1))
+        k, v = cache.append(k, v)
+        out = F.scaled_dot_product_attention(q, k, v).view(b, dim)
         x = x + F.linear(out, attn.proj.weight, attn.proj.bias)
         h = mlp.act(F.linear(_norm(self.norm2, x), mlp.fc1.weight, mlp.fc1.bias))
         return x + F.linear(h, mlp.fc2.weight, mlp.fc2.bias)
@@ -483,9 +483,11 @@ class Transformer(nn.Module):
                 and not return_attention and memory is None and key_padding_mask is None \
                 and attn_mask is None and positions is None and self._can_step():
             # one decoding step: the blocks' lean path, bit-identical to the loop below
+            b = x.shape[0]
+            x = x.reshape(b, self.config.dim)
             for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
                 x = block.step(x, layer_cache)
-            return self.norm(x)
+            return self.norm(x.view(b, 1, self.config.dim))
         attn_mask = self._with_pattern(attn_mask, x.shape[1], cache, x.device)
         rope = self._rope_angles(x, positions, cache)
         maps: dict[str, list[Tensor]] = {"self": [], "cross": []}
