@@ -61,6 +61,31 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int,
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def streamed_bytes(cfg: ImageGPTConfig, batch: int) -> float:
+    """Bytes one ``generate`` must read from memory at least, when neither the weights nor
+    the KV cache stay in the CPU's caches between steps: every step reads every weight
+    (blocks, final norm, lm_head; fp32) once, and the keys and values of every layer for the
+    tokens so far (step t attends over t + 1 cached tokens: the start token and t pixels).
+    Formula: ``steps x weight bytes + sum_t (t + 1) x depth x 2 x batch x dim x 4``."""
+    d, mlp, steps = cfg.dim, cfg.mlp_dim, cfg.num_pixels
+    block = d * 3 * d + 3 * d + d * d + d + d * mlp + mlp + mlp * d + d + 4 * d
+    weights = 4 * (cfg.depth * block + 2 * d + d * cfg.vocab_size)
+    kv_per_token = cfg.depth * 2 * batch * d * 4
+    return steps * weights + kv_per_token * steps * (steps + 1) / 2
+
+
+def read_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """Measured memory read bandwidth in bytes/s: the best of ``repeats`` sums of an fp32
+    tensor of ``mib`` MiB (far larger than the CPU's caches), on this process's threads."""
+    x = torch.ones(mib * 2**20 // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="16x16 images (256 tokens)")
@@ -137,6 +162,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{n_tokens / t_comp:.0f} |")
         print(f"compiled / eager ours (tokens/s): {t_ours / t_comp:.2f}x")
     print(f"ratio (ours / theirs, tokens/s): {t_theirs / t_ours:.2f}x")
+    bandwidth = read_bandwidth()
+    moved = streamed_bytes(cfg, args.batch)
+    print(f"streaming limit: {moved / 1e9:.1f} GB read per run ({moved / cfg.num_pixels / 1e6:.1f}"
+          f" MB per step: weights + KV cache) / {bandwidth / 1e9:.1f} GB/s measured read "
+          f"bandwidth = {moved / bandwidth:.2f} s; ours reaches {moved / bandwidth / t_ours:.0%}"
+          f" of it, transformers {moved / bandwidth / t_theirs:.0%}")
     digest = hashlib.sha1(last["ours"].cpu().numpy().tobytes()).hexdigest()[:12]
     print(f"ours' tokens (seed 0): sha1 {digest} (the same digest = the same images)")
     print(f"CPU seconds of this process per run: ours {cpu['ours']:.2f}, theirs "
