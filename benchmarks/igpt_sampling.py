@@ -6,6 +6,11 @@ multinomial sampling at temperature 1 (no top-k / top-p) in one process on the s
 threads. Reported: the median over ``--repeats`` runs of generated tokens per second
 (batch x pixels / seconds) for each and the ratio ours / theirs. The runs are
 interleaved (ours, theirs, ours, ...) so that a slow spell of the machine hits both.
+Also printed: the CPU seconds of each run (``process_time``; on a machine shared with other
+jobs, with one thread, the fairer comparison), a digest of our tokens (the same digest
+before and after a change = the same images for the same seed), and the streaming limit:
+the bytes every run must read (all weights every step + the KV cache so far,
+:func:`streamed_bytes`) over the measured read bandwidth, and the fraction each run reaches.
 
 Run:
     PYTHONPATH=. python benchmarks/igpt_sampling.py            # 32x32 = 1024 tokens, 8 layers
