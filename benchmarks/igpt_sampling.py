@@ -6,6 +6,11 @@ multinomial sampling at temperature 1 (no top-k / top-p) in one process on the s
 threads. Reported: the median over ``--repeats`` runs of generated tokens per second
 (batch x pixels / seconds) for each and the ratio ours / theirs. The runs are
 interleaved (ours, theirs, ours, ...) so that a slow spell of the machine hits both.
+Also printed: the CPU seconds of each run (``process_time``; on a machine shared with other
+jobs, with one thread, the fairer comparison), a digest of our tokens (the same digest
+before and after a change = the same images for the same seed), and the streaming limit:
+the bytes every run must read (all weights every step + the KV cache so far,
+:func:`streamed_bytes`) over the measured read bandwidth, and the fraction each run reaches.
 
 Run:
     PYTHONPATH=. python benchmarks/igpt_sampling.py            # 32x32 = 1024 tokens, 8 layers
@@ -15,6 +20,8 @@ Run:
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -37,19 +44,51 @@ def hf_model(cfg: ImageGPTConfig) -> torch.nn.Module:
     return ImageGPTForCausalImageModeling(hf_cfg).eval()
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int
-                        ) -> dict[str, float]:
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int,
+                        cpu: dict[str, float] | None = None) -> dict[str, float]:
     """Median wall time of each function, one warm-up each, then ``repeats`` rounds that
-    run every function once in turn (so slow spells of a shared machine hit all of them)."""
+    run every function once in turn (so slow spells of a shared machine hit all of them).
+    ``cpu``: filled with the median CPU time of this process per call (``process_time``:
+    on a machine shared with other jobs, the time this process actually ran; with one
+    thread the fairer measure when the load varies)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
+    cpu_times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
             times[name].append(time.perf_counter() - start)
+            cpu_times[name].append(time.process_time() - start_cpu)
+    if cpu is not None:
+        cpu.update({name: statistics.median(t) for name, t in cpu_times.items()})
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def streamed_bytes(cfg: ImageGPTConfig, batch: int) -> float:
+    """Bytes one ``generate`` must read from memory at least, when neither the weights nor
+    the KV cache stay in the CPU's caches between steps: every step reads every weight
+    (blocks, final norm, lm_head; fp32) once, and the keys and values of every layer for the
+    tokens so far (step t attends over t + 1 cached tokens: the start token and t pixels).
+    Formula: ``steps x weight bytes + sum_t (t + 1) x depth x 2 x batch x dim x 4``."""
+    d, mlp, steps = cfg.dim, cfg.mlp_dim, cfg.num_pixels
+    block = d * 3 * d + 3 * d + d * d + d + d * mlp + mlp + mlp * d + d + 4 * d
+    weights = 4 * (cfg.depth * block + 2 * d + d * cfg.vocab_size)
+    kv_per_token = cfg.depth * 2 * batch * d * 4
+    return steps * weights + kv_per_token * steps * (steps + 1) / 2
+
+
+def read_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """Measured memory read bandwidth in bytes/s: the best of ``repeats`` sums of an fp32
+    tensor of ``mib`` MiB (far larger than the CPU's caches), on this process's threads."""
+    x = torch.ones(mib * 2**20 // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,9 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     n_tokens = args.batch * size * size
     sos = torch.full((args.batch, 1), args.vocab, dtype=torch.long, device=args.device)
 
+    last: dict[str, torch.Tensor] = {}
+
     def run_ours() -> torch.Tensor:
         gen = torch.Generator(device=args.device).manual_seed(0)
-        return ours.generate(num_images=args.batch, generator=gen)
+        last["ours"] = ours.generate(num_images=args.batch, generator=gen)
+        return last["ours"]
 
     @torch.no_grad()
     def run_theirs() -> torch.Tensor:
@@ -107,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"compiled ours: first run (compilation included) "
               f"{time.perf_counter() - start:.1f} s, same tokens as eager: {same}")
         fns["compiled"] = run_compiled
-    medians = interleaved_medians(fns, args.repeats)
+    cpu: dict[str, float] = {}
+    medians = interleaved_medians(fns, args.repeats, cpu)
     t_ours, t_theirs = medians["ours"], medians["theirs"]
     print(f"ImageGPT sampling: {size}x{size} = {size * size} tokens/image, batch {args.batch}, "
           f"dim {args.dim}, depth {args.depth}, heads {args.heads}, vocab {args.vocab}, "
@@ -124,6 +167,17 @@ def main(argv: list[str] | None = None) -> None:
               f"{n_tokens / t_comp:.0f} |")
         print(f"compiled / eager ours (tokens/s): {t_ours / t_comp:.2f}x")
     print(f"ratio (ours / theirs, tokens/s): {t_theirs / t_ours:.2f}x")
+    bandwidth = read_bandwidth()
+    moved = streamed_bytes(cfg, args.batch)
+    print(f"streaming limit: {moved / 1e9:.1f} GB read per run ({moved / cfg.num_pixels / 1e6:.1f}"
+          f" MB per step: weights + KV cache) / {bandwidth / 1e9:.1f} GB/s measured read "
+          f"bandwidth = {moved / bandwidth:.2f} s; ours reaches {moved / bandwidth / t_ours:.0%}"
+          f" of it, transformers {moved / bandwidth / t_theirs:.0%}")
+    digest = hashlib.sha1(last["ours"].cpu().numpy().tobytes()).hexdigest()[:12]
+    print(f"ours' tokens (seed 0): sha1 {digest} (the same digest = the same images)")
+    print(f"CPU seconds of this process per run: ours {cpu['ours']:.2f}, theirs "
+          f"{cpu['theirs']:.2f}; ratio (theirs / ours) {cpu['theirs'] / cpu['ours']:.2f}x "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

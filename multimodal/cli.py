@@ -17,6 +17,12 @@ checkpoints go to ``<root>/checkpoints`` unless a ModelCheckpoint names its own 
 and the string ``${trainer.default_root_dir}`` in any config value (the loggers' ``save_dir``,
 a task's ``save_dir``, a tokenizer file) is replaced by the root after the command-line
 overrides are read. See :func:`place_run_outputs`.
+
+Precision: with ``trainer.precision`` unset (or ``null``) the run picks it by
+:func:`multimodal.precision.auto_precision` (bf16 autocast on a GPU with bf16, and on a CPU
+with native bf16 for models above the measured size threshold; fp32 elsewhere; see
+docs/precision.md); ``--trainer.precision 32-true`` (or any Lightning precision) overrides
+it. Either way the run logs one line ``precision: <value> (<why>)``.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 from multimodal.callbacks import EpochSummary
+from multimodal.precision import auto_precision
 from multimodal.progress import is_terminal
 
 ROOT_PLACEHOLDER = "${trainer.default_root_dir}"
@@ -115,9 +123,27 @@ def _share_logger_version(loggers: Any) -> None:
             args["version"] = max(taken, default=-1) + 1
 
 
+def resolve_precision(trainer_config: dict[str, Any], model: Any) -> tuple[Any, str]:
+    """The precision a run uses and why: ``trainer_config["precision"]`` when set, else
+    :func:`auto_precision` for the task's model (``model.model.config``) on
+    ``trainer_config["accelerator"]``."""
+    chosen = trainer_config.get("precision")
+    if chosen is not None and str(chosen) != "auto":
+        return chosen, "set by trainer.precision"
+    config = getattr(getattr(model, "model", model), "config", None)
+    precision, reason = auto_precision(config, str(trainer_config.get("accelerator") or "auto"))
+    return precision, f"auto: {reason}; --trainer.precision overrides"
+
+
 class MultimodalCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         place_run_outputs(self.config[self.subcommand] if self.subcommand else self.config)
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        precision, reason = resolve_precision(config, self.model)
+        rank_zero_info(f"precision: {precision} ({reason})")
+        return super().instantiate_trainer(**{**kwargs, "precision": precision})
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--test_after_fit", type=bool, default=True,

@@ -101,3 +101,78 @@ def test_reorder_selects_batch_rows() -> None:
         step = model(x[index, 4:], cache=cache)
         full = model(x[index], mem[index])
     torch.testing.assert_close(step, full[:, 4:])
+
+
+# ---- the one-token decoding step (Block.step) -----------------------------------------
+
+def _plain_decoder(**overrides) -> Transformer:
+    cfg = dict(dim=32, depth=3, heads=4, mlp_dim=64, causal=True)
+    return Transformer(TransformerConfig(**{**cfg, **overrides})).eval()
+
+
+def _steps(model: Transformer, x: torch.Tensor, prefill: int) -> torch.Tensor:
+    """Prefill ``prefill`` tokens, then one token per call; the outputs of the steps."""
+    cache = model.make_cache(x.shape[1])
+    with torch.no_grad():
+        model(x[:, :prefill], cache=cache)
+        return torch.cat([model(x[:, t : t + 1], cache=cache)
+                          for t in range(prefill, x.shape[1])], dim=1)
+
+
+def _count_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from multimodal.nn.block import Block
+    calls: list[int] = []
+    original = Block.step
+
+    def counted(self, x, cache):
+        calls.append(1)
+        return original(self, x, cache)
+
+    monkeypatch.setattr(Block, "step", counted)
+    return calls
+
+
+def test_one_token_step_is_bit_identical_to_the_general_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = _plain_decoder()
+    x = torch.randn(3, 9, 32)
+    calls = _count_steps(monkeypatch)
+    fast = _steps(model, x, prefill=4)
+    assert len(calls) == 5 * 3  # 5 steps x 3 blocks took the lean path
+    # a no-op hook on one block sends every step down the general (module) path
+    handle = model.blocks[1].register_forward_pre_hook(lambda module, args: None)
+    general = _steps(model, x, prefill=4)
+    handle.remove()
+    assert len(calls) == 5 * 3
+    assert torch.equal(fast, general)  # the same operations: equal bit for bit
+    # and both are the full forward's last rows up to rounding
+    with torch.no_grad():
+        torch.testing.assert_close(fast, model(x)[:, 4:])
+
+
+@pytest.mark.parametrize("change", ["training", "gqa", "qk_norm", "post_norm", "layer_scale",
+                                    "rope", "sliding", "lora"])
+def test_one_token_step_is_not_taken_where_it_would_differ(
+        change: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multimodal.nn.lora import apply_lora
+
+    overrides = {"gqa": {"kv_heads": 2}, "qk_norm": {"qk_norm": True},
+                 "post_norm": {"norm": "post"}, "layer_scale": {"layer_scale": 0.5},
+                 "rope": {"rope": "1d"},
+                 "sliding": {"attention_pattern": "sliding", "attention_window": 3}}
+    torch.manual_seed(0)
+    model = _plain_decoder(**overrides.get(change, {}))
+    if change == "training":
+        model.train()
+    if change == "lora":
+        apply_lora(model, rank=2)
+        for name, p in model.named_parameters():  # a non-zero adapter changes the output
+            if "lora_b" in name.lower():
+                torch.nn.init.normal_(p)
+    calls = _count_steps(monkeypatch)
+    x = torch.randn(2, 6, 32)
+    out = _steps(model, x, prefill=3)
+    assert calls == []
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x)[:, 3:])
