@@ -101,6 +101,22 @@ def test_cls_pooling_reads_position_zero(tokenizer):
         mm.CLIPConfig(text=mm.TextEncoderConfig(**TEXT, causal=True), text_pool="cls")
 
 
+def test_mean_pooling_averages_the_real_tokens_only(tokenizer):
+    model = tiny(text_pool="mean")
+    texts = ["a red circle", "a large blue square left of a cat"]
+    batch = tokenize_texts(tokenizer, texts, "mean")
+    assert (batch["attention_mask"] == 0).any()  # the short text is padded
+    # by hand: each text alone (no padding), the plain mean of its hidden states
+    expected = []
+    for text in texts:
+        ids = torch.tensor([tokenizer.encode(text, add_eos=True)])
+        hidden = model.text_model(ids)[0]
+        expected.append(F.normalize(model.text_projection(hidden.sum(0) / len(hidden)), dim=-1))
+    torch.testing.assert_close(model.encode_text(**batch), torch.stack(expected))
+    with pytest.raises(ValueError, match="text_pool"):
+        mm.CLIPConfig(text_pool="max")
+
+
 def test_zero_shot_is_the_softmax_over_template_averaged_class_embeddings(tokenizer):
     model = tiny()
     images = torch.randn(5, 3, 16, 16)

@@ -214,6 +214,14 @@ class CaptionDataModule(SplitDataModule):
     def collate_fn(self) -> Callable[..., dict[str, Any]]:
         return collate_captions
 
+    def zero_shot_sets(self, n: int = 500) -> dict[str, dict[str, Any]]:
+        """The zero-shot classification sets this data offers, by name (the contrastive
+        task logs ``{split}/zero_shot_{name}`` for each): scenes ``"heldout"`` and
+        ``"seen"`` (:meth:`zero_shot_set`), emoji none."""
+        if self.dataset != "scenes":
+            return {}
+        return {pairs: self.zero_shot_set(pairs, n) for pairs in ("heldout", "seen")}
+
     def zero_shot_set(self, pairs: str = "heldout", n: int = 500) -> dict[str, Any]:
         """Single-shape scenes for zero-shot classification among every colour x shape
         (dataset "scenes"): ``{"images"`` (normalised), ``"labels"`` (index into

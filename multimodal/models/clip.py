@@ -12,7 +12,9 @@ Zhai et al., 2023) the model also learns a bias ``b`` and pairs are scored with
 ``s · I Tᵀ + b``. The losses themselves live in :mod:`multimodal.tasks.contrastive`.
 
 Text pooling: ``text_pool="cls"`` reads position 0 (the tokenizer puts ``[CLS]`` there),
-``"eot"`` reads the end-of-text token of each row. Where that is: with
+``"eot"`` reads the end-of-text token of each row, ``"mean"`` averages the hidden states of
+the real tokens (``attention_mask == 1``; a bag of contextualised words, which composes
+attributes additively). Where the end of text is: with
 ``eot_token_id=None`` (models trained here) the last real token (``[EOS]``; the last
 position with ``attention_mask == 1``, or the last column without a mask); with
 ``eot_token_id=k`` (imported CLIPs) the *first* position whose id is ``k``, the rule of
@@ -82,7 +84,7 @@ class CLIPConfig:
     vision: ViTConfig = field(default_factory=_default_vision)
     text: TextEncoderConfig = field(default_factory=_default_text)
     embed_dim: int = 128
-    text_pool: Literal["cls", "eot"] = "eot"
+    text_pool: Literal["cls", "eot", "mean"] = "eot"
     eot_token_id: int | None = None  # "eot" pooling at the first such id (None: last token)
     loss: Literal["softmax", "sigmoid"] = "softmax"
     logit_scale_init: float = math.log(1 / 0.07)
@@ -96,8 +98,9 @@ class CLIPConfig:
             self.text = TextEncoderConfig(**self.text)
         self.vision = dataclasses.replace(self.vision, num_classes=0)
         self.text = dataclasses.replace(self.text, mlm_head=False, num_classes=0, pooler=False)
-        if self.text_pool not in ("cls", "eot"):
-            raise ValueError(f"text_pool must be 'cls' or 'eot', got {self.text_pool!r}")
+        if self.text_pool not in ("cls", "eot", "mean"):
+            raise ValueError(f"text_pool must be 'cls', 'eot' or 'mean', got "
+                             f"{self.text_pool!r}")
         if self.loss not in ("softmax", "sigmoid"):
             raise ValueError(f"loss must be 'softmax' or 'sigmoid', got {self.loss!r}")
         if self.text.causal and self.text_pool == "cls":
@@ -113,9 +116,9 @@ class CLIPConfig:
 def tokenize_texts(tokenizer: Any, texts: Sequence[str], text_pool: str = "eot"
                    ) -> dict[str, Tensor]:
     """Right-padded ``input_ids`` / ``attention_mask`` for the text tower:
-    ``[CLS] tokens`` for ``"cls"`` pooling, ``tokens [EOS]`` for ``"eot"``."""
+    ``[CLS] tokens`` for ``"cls"`` pooling, ``tokens [EOS]`` for ``"eot"`` and ``"mean"``."""
     seqs = tokenizer.encode_many(list(texts), add_cls=text_pool == "cls",
-                                 add_eos=text_pool == "eot")
+                                 add_eos=text_pool != "cls")
     return tokenizer.pad(seqs)
 
 
@@ -199,6 +202,14 @@ class CLIP(PretrainedMixin, nn.Module):
         hidden = self.text_model(input_ids, attention_mask)
         if self.config.text_pool == "cls":
             return hidden[:, 0]
+        if self.config.text_pool == "mean":
+            if attention_mask is None:
+                return hidden.mean(dim=1)
+            mask = attention_mask.to(hidden.dtype)[..., None]
+            count = mask.sum(dim=1)
+            if bool((count == 0).any()):
+                raise ValueError("a text has no tokens (an all-zero attention_mask row)")
+            return (hidden * mask).sum(dim=1) / count
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         if attention_mask is None:
             last = torch.full_like(rows, hidden.shape[1] - 1)
