@@ -165,6 +165,10 @@ def test_empty_class_or_template_lists_and_templates_without_braces(tokenizer):
         model.zero_shot(images, ["cat"], [], tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"has no '\{\}'"):
         model.zero_shot(images, ["cat"], ["a {}", "a photo"], tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="exactly one"):
+        model.zero_shot(images, ["cat"], ["a {} of a {}"], tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="exactly one"):
+        model.zero_shot(images, ["cat"], ["a {name} {}"], tokenizer=tokenizer)
 
 
 def test_texts_longer_than_the_context_are_truncated_with_one_warning():

@@ -305,6 +305,11 @@ class CLIP(PretrainedMixin, nn.Module):
         for t in templates:
             if not isinstance(t, str) or "{}" not in t:
                 raise ValueError(f"template {t!r} has no '{{}}' where the class name goes")
+            try:
+                t.format("x")
+            except (IndexError, KeyError, ValueError) as err:
+                raise ValueError(f"template {t!r} must hold exactly one '{{}}' (the class name) "
+                                 f"and no other braces: {err!r}") from err
         self.check_tokenizer(tokenizer)
         device = self.logit_scale.device
         texts = [t.format(name) for name in class_names for t in templates]
