@@ -137,6 +137,22 @@ def test_zero_shot_is_the_softmax_over_template_averaged_class_embeddings(tokeni
     torch.testing.assert_close(probs, expected)
 
 
+def test_zero_shot_sum_ensemble_is_the_probability_of_any_of_the_class_prompts(tokenizer):
+    model = tiny()
+    images = torch.randn(4, 3, 16, 16)
+    names, templates = ["red circle", "blue square", "cat"], ["a small {}", "a large {}"]
+    probs = model.zero_shot(images, names, templates, tokenizer=tokenizer, ensemble="sum")
+    # by hand: every prompt alone, one softmax over the 6 prompts, summed per class
+    prompts = torch.stack([model.encode_text(torch.tensor([tokenizer.encode(
+        t.format(n), add_eos=True)]))[0] for n in names for t in templates])
+    logits = (1 / 0.07) * model.encode_image(images) @ prompts.T
+    p = logits.softmax(dim=1)
+    expected = torch.stack([p[:, 0] + p[:, 1], p[:, 2] + p[:, 3], p[:, 4] + p[:, 5]], dim=1)
+    torch.testing.assert_close(probs, expected)
+    with pytest.raises(ValueError, match="ensemble"):
+        model.zero_shot(images, names, templates, tokenizer=tokenizer, ensemble="max")
+
+
 def test_save_and_load_give_the_same_model(tmp_path):
     model = tiny(loss="sigmoid", text={"causal": True})
     with torch.no_grad():

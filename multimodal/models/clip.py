@@ -292,12 +292,8 @@ class CLIP(PretrainedMixin, nn.Module):
                              f"holds {self.config.text.vocab_size} (text.vocab_size): they "
                              "were not trained together")
 
-    @torch.no_grad()
-    def class_embeddings(self, class_names: Sequence[str], templates: Sequence[str],
-                         tokenizer: Any) -> Tensor:
-        """One unit vector per class (C, embed_dim): the mean of the normalised embeddings
-        of ``template.format(name)`` over the templates, renormalised (CLIP's prompt
-        ensembling)."""
+    def _check_prompts(self, class_names: Sequence[str], templates: Sequence[str],
+                       tokenizer: Any) -> None:
         if isinstance(class_names, str) or len(class_names) == 0:
             raise ValueError("class_names must be a non-empty list of class names")
         if isinstance(templates, str) or len(templates) == 0:
@@ -311,21 +307,51 @@ class CLIP(PretrainedMixin, nn.Module):
                 raise ValueError(f"template {t!r} must hold exactly one '{{}}' (the class name) "
                                  f"and no other braces: {err!r}") from err
         self.check_tokenizer(tokenizer)
+
+    @torch.no_grad()
+    def prompt_embeddings(self, class_names: Sequence[str], templates: Sequence[str],
+                          tokenizer: Any) -> Tensor:
+        """Unit embeddings (C, T, embed_dim) of ``template.format(name)`` for every class
+        and template."""
+        self._check_prompts(class_names, templates, tokenizer)
         device = self.logit_scale.device
         texts = [t.format(name) for name in class_names for t in templates]
         batch = tokenize_texts(tokenizer, texts, self.config.text_pool)
         emb = self.encode_text(batch["input_ids"].to(device), batch["attention_mask"].to(device))
-        emb = emb.view(len(class_names), len(templates), -1).mean(dim=1)
-        return F.normalize(emb, dim=-1)
+        return emb.view(len(class_names), len(templates), -1)
+
+    @torch.no_grad()
+    def class_embeddings(self, class_names: Sequence[str], templates: Sequence[str],
+                         tokenizer: Any) -> Tensor:
+        """One unit vector per class (C, embed_dim): the mean of the normalised embeddings
+        of ``template.format(name)`` over the templates, renormalised (CLIP's prompt
+        ensembling)."""
+        return F.normalize(self.prompt_embeddings(class_names, templates, tokenizer).mean(1),
+                           dim=-1)
 
     @torch.no_grad()
     def zero_shot(self, images: Tensor, class_names: Sequence[str],
-                  templates: Sequence[str] = DEFAULT_TEMPLATES, *, tokenizer: Any) -> Tensor:
-        """Class probabilities (B, C): ``softmax(exp(logit_scale) · I Cᵀ)`` over the class
-        embeddings of :meth:`class_embeddings` (softmax for both losses: it ranks classes
-        as the scaled cosines do)."""
-        classes = self.class_embeddings(class_names, templates, tokenizer)
-        return (self.scale() * self.encode_image(images) @ classes.T).softmax(dim=-1)
+                  templates: Sequence[str] = DEFAULT_TEMPLATES, *, tokenizer: Any,
+                  ensemble: Literal["mean", "sum"] = "mean") -> Tensor:
+        """Class probabilities (B, C) from the scaled cosines ``s · I Pᵀ`` (softmax for both
+        losses: it ranks classes as the scaled cosines do).
+
+        ``ensemble="mean"`` (CLIP's prompt ensembling, for templates that are paraphrases):
+        ``softmax(s · I Cᵀ)`` over the class embeddings of :meth:`class_embeddings`.
+        ``ensemble="sum"`` (for templates that describe different images of the class, e.g.
+        "a small {}" / "a large {}"): a softmax over all C·T prompts, summed over each
+        class's T prompts, ``p(c) = Σ_t exp(s·I·P_ct) / Σ_c' Σ_t exp(s·I·P_c't)``, the
+        probability that the image matches any of the class's prompts.
+        """
+        if ensemble not in ("mean", "sum"):
+            raise ValueError(f"ensemble must be 'mean' or 'sum', got {ensemble!r}")
+        image = self.encode_image(images)
+        if ensemble == "mean":
+            classes = self.class_embeddings(class_names, templates, tokenizer)
+            return (self.scale() * image @ classes.T).softmax(dim=-1)
+        prompts = self.prompt_embeddings(class_names, templates, tokenizer)
+        logits = self.scale() * torch.einsum("bd,ctd->bct", image, prompts)
+        return logits.flatten(1).softmax(dim=-1).view_as(logits).sum(dim=-1)
 
 
 @register_preset("clip_scenes")

@@ -131,7 +131,8 @@ class ContrastiveTask(ModelTask):
     (= 1/s), ``{val,test}/loss``, ``{val,test}/i2t_R@k`` and ``t2i_R@k`` for k in
     ``recall_ks``, and ``{val,test}/zero_shot_<name>`` for every set the data module offers
     through ``zero_shot_sets(n)`` (:func:`zero_shot_sets_of`; scenes: ``heldout`` / ``seen``,
-    prompts ``templates`` over every "colour shape" class name).
+    prompts ``templates`` over every "colour shape" class name, combined per class by
+    ``zero_shot_ensemble``: see :meth:`CLIP.zero_shot`).
     """
 
     def __init__(
@@ -145,6 +146,7 @@ class ContrastiveTask(ModelTask):
         recall_ks: Sequence[int] = (1, 5, 10),
         templates: Sequence[str] = ("a small {}", "a large {}"),
         zero_shot_size: int = 500,
+        zero_shot_ensemble: Literal["mean", "sum"] = "mean",
         compile: bool = False,
     ) -> None:
         if not isinstance(model, CLIP):
@@ -152,6 +154,9 @@ class ContrastiveTask(ModelTask):
         super().__init__(model, compile=compile)
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
+        if zero_shot_ensemble not in ("mean", "sum"):
+            raise ValueError(f"zero_shot_ensemble must be 'mean' or 'sum', got "
+                             f"{zero_shot_ensemble!r}")
         if not recall_ks or min(recall_ks) < 1:
             raise ValueError(f"recall_ks must be positive integers, got {recall_ks}")
         self.save_hyperparameters(ignore=["model"])
@@ -232,7 +237,9 @@ class ContrastiveTask(ModelTask):
         probs = []
         for chunk in data["images"].split(256):
             probs.append(self.model.zero_shot(chunk.to(self.device), data["class_names"],
-                                              self.hparams.templates, tokenizer=self.tokenizer))
+                                              self.hparams.templates, tokenizer=self.tokenizer,
+                                              ensemble=self.hparams.get("zero_shot_ensemble",
+                                                                        "mean")))
         pred = torch.cat(probs).argmax(dim=1).cpu()
         return float((pred == data["labels"]).float().mean())
 
