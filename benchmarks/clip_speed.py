@@ -8,7 +8,7 @@ logit scale. One step = forward both towers, symmetric InfoNCE on the batch, bac
 AdamW step. Throughput: the two models' steps are interleaved in one process (so load
 from other jobs hits both alike) and the median step time of each is compared, in fp32 and
 under CPU bf16 autocast (or CUDA when present). Peak memory: each model trains in a fresh
-subprocess and reports its peak resident set (CPU; both subprocesses import the same
+subprocess and reports its peak resident set (CPU, ``VmHWM``; both subprocesses import the same
 libraries) and that peak minus the resident set after the imports, before the model is
 built (what the model, its gradients, optimizer state and activations add), or
 ``torch.cuda.max_memory_allocated`` (GPU). ``--dtypes fp32`` skips bf16 (on a CPU without
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -123,6 +122,17 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def peak_resident_mib() -> float:
+    """Peak resident set of this process image (``VmHWM`` of /proc/self/status), MiB.
+    Not ``getrusage``'s ``ru_maxrss``: Linux carries that across fork + exec, so a child
+    started by this script would report the parent's peak (both models loaded)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def memory_child(name: str, b: int, steps: int, device: str, dtype_name: str) -> None:
     import open_clip  # noqa: F401  (same imports in both children)
 
@@ -138,10 +148,8 @@ def memory_child(name: str, b: int, steps: int, device: str, dtype_name: str) ->
         torch.cuda.reset_peak_memory_stats()
     for _ in range(steps):
         step(*data)
-    if device == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = (torch.cuda.max_memory_allocated() / 2**20 if device == "cuda"
+            else peak_resident_mib())
     print(json.dumps({"peak_mib": peak, "added_mib": peak - base}))
 
 
