@@ -9,10 +9,14 @@
 (b) image->text and text->image recall@1/5 among the 1 000 test scenes and their captions
     (a caption identical to the true one counts as correct).
 
-CLIP scores a class by the cosine of the image with the class's prompt ensemble
-("a small {}", "a large {}"); the captioner, used as a classifier, scores every candidate
-caption c by its log-likelihood ``log p(c | image) = Σ_t log p(c_t | c_<t, image)`` and a
-class by ``logsumexp`` over the two size captions (p(small or large colour shape)).
+CLIP scores a class from the scaled cosines of the image with the class's prompts
+("a small {}", "a large {}"), either as CLIP's prompt ensemble (``mean``: the cosine with
+the renormalised mean of the two prompt embeddings) or as the probability of either prompt
+(``sum``: one softmax over all 48 prompts, summed per class; the default and the
+counterpart of the captioner's logsumexp). The captioner, used as a classifier, scores
+every candidate caption c by its log-likelihood
+``log p(c | image) = Σ_t log p(c_t | c_<t, image)`` and a class by ``logsumexp`` over the
+two size captions (p(small or large colour shape)).
 Retrieval ranks captions (i->t) or images (t->i) by the same log-likelihood.
 With ``--figures`` it also writes the similarity matrix of test images against the
 prompts and the learned temperature over training (from the run's metrics.csv).
@@ -80,9 +84,20 @@ def captioner_zero_shot(model: Captioner, tok: TextTokenizer, images: torch.Tens
 
 
 @torch.no_grad()
-def clip_zero_shot(model: CLIP, tok: TextTokenizer, images: torch.Tensor, names: list[str]
-                   ) -> torch.Tensor:
-    return model.zero_shot(images, names, TEMPLATES, tokenizer=tok).argmax(-1)
+def clip_zero_shot(model: CLIP, tok: TextTokenizer, images: torch.Tensor, names: list[str],
+                   ensemble: str = "sum") -> torch.Tensor:
+    return model.zero_shot(images, names, TEMPLATES, tokenizer=tok, ensemble=ensemble).argmax(-1)
+
+
+def per_class(pred: torch.Tensor, data: dict[str, Any]) -> str:
+    """Accuracy per true class and its most frequent wrong prediction."""
+    names, labels, out = data["class_names"], data["labels"], []
+    for lab in labels.unique().tolist():
+        rows = pred[labels == lab]
+        wrong = rows[rows != lab]
+        worst = f", mostly -> {names[int(wrong.mode().values)]}" if len(wrong) else ""
+        out.append(f"{names[lab]} {float((rows == lab).float().mean()):.2f}{worst}")
+    return "; ".join(out)
 
 
 def duplicates(captions: list[str]) -> torch.Tensor:
@@ -108,7 +123,8 @@ def plot_similarity(model: CLIP, tok: TextTokenizer, data: dict[str, Any], heldo
 
     names = data["class_names"]
     with torch.no_grad():
-        probs = model.zero_shot(data["images"][:n], names, TEMPLATES, tokenizer=tok)
+        probs = model.zero_shot(data["images"][:n], names, TEMPLATES, tokenizer=tok,
+                                ensemble="sum")
     fig, ax = plt.subplots(figsize=(11, 5.2))
     ax.imshow(probs.numpy(), cmap="viridis", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(names)),
@@ -116,7 +132,7 @@ def plot_similarity(model: CLIP, tok: TextTokenizer, data: dict[str, Any], heldo
                   fontsize=8)
     truth = [names[int(i)] for i in data["labels"][:n]]
     ax.set_yticks(range(n), truth, fontsize=8)
-    ax.set_xlabel("prompt class ('a small {}', 'a large {}'; * = held-out pair)")
+    ax.set_xlabel("prompt class (p(a small {}) + p(a large {}); * = held-out pair)")
     ax.set_ylabel("test image (true class)")
     ax.set_title("CLIP zero-shot probabilities: test images x prompts")
     for i, t in enumerate(truth):
@@ -186,8 +202,13 @@ def main() -> None:
     rows["CLIP"] = retrieval(sim, same)
     rows["CLIP"]["retrieval_n"] = len(captions)
     for p, data in sets.items():
-        pred = clip_zero_shot(clip, clip_tok, data["images"], data["class_names"])
-        rows["CLIP"][f"zero_shot_{p}"] = float((pred == data["labels"]).float().mean())
+        for ensemble in ("sum", "mean"):
+            pred = clip_zero_shot(clip, clip_tok, data["images"], data["class_names"], ensemble)
+            suffix = "" if ensemble == "sum" else " (mean ensemble)"
+            rows.setdefault(f"CLIP{suffix}", {})[f"zero_shot_{p}"] = float(
+                (pred == data["labels"]).float().mean())
+            if p == "heldout" and ensemble == "sum":
+                print(f"CLIP held-out pairs, per class: {per_class(pred, data)}")
     print(f"CLIP scored in {time.perf_counter() - t0:.1f} s")
 
     if args.captioner:

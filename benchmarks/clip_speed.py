@@ -8,15 +8,17 @@ logit scale. One step = forward both towers, symmetric InfoNCE on the batch, bac
 AdamW step. Throughput: the two models' steps are interleaved in one process (so load
 from other jobs hits both alike) and the median step time of each is compared, in fp32 and
 under CPU bf16 autocast (or CUDA when present). Peak memory: each model trains in a fresh
-subprocess and reports its peak resident set (CPU; both subprocesses import the same
-libraries) or ``torch.cuda.max_memory_allocated`` (GPU).
+subprocess and reports its peak resident set (CPU, ``VmHWM``; both subprocesses import the same
+libraries) and that peak minus the resident set after the imports, before the model is
+built (what the model, its gradients, optimizer state and activations add), or
+``torch.cuda.max_memory_allocated`` (GPU). ``--dtypes fp32`` skips bf16 (on a CPU without
+native bf16, autocast emulates it and its timings say little).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -112,11 +114,31 @@ def throughput(b: int, steps: int, device: str, dtype: torch.dtype | None) -> di
             "ratio": med["open_clip"] / med["ours"]}
 
 
+def resident_mib() -> float:
+    """The current resident set of this process (Linux /proc), MiB."""
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_resident_mib() -> float:
+    """Peak resident set of this process image (``VmHWM`` of /proc/self/status), MiB.
+    Not ``getrusage``'s ``ru_maxrss``: Linux carries that across fork + exec, so a child
+    started by this script would report the parent's peak (both models loaded)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def memory_child(name: str, b: int, steps: int, device: str, dtype_name: str) -> None:
     import open_clip  # noqa: F401  (same imports in both children)
 
     import multimodal  # noqa: F401
 
+    base = resident_mib() if device != "cuda" else 0.0
     dtype = {"fp32": None, "bf16": torch.bfloat16}[dtype_name]
     torch.manual_seed(0)
     model = (ours if name == "ours" else theirs)(SHAPE).to(device)
@@ -126,11 +148,9 @@ def memory_child(name: str, b: int, steps: int, device: str, dtype_name: str) ->
         torch.cuda.reset_peak_memory_stats()
     for _ in range(steps):
         step(*data)
-    if device == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"peak_mib": peak}))
+    peak = (torch.cuda.max_memory_allocated() / 2**20 if device == "cuda"
+            else peak_resident_mib())
+    print(json.dumps({"peak_mib": peak, "added_mib": peak - base}))
 
 
 def main() -> None:
@@ -139,24 +159,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--memory-child", nargs=2, metavar=("MODEL", "DTYPE"))
+    parser.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16")
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.memory_child[0], args.batch, 3, args.device, args.memory_child[1])
         return
     print(f"shape {SHAPE}, batch {args.batch}, device {args.device}, "
           f"threads {torch.get_num_threads()}")
-    for dtype_name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
-        r = throughput(args.batch, args.steps, args.device, dtype)
-        mem = {}
+    dtypes = {"fp32": None, "bf16": torch.bfloat16}
+    for dtype_name in args.dtypes.split(","):
+        r = throughput(args.batch, args.steps, args.device, dtypes[dtype_name])
+        mem, added = {}, {}
         for name in ("ours", "open_clip"):
             out = subprocess.run([sys.executable, __file__, "--batch", str(args.batch),
                                   "--device", args.device, "--memory-child", name, dtype_name],
                                  capture_output=True, text=True, check=True)
-            mem[name] = json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            mem[name], added[name] = result["peak_mib"], result["added_mib"]
         print(f"{dtype_name}: ours {r['ours_samples_per_s']:.1f} samples/s, open_clip "
               f"{r['open_clip_samples_per_s']:.1f} samples/s, throughput ratio ours/open_clip "
               f"{r['ratio']:.2f}x; peak memory ours {mem['ours']:.0f} MiB, open_clip "
-              f"{mem['open_clip']:.0f} MiB ({mem['ours'] / mem['open_clip']:.2f}x)")
+              f"{mem['open_clip']:.0f} MiB ({mem['ours'] / mem['open_clip']:.2f}x); above the "
+              f"imports ours {added['ours']:.0f} MiB, open_clip {added['open_clip']:.0f} MiB "
+              f"({added['ours'] / added['open_clip']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,22 @@ def test_cls_pooling_reads_position_zero(tokenizer):
         mm.CLIPConfig(text=mm.TextEncoderConfig(**TEXT, causal=True), text_pool="cls")
 
 
+def test_mean_pooling_averages_the_real_tokens_only(tokenizer):
+    model = tiny(text_pool="mean")
+    texts = ["a red circle", "a large blue square left of a cat"]
+    batch = tokenize_texts(tokenizer, texts, "mean")
+    assert (batch["attention_mask"] == 0).any()  # the short text is padded
+    # by hand: each text alone (no padding), the plain mean of its hidden states
+    expected = []
+    for text in texts:
+        ids = torch.tensor([tokenizer.encode(text, add_eos=True)])
+        hidden = model.text_model(ids)[0]
+        expected.append(F.normalize(model.text_projection(hidden.sum(0) / len(hidden)), dim=-1))
+    torch.testing.assert_close(model.encode_text(**batch), torch.stack(expected))
+    with pytest.raises(ValueError, match="text_pool"):
+        mm.CLIPConfig(text_pool="max")
+
+
 def test_zero_shot_is_the_softmax_over_template_averaged_class_embeddings(tokenizer):
     model = tiny()
     images = torch.randn(5, 3, 16, 16)
@@ -119,6 +135,22 @@ def test_zero_shot_is_the_softmax_over_template_averaged_class_embeddings(tokeni
     expected = expected / expected.sum(1, keepdim=True)
     assert probs.shape == (5, 3)
     torch.testing.assert_close(probs, expected)
+
+
+def test_zero_shot_sum_ensemble_is_the_probability_of_any_of_the_class_prompts(tokenizer):
+    model = tiny()
+    images = torch.randn(4, 3, 16, 16)
+    names, templates = ["red circle", "blue square", "cat"], ["a small {}", "a large {}"]
+    probs = model.zero_shot(images, names, templates, tokenizer=tokenizer, ensemble="sum")
+    # by hand: every prompt alone, one softmax over the 6 prompts, summed per class
+    prompts = torch.stack([model.encode_text(torch.tensor([tokenizer.encode(
+        t.format(n), add_eos=True)]))[0] for n in names for t in templates])
+    logits = (1 / 0.07) * model.encode_image(images) @ prompts.T
+    p = logits.softmax(dim=1)
+    expected = torch.stack([p[:, 0] + p[:, 1], p[:, 2] + p[:, 3], p[:, 4] + p[:, 5]], dim=1)
+    torch.testing.assert_close(probs, expected)
+    with pytest.raises(ValueError, match="ensemble"):
+        model.zero_shot(images, names, templates, tokenizer=tokenizer, ensemble="max")
 
 
 def test_save_and_load_give_the_same_model(tmp_path):
@@ -149,6 +181,10 @@ def test_empty_class_or_template_lists_and_templates_without_braces(tokenizer):
         model.zero_shot(images, ["cat"], [], tokenizer=tokenizer)
     with pytest.raises(ValueError, match=r"has no '\{\}'"):
         model.zero_shot(images, ["cat"], ["a {}", "a photo"], tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="exactly one"):
+        model.zero_shot(images, ["cat"], ["a {} of a {}"], tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="exactly one"):
+        model.zero_shot(images, ["cat"], ["a {name} {}"], tokenizer=tokenizer)
 
 
 def test_texts_longer_than_the_context_are_truncated_with_one_warning():

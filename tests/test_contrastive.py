@@ -221,3 +221,34 @@ def test_zero_shot_sets_come_from_the_data_module(monkeypatch):
     for data in sets.values():
         assert data["images"].shape == (6, 3, 16, 16) and data["labels"].shape == (6,)
         assert int(data["labels"].max()) < len(data["class_names"])
+
+
+def test_zero_shot_sets_come_from_the_data_module_and_are_checked():
+    from multimodal.data.captions import CaptionDataModule
+    from multimodal.tasks.contrastive import zero_shot_sets_of
+
+    dm = CaptionDataModule("scenes", image_size=16, num_train=64, num_val=8, num_test=8)
+    sets = zero_shot_sets_of(dm, 10)
+    assert sorted(sets) == ["heldout", "seen"]
+    assert sets["heldout"]["images"].shape == (10, 3, 16, 16)
+    assert zero_shot_sets_of(dm, 0) == {}
+    assert zero_shot_sets_of(object(), 10) == {}  # a data module without the capability
+
+    class Offers:
+        def __init__(self, data):
+            self.data = data
+
+        def zero_shot_sets(self, n):
+            return {"mine": self.data}
+
+    good = {"images": torch.zeros(3, 3, 8, 8), "labels": torch.tensor([0, 1, 1]),
+            "class_names": ["cat", "dog"]}
+    assert zero_shot_sets_of(Offers(good), 3)["mine"] is good
+    bad = [({**good, "class_names": []}, "class_names"),
+           ({**good, "labels": torch.tensor([0, 1])}, "one label per image"),
+           ({**good, "labels": torch.tensor([0, 1, 2])}, r"\[0, 2\)"),
+           ({k: v for k, v in good.items() if k != "images"}, "lacks"),
+           ({**good, "images": torch.zeros(3, 8, 8)}, "images")]
+    for data, match in bad:
+        with pytest.raises(ValueError, match=match):
+            zero_shot_sets_of(Offers(data), 3)

@@ -14,7 +14,9 @@ Zhai et al., 2023) the model also learns a bias ``b`` and pairs are scored with
 Text pooling: ``text_pool="cls"`` reads position 0 (the tokenizer puts ``[CLS]`` there),
 ``"last"`` the last column whatever the mask says (SigLIP, trained on texts padded to the
 full context, pools there even when it is padding), ``"eot"`` reads the end-of-text token
-of each row. Where that is: with
+of each row, ``"mean"`` averages the hidden states of the real tokens
+(``attention_mask == 1``; a bag of contextualised words, which composes attributes
+additively). Where the end of text is: with
 ``eot_token_id=None`` (models trained here) the last real token (``[EOS]``; the last
 position with ``attention_mask == 1``, or the last column without a mask); with
 ``eot_token_id=k`` (imported CLIPs) the *first* position whose id is ``k``, the rule of
@@ -90,7 +92,7 @@ class CLIPConfig:
     vision: ViTConfig = field(default_factory=_default_vision)
     text: TextEncoderConfig = field(default_factory=_default_text)
     embed_dim: int = 128
-    text_pool: Literal["cls", "eot", "last"] = "eot"
+    text_pool: Literal["cls", "eot", "last", "mean"] = "eot"
     eot_token_id: int | None = None  # "eot" pooling at the first such id (None: last token)
     loss: Literal["softmax", "sigmoid"] = "softmax"
     logit_scale_init: float = math.log(1 / 0.07)
@@ -106,8 +108,8 @@ class CLIPConfig:
             self.text = TextEncoderConfig(**self.text)
         self.vision = dataclasses.replace(self.vision, num_classes=0)
         self.text = dataclasses.replace(self.text, mlm_head=False, num_classes=0, pooler=False)
-        if self.text_pool not in ("cls", "eot", "last"):
-            raise ValueError(f"text_pool must be 'cls', 'eot' or 'last', "
+        if self.text_pool not in ("cls", "eot", "last", "mean"):
+            raise ValueError(f"text_pool must be 'cls', 'eot', 'last' or 'mean', "
                              f"got {self.text_pool!r}")
         if self.loss not in ("softmax", "sigmoid"):
             raise ValueError(f"loss must be 'softmax' or 'sigmoid', got {self.loss!r}")
@@ -128,9 +130,9 @@ class CLIPConfig:
 def tokenize_texts(tokenizer: Any, texts: Sequence[str], text_pool: str = "eot"
                    ) -> dict[str, Tensor]:
     """Right-padded ``input_ids`` / ``attention_mask`` for the text tower:
-    ``[CLS] tokens`` for ``"cls"`` pooling, ``tokens [EOS]`` for ``"eot"``."""
+    ``[CLS] tokens`` for ``"cls"`` pooling, ``tokens [EOS]`` for ``"eot"`` and ``"mean"``."""
     seqs = tokenizer.encode_many(list(texts), add_cls=text_pool == "cls",
-                                 add_eos=text_pool == "eot")
+                                 add_eos=text_pool != "cls")
     return tokenizer.pad(seqs)
 
 
@@ -221,6 +223,14 @@ class CLIP(PretrainedMixin, nn.Module):
             return hidden[:, 0]
         if self.config.text_pool == "last":
             return hidden[:, -1]
+        if self.config.text_pool == "mean":
+            if attention_mask is None:
+                return hidden.mean(dim=1)
+            mask = attention_mask.to(hidden.dtype)[..., None]
+            count = mask.sum(dim=1)
+            if bool((count == 0).any()):
+                raise ValueError("a text has no tokens (an all-zero attention_mask row)")
+            return (hidden * mask).sum(dim=1) / count
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         if attention_mask is None:
             last = torch.full_like(rows, hidden.shape[1] - 1)
@@ -303,12 +313,8 @@ class CLIP(PretrainedMixin, nn.Module):
                              f"holds {self.config.text.vocab_size} (text.vocab_size): they "
                              "were not trained together")
 
-    @torch.no_grad()
-    def class_embeddings(self, class_names: Sequence[str], templates: Sequence[str],
-                         tokenizer: Any) -> Tensor:
-        """One unit vector per class (C, embed_dim): the mean of the normalised embeddings
-        of ``template.format(name)`` over the templates, renormalised (CLIP's prompt
-        ensembling)."""
+    def _check_prompts(self, class_names: Sequence[str], templates: Sequence[str],
+                       tokenizer: Any) -> None:
         if isinstance(class_names, str) or len(class_names) == 0:
             raise ValueError("class_names must be a non-empty list of class names")
         if isinstance(templates, str) or len(templates) == 0:
@@ -316,22 +322,57 @@ class CLIP(PretrainedMixin, nn.Module):
         for t in templates:
             if not isinstance(t, str) or "{}" not in t:
                 raise ValueError(f"template {t!r} has no '{{}}' where the class name goes")
+            try:
+                t.format("x")
+            except (IndexError, KeyError, ValueError) as err:
+                raise ValueError(f"template {t!r} must hold exactly one '{{}}' (the class name) "
+                                 f"and no other braces: {err!r}") from err
         self.check_tokenizer(tokenizer)
+
+    @torch.no_grad()
+    def prompt_embeddings(self, class_names: Sequence[str], templates: Sequence[str],
+                          tokenizer: Any) -> Tensor:
+        """Unit embeddings (C, T, embed_dim) of ``template.format(name)`` for every class
+        and template."""
+        self._check_prompts(class_names, templates, tokenizer)
         device = self.logit_scale.device
         texts = [t.format(name) for name in class_names for t in templates]
         batch = tokenize_texts(tokenizer, texts, self.config.text_pool)
         emb = self.encode_text(batch["input_ids"].to(device), batch["attention_mask"].to(device))
-        emb = emb.view(len(class_names), len(templates), -1).mean(dim=1)
-        return F.normalize(emb, dim=-1)
+        return emb.view(len(class_names), len(templates), -1)
+
+    @torch.no_grad()
+    def class_embeddings(self, class_names: Sequence[str], templates: Sequence[str],
+                         tokenizer: Any) -> Tensor:
+        """One unit vector per class (C, embed_dim): the mean of the normalised embeddings
+        of ``template.format(name)`` over the templates, renormalised (CLIP's prompt
+        ensembling)."""
+        return F.normalize(self.prompt_embeddings(class_names, templates, tokenizer).mean(1),
+                           dim=-1)
 
     @torch.no_grad()
     def zero_shot(self, images: Tensor, class_names: Sequence[str],
-                  templates: Sequence[str] = DEFAULT_TEMPLATES, *, tokenizer: Any) -> Tensor:
-        """Class probabilities (B, C): ``softmax(exp(logit_scale) · I Cᵀ)`` over the class
-        embeddings of :meth:`class_embeddings` (softmax for both losses: it ranks classes
-        as the scaled cosines do)."""
-        classes = self.class_embeddings(class_names, templates, tokenizer)
-        return (self.scale() * self.encode_image(images) @ classes.T).softmax(dim=-1)
+                  templates: Sequence[str] = DEFAULT_TEMPLATES, *, tokenizer: Any,
+                  ensemble: Literal["mean", "sum"] = "mean") -> Tensor:
+        """Class probabilities (B, C) from the scaled cosines ``s · I Pᵀ`` (softmax for both
+        losses: it ranks classes as the scaled cosines do).
+
+        ``ensemble="mean"`` (CLIP's prompt ensembling, for templates that are paraphrases):
+        ``softmax(s · I Cᵀ)`` over the class embeddings of :meth:`class_embeddings`.
+        ``ensemble="sum"`` (for templates that describe different images of the class, e.g.
+        "a small {}" / "a large {}"): a softmax over all C·T prompts, summed over each
+        class's T prompts, ``p(c) = Σ_t exp(s·I·P_ct) / Σ_c' Σ_t exp(s·I·P_c't)``, the
+        probability that the image matches any of the class's prompts.
+        """
+        if ensemble not in ("mean", "sum"):
+            raise ValueError(f"ensemble must be 'mean' or 'sum', got {ensemble!r}")
+        image = self.encode_image(images)
+        if ensemble == "mean":
+            classes = self.class_embeddings(class_names, templates, tokenizer)
+            return (self.scale() * image @ classes.T).softmax(dim=-1)
+        prompts = self.prompt_embeddings(class_names, templates, tokenizer)
+        logits = self.scale() * torch.einsum("bd,ctd->bct", image, prompts)
+        return logits.flatten(1).softmax(dim=-1).view_as(logits).sum(dim=-1)
 
 
 @register_preset("clip_scenes")

@@ -17,8 +17,9 @@ process on the global batch, and DDP's gradient average is that loss's gradient
 
 Metrics (val / test): image->text and text->image recall@k over the whole split (a
 caption identical to the true one counts as correct, so duplicate captions do not count
-against the model), zero-shot accuracy among every colour x shape prompt on held-out and
-seen pairs (scenes), and the temperature ``train/logit_scale`` / ``train/temperature``.
+against the model), zero-shot accuracy on the sets the data module offers
+(``zero_shot_sets``; scenes: every colour x shape prompt on held-out and seen pairs), and
+the temperature ``train/logit_scale`` / ``train/temperature``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from multimodal.tasks.base import ModelTask
 from multimodal.tasks.captioning import caption_tokenizer_of
 from multimodal.tokenizers.text import TextTokenizer, load_tokenizer
 
-__all__ = ["ContrastiveTask", "clip_loss", "gather_with_grad", "recall_at_k", "siglip_loss"]
+__all__ = ["ContrastiveTask", "clip_loss", "gather_with_grad", "recall_at_k", "siglip_loss",
+           "zero_shot_sets_of"]
 
 
 def gather_with_grad(x: Tensor) -> tuple[Tensor, int]:
@@ -90,6 +92,36 @@ def recall_at_k(sim: Tensor, correct: Tensor, ks: Sequence[int]) -> dict[int, fl
     return {k: float(hits[:, :k].any(dim=1).float().mean()) for k in ks}
 
 
+def zero_shot_sets_of(datamodule: Any, n: int) -> dict[str, dict[str, Any]]:
+    """The zero-shot sets a data module offers through ``zero_shot_sets(n)`` (none when it
+    has no such method, or ``n <= 0``), each checked: ``{"images"`` (N, C, H, W),
+    ``"labels"`` (N,) indices into ``"class_names"`` (a non-empty list of strings)``}``."""
+    provider = getattr(datamodule, "zero_shot_sets", None)
+    if n <= 0 or provider is None:
+        return {}
+    sets = provider(n)
+    if not isinstance(sets, dict):
+        raise ValueError(f"{type(datamodule).__name__}.zero_shot_sets must return a dict of "
+                         f"name -> set, got {type(sets).__name__}")
+    for name, data in sets.items():
+        where = f"{type(datamodule).__name__}.zero_shot_sets()[{name!r}]"
+        missing = {"images", "labels", "class_names"} - set(data)
+        if missing:
+            raise ValueError(f"{where} lacks {sorted(missing)}")
+        images, labels, names = data["images"], data["labels"], data["class_names"]
+        if isinstance(names, str) or len(names) == 0:
+            raise ValueError(f"{where}['class_names'] must be a non-empty list of names")
+        if not isinstance(images, Tensor) or images.dim() != 4:
+            raise ValueError(f"{where}['images'] must be a (N, C, H, W) tensor")
+        if not isinstance(labels, Tensor) or labels.shape != (images.shape[0],):
+            raise ValueError(f"{where}['labels'] must be a ({images.shape[0]},) tensor, one "
+                             f"label per image, got {getattr(labels, 'shape', labels)}")
+        if labels.numel() and not (int(labels.min()) >= 0 and int(labels.max()) < len(names)):
+            raise ValueError(f"{where}['labels'] must lie in [0, {len(names)}), got "
+                             f"[{int(labels.min())}, {int(labels.max())}]")
+    return sets
+
+
 class ContrastiveTask(ModelTask):
     """Train a :class:`CLIP` on batches ``{"images", "captions"}`` from
     :class:`~multimodal.data.captions.CaptionDataModule` with AdamW and warm-up + cosine.
@@ -97,9 +129,10 @@ class ContrastiveTask(ModelTask):
     The tokenizer is trained on the training captions (``setup``) and travels in the
     checkpoint. Logs ``train/loss``, ``train/logit_scale``, ``train/temperature``
     (= 1/s), ``{val,test}/loss``, ``{val,test}/i2t_R@k`` and ``t2i_R@k`` for k in
-    ``recall_ks``, and ``{val,test}/zero_shot_{name}`` for each zero-shot set the data
-    module supplies with ``zero_shot_sets(n)`` (scenes: ``heldout`` / ``seen``, prompts
-    ``templates`` over every "colour shape" class name).
+    ``recall_ks``, and ``{val,test}/zero_shot_<name>`` for every set the data module offers
+    through ``zero_shot_sets(n)`` (:func:`zero_shot_sets_of`; scenes: ``heldout`` / ``seen``,
+    prompts ``templates`` over every "colour shape" class name, combined per class by
+    ``zero_shot_ensemble``: see :meth:`CLIP.zero_shot`).
     """
 
     def __init__(
@@ -113,6 +146,7 @@ class ContrastiveTask(ModelTask):
         recall_ks: Sequence[int] = (1, 5, 10),
         templates: Sequence[str] = ("a small {}", "a large {}"),
         zero_shot_size: int = 500,
+        zero_shot_ensemble: Literal["mean", "sum"] = "mean",
         compile: bool = False,
     ) -> None:
         if not isinstance(model, CLIP):
@@ -120,6 +154,9 @@ class ContrastiveTask(ModelTask):
         super().__init__(model, compile=compile)
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
+        if zero_shot_ensemble not in ("mean", "sum"):
+            raise ValueError(f"zero_shot_ensemble must be 'mean' or 'sum', got "
+                             f"{zero_shot_ensemble!r}")
         if not recall_ks or min(recall_ks) < 1:
             raise ValueError(f"recall_ks must be positive integers, got {recall_ks}")
         self.save_hyperparameters(ignore=["model"])
@@ -134,8 +171,7 @@ class ContrastiveTask(ModelTask):
             self.tokenizer = caption_tokenizer_of(dm, self.hparams.tokenizer,
                                                   self.model.config.text.vocab_size,
                                                   type(self).__name__)
-        if callable(getattr(dm, "zero_shot_sets", None)) and self.hparams.zero_shot_size > 0:
-            self._zero_shot = dm.zero_shot_sets(self.hparams.zero_shot_size)
+        self._zero_shot = zero_shot_sets_of(dm, self.hparams.zero_shot_size)
 
     def tokenize(self, captions: Sequence[str]) -> dict[str, Tensor]:
         if self.tokenizer is None:
@@ -201,7 +237,9 @@ class ContrastiveTask(ModelTask):
         probs = []
         for chunk in data["images"].split(256):
             probs.append(self.model.zero_shot(chunk.to(self.device), data["class_names"],
-                                              self.hparams.templates, tokenizer=self.tokenizer))
+                                              self.hparams.templates, tokenizer=self.tokenizer,
+                                              ensemble=self.hparams.get("zero_shot_ensemble",
+                                                                        "mean")))
         pred = torch.cat(probs).argmax(dim=1).cpu()
         return float((pred == data["labels"]).float().mean())
 
