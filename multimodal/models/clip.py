@@ -130,9 +130,10 @@ class CLIPConfig:
 def tokenize_texts(tokenizer: Any, texts: Sequence[str], text_pool: str = "eot"
                    ) -> dict[str, Tensor]:
     """Right-padded ``input_ids`` / ``attention_mask`` for the text tower:
-    ``[CLS] tokens`` for ``"cls"`` pooling, ``tokens [EOS]`` for ``"eot"`` and ``"mean"``."""
+    ``[CLS] tokens`` for ``"cls"`` pooling, ``tokens [EOS]`` for ``"eot"`` and ``"mean"``,
+    the bare tokens for ``"last"`` (SigLIP)."""
     seqs = tokenizer.encode_many(list(texts), add_cls=text_pool == "cls",
-                                 add_eos=text_pool != "cls")
+                                 add_eos=text_pool in ("eot", "mean"))
     return tokenizer.pad(seqs)
 
 
