@@ -41,10 +41,10 @@ from multimodal.convert.common import (
     load_converted,
     put_linear,
     put_norm,
-    qkv_from_separate,
     register_hf,
     register_hf_model_type,
 )
+from multimodal.convert.hf_vision import vit_encoder_layers
 from multimodal.models.audio import AudioClassifier, AudioClassifierConfig
 from multimodal.tokenizers.audio_frontends import AST_MEAN, AST_STD
 
@@ -93,17 +93,7 @@ def _hf_ast(model: nn.Module) -> AudioClassifier:
         "embed.proj.weight": src.take(f"{e}.patch_embeddings.projection.weight"),
         "embed.proj.bias": src.take(f"{e}.patch_embeddings.projection.bias"),
     }
-    for i in range(config.depth):  # transformers >= 5 names first, then the older ones
-        new, old, o = f"layers.{i}", f"encoder.layer.{i}", f"transformer.blocks.{i}"
-        t = new if f"{src.prefix}{new}.layernorm_before.weight" in src.state else old
-        qkv_from_separate(out, f"{o}.attn", src, t, config.qkv_bias)
-        put_norm(out, f"{o}.norm1", src, f"{t}.layernorm_before")
-        put_norm(out, f"{o}.norm2", src, f"{t}.layernorm_after")
-        for ours_fc, theirs in (("fc1", "intermediate.dense"), ("fc2", "output.dense")):
-            put_linear(out, f"{o}.mlp.{ours_fc}",
-                       src.take(f"{t}.mlp.{ours_fc}.weight", f"{t}.{theirs}.weight"),
-                       src.take(f"{t}.mlp.{ours_fc}.bias", f"{t}.{theirs}.bias"))
-    put_norm(out, "transformer.norm", src, "layernorm")
+    vit_encoder_layers(out, src, config)  # AST's encoder is the transformers ViT's
     if classifier:
         src.prefix = ""
         put_norm(out, "head_norm", src, "classifier.layernorm")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from multimodal.convert.common import (
@@ -32,10 +34,11 @@ def _embeddings(src: StateReader, **extra: str) -> dict[str, Tensor]:
     return out
 
 
-def _vit_layers(out: dict[str, Tensor], src: StateReader, config: ViTConfig) -> None:
-    """The post-2020 ViT / DeiT encoder layers: separate q/k/v, ``layernorm_before`` /
-    ``layernorm_after``, ``intermediate`` / ``output`` MLP (transformers >= 5 names first,
-    then the older ``encoder.layer.{i}`` ones), then the final ``layernorm``."""
+def vit_encoder_layers(out: dict[str, Tensor], src: StateReader, config: Any) -> None:
+    """The transformers ViT / DeiT / AST encoder layers (``config``: our config, its depth
+    and qkv_bias): separate q/k/v, ``layernorm_before`` / ``layernorm_after``,
+    ``intermediate`` / ``output`` MLP (transformers >= 5 names first, then the older
+    ``encoder.layer.{i}`` ones), then the final ``layernorm``."""
     for i in range(config.depth):
         new, old, o = f"layers.{i}", f"encoder.layer.{i}", f"transformer.blocks.{i}"
         t = new if f"{src.prefix}{new}.layernorm_before.weight" in src.state else old
@@ -63,7 +66,7 @@ def _hf_vit(model: nn.Module) -> ViT:
     src = StateReader(model.state_dict(), type(model).__name__,
                       prefix="vit." if classifier else "")
     out = _embeddings(src)
-    _vit_layers(out, src, config)
+    vit_encoder_layers(out, src, config)
     if classifier:
         src.prefix = ""
         put_linear(out, "head", src.take("classifier.weight"), src.take("classifier.bias"))
@@ -149,7 +152,7 @@ def _hf_deit(model: nn.Module) -> ViT:
     )
     src = StateReader(state, kind, prefix="deit." if classifier else "")
     out = _embeddings(src, dist_token="distillation_token")
-    _vit_layers(out, src, config)
+    vit_encoder_layers(out, src, config)
     if classifier:
         src.prefix = ""
         put_linear(out, "head", src.take("cls_classifier.weight"), src.take("cls_classifier.bias"))
