@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from multimodal.models.api import DecoderHeadMixin
-from multimodal.models.text import check_token_ids, last_token
+from multimodal.models.text import NextTokenHead, check_token_ids
 from multimodal.nn.alignment import AdditiveScore, MultiplicativeScore, attend
 from multimodal.registry import register_model
 from multimodal.tokenizers.text import BOS_ID
@@ -135,7 +135,7 @@ class RNNEncoder(nn.Module):
         return states, torch.stack(parts, dim=0).permute(2, 0, 1, 3)  # (B, k, L, H)
 
 
-class RNNDecoder(nn.Module):
+class RNNDecoder(NextTokenHead, nn.Module):
     """``decoder(target_ids, cache=..., memory=..., memory_padding_mask=...,
     encoder_state=...) -> logits (B, T, V)``: the step interface of
     :func:`multimodal.generation.generate` (``make_cache``, ``max_len``), with the
@@ -203,22 +203,6 @@ class RNNDecoder(nn.Module):
             cache.keys = keys
             cache.length = past + input_ids.shape[1]
         return (features, weights) if return_attention else features
-
-    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """The last real token's features ``(B, hidden_dim)`` (the last one when no mask)."""
-        return last_token(features, attention_mask)
-
-    def forward_head(self, features: Tensor, pre_logits: bool = False,
-                     attention_mask: Tensor | None = None) -> Tensor:
-        """Next-token logits ``(B, T, vocab)`` (``pre_logits``: :meth:`pool`)."""
-        return self.pool(features, attention_mask) if pre_logits else self.lm_head(features)
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                **kwargs: Any) -> Tensor | tuple[Tensor, Tensor | None]:
-        out = self.forward_features(input_ids, attention_mask, **kwargs)
-        if isinstance(out, tuple):
-            return self.forward_head(out[0]), out[1]
-        return self.forward_head(out)
 
 
 @register_model

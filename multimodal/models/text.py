@@ -77,6 +77,29 @@ def last_token(features: Tensor, attention_mask: Tensor | None = None) -> Tensor
     return features[torch.arange(features.shape[0], device=features.device), last]
 
 
+class NextTokenHead:
+    """The head verbs of a next-token decoder, for a class with ``forward_features``
+    (features, or ``(features, attention)``) and an ``lm_head``: ``pool`` = the last real
+    token's features ``(B, dim)``, ``forward_head`` = logits ``(B, N, vocab)``, ``forward``
+    = both in one call (attention passed through when ``forward_features`` returns it)."""
+
+    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The last real token's features ``(B, dim)`` (the last one when no mask)."""
+        return last_token(features, attention_mask)
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """Next-token logits ``(B, N, vocab)`` (``pre_logits``: :meth:`pool`)."""
+        return self.pool(features, attention_mask) if pre_logits else self.lm_head(features)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                **kwargs: Any) -> Any:
+        out = self.forward_features(input_ids, attention_mask, **kwargs)
+        if isinstance(out, tuple):
+            return self.forward_head(out[0]), out[1]
+        return self.forward_head(out)
+
+
 def position_ids_from_mask(attention_mask: Tensor, past: int = 0) -> Tensor:
     """Positions that skip left padding: ``cumsum(mask) - 1`` (0 at pads), sliced after
     ``past`` cached tokens."""
@@ -85,7 +108,7 @@ def position_ids_from_mask(attention_mask: Tensor, past: int = 0) -> Tensor:
 
 
 @register_model
-class TextDecoder(PretrainedMixin, nn.Module):
+class TextDecoder(NextTokenHead, PretrainedMixin, nn.Module):
     """GPT-style language model: token + position embeddings, causal backbone, LM head
     tied to the token embedding. ``forward`` returns next-token logits (B, N, vocab).
 
@@ -160,22 +183,6 @@ class TextDecoder(PretrainedMixin, nn.Module):
             return_attention=return_attention,
             positions=position_ids if rotary else None,
         )
-
-    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """The last real token's features ``(B, dim)`` (the last one when no mask)."""
-        return last_token(features, attention_mask)
-
-    def forward_head(self, features: Tensor, pre_logits: bool = False,
-                     attention_mask: Tensor | None = None) -> Tensor:
-        """Next-token logits ``(B, N, vocab)`` (``pre_logits``: :meth:`pool`)."""
-        return self.pool(features, attention_mask) if pre_logits else self.lm_head(features)
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                **kwargs: Any) -> Any:
-        out = self.forward_features(input_ids, attention_mask, **kwargs)
-        if isinstance(out, tuple):
-            return self.forward_head(out[0]), out[1]
-        return self.forward_head(out)
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int = 20, **kwargs: Any) -> Tensor:
