@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from multimodal.tokenizers.text import pad_sequences
+
 __all__ = ["HFTokenizer", "is_hf_tokenizer_file"]
 
 
@@ -112,21 +114,8 @@ class HFTokenizer:
     def pad(self, sequences: Sequence[Sequence[int]], *, max_length: int | None = None,
             pad_to_max_length: bool = False) -> dict[str, torch.Tensor]:
         """Right-pad with the pad id into ``input_ids`` and ``attention_mask`` (B, L)."""
-        if len(sequences) == 0:
-            raise ValueError("expected at least one sequence to pad, got an empty list")
-        longest = max(len(s) for s in sequences)
-        if pad_to_max_length:
-            if max_length is None:
-                raise ValueError("pad_to_max_length=True needs max_length")
-            if longest > max_length:
-                raise ValueError(f"a sequence has {longest} tokens > max_length={max_length}")
-            longest = max_length
-        ids = torch.full((len(sequences), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(sequences), longest), dtype=torch.long)
-        for b, seq in enumerate(sequences):
-            ids[b, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-            mask[b, : len(seq)] = 1
-        return {"input_ids": ids, "attention_mask": mask}
+        return pad_sequences(sequences, self.pad_id, max_length=max_length,
+                             pad_to_max_length=pad_to_max_length)
 
     def encode_batch(self, texts: Sequence[str], *, padding: bool | str = True,
                      truncation: bool = True, max_length: int | None = None,

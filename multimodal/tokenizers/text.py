@@ -97,6 +97,31 @@ def clean_up_spaces(text: str) -> str:
     return _SPACE_AFTER_OPEN.sub(r"\1", text)
 
 
+def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, *,
+                  max_length: int | None = None,
+                  pad_to_max_length: bool = False) -> dict[str, torch.Tensor]:
+    """Right-pad id lists with ``pad_id`` into ``input_ids`` and ``attention_mask`` (B, L).
+
+    ``L`` is the longest sequence, or ``max_length`` when ``pad_to_max_length``.
+    ``attention_mask[b, t] = 1`` for real tokens and ``0`` for padding.
+    """
+    if len(sequences) == 0:
+        raise ValueError("expected at least one sequence to pad, got an empty list")
+    longest = max(len(s) for s in sequences)
+    if pad_to_max_length:
+        if max_length is None:
+            raise ValueError("pad_to_max_length=True needs max_length")
+        if longest > max_length:
+            raise ValueError(f"a sequence has {longest} tokens > max_length={max_length}")
+        longest = max_length
+    input_ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+    for b, seq in enumerate(sequences):
+        input_ids[b, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        attention_mask[b, : len(seq)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
 class TextTokenizer:
     """Shared behaviour: special tokens, truncation, padding, id checks, JSON save/load.
 
@@ -252,21 +277,8 @@ class TextTokenizer:
         ``L`` is the longest sequence, or ``max_length`` when ``pad_to_max_length``.
         ``attention_mask[b, t] = 1`` for real tokens and ``0`` for padding.
         """
-        if len(sequences) == 0:
-            raise ValueError("expected at least one sequence to pad, got an empty list")
-        longest = max(len(s) for s in sequences)
-        if pad_to_max_length:
-            if max_length is None:
-                raise ValueError("pad_to_max_length=True needs max_length")
-            if longest > max_length:
-                raise ValueError(f"a sequence has {longest} tokens > max_length={max_length}")
-            longest = max_length
-        input_ids = torch.full((len(sequences), longest), PAD_ID, dtype=torch.long)
-        attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
-        for b, seq in enumerate(sequences):
-            input_ids[b, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-            attention_mask[b, : len(seq)] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+        return pad_sequences(sequences, PAD_ID, max_length=max_length,
+                             pad_to_max_length=pad_to_max_length)
 
     def encode_batch(
         self,
