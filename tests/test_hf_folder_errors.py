@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 import multimodal as mm
 from multimodal.convert import hf_folder
@@ -150,3 +151,23 @@ def test_folder_weights_are_assigned_once_and_tied_weights_stay_tied(tmp_path):
     ids = torch.randint(0, 60, (1, 6))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), source(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_meta_parameters_acts_only_in_its_own_context() -> None:
+    """Inside ``meta_parameters`` new parameters land on ``meta`` (buffers stay real); a
+    model built meanwhile in another thread, and any model built after it, stays real."""
+    import threading
+
+    from multimodal.convert.common import meta_parameters
+
+    built: dict[str, nn.Module] = {}
+    with meta_parameters():
+        inside = nn.BatchNorm1d(4)
+        thread = threading.Thread(target=lambda: built.setdefault("other", nn.Linear(3, 2)))
+        thread.start()
+        thread.join()
+    after = nn.Linear(3, 2)
+    assert inside.weight.is_meta and inside.bias.is_meta
+    assert not inside.running_mean.is_meta  # buffers keep their values
+    assert not any(p.is_meta for p in built["other"].parameters())
+    assert not any(p.is_meta for p in after.parameters())

@@ -127,27 +127,34 @@ class StateReader:
 
 
 _ASSIGNING: ContextVar[bool] = ContextVar("assigning", default=False)
+_ON_META: ContextVar[bool] = ContextVar("parameters_on_meta", default=False)
+
+
+def _to_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> nn.Parameter | None:
+    """torch's global parameter-registration hook, active only in this context (thread /
+    task) while :func:`meta_parameters` is entered: the new parameter moves to ``meta``."""
+    if param is None or param.is_meta or not _ON_META.get() or _ASSIGNING.get():
+        return None  # keep the parameter as given
+    return nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
 
 @contextmanager
 def meta_parameters() -> Iterator[None]:
-    """Models built inside get their parameters on the ``meta`` device (no memory, no
-    initialisation); buffers stay real (mel filter banks, masks). :func:`load_converted`
+    """Models built inside get their parameters on the ``meta`` device (their memory freed
+    at once); buffers stay real (mel filter banks, masks). :func:`load_converted`
     then *assigns* the converted tensors as the parameters instead of copying into them, so
-    a folder's weights are held once, not once read and once in the model."""
-    original = nn.Module.register_parameter
+    a folder's weights are held once, not once read and once in the model.
 
-    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original(module, name, param)
-        if param is not None and param.device.type != "meta" and not _ASSIGNING.get():
-            module._parameters[name] = nn.Parameter(param.to("meta"),
-                                                    requires_grad=param.requires_grad)
-
-    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    Uses torch's ``register_module_parameter_registration_hook`` (no patched methods); the
+    hook acts only in the context that entered this manager, so models built meanwhile by
+    other threads are untouched."""
+    handle = torch.nn.modules.module.register_module_parameter_registration_hook(_to_meta)
+    token = _ON_META.set(True)
     try:
         yield
     finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
+        _ON_META.reset(token)
+        handle.remove()
 
 
 def load_converted(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
