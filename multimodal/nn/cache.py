@@ -7,6 +7,8 @@ from the encoder memory on the first step and reused after that.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 
@@ -37,6 +39,17 @@ class LayerCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
+    def append_one(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`append` for one token (B, H, 1, d) once the buffers exist (a decoding
+        step): the same writes without the shape bookkeeping."""
+        t = self.length
+        if self.k is None or self.v is None or t >= self.max_len:
+            return self.append(k, v)
+        self.k[:, :, t : t + 1] = k
+        self.v[:, :, t : t + 1] = v
+        self.length = t = t + 1
+        return self.k[:, :, :t], self.v[:, :, :t]
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search: follow each surviving beam's parent)."""
         if self.k is not None and self.v is not None:
@@ -60,6 +73,9 @@ class KVCache:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
         self.max_len = max_len
         self.layers = [LayerCache(max_len) for _ in range(num_layers)]
+        # the decoder's one-token step plans (multimodal.nn.block.Transformer._step_plans)
+        self.step_owner: object | None = None
+        self.step_plans: list[Any] | None = None
 
     @property
     def length(self) -> int:
