@@ -230,13 +230,13 @@ class Block(nn.Module):
 
     def step_plan(self) -> StepPlan:
         """What :func:`block_step` needs of this block (when :meth:`can_step`): the
-        Linear weights as contiguous (in, out) copies (a snapshot), the biases and norm
-        parameters themselves, the norm / activation as plain functions. Taken once per
-        decoding cache by :class:`Transformer`, so a step reads no module attributes (at
-        batch 4 on a CPU, ``nn.Module.__getattr__`` for ~30 attributes per block cost ~8 %
-        of the step) and its GEMMs read (in, out) weights: ``addmm(b, x, W^T)`` on a
-        contiguous ``W^T`` ran ~10 % faster per step than ``F.linear``'s transposed-operand
-        GEMM on the 2-core AVX2 CPU, with the same tokens (BENCHMARKS.md)."""
+        Linear weights as (in, out) views ``W^T`` (no copy: the parameters themselves),
+        the biases and norm parameters, the norm / activation as plain functions. Taken
+        once per decoding cache by :class:`Transformer`, so a step reads no module
+        attributes (at batch 4 on a CPU, ``nn.Module.__getattr__`` for ~30 attributes per
+        block cost ~8 % of the step). Contiguous (in, out) copies of the weights were
+        tried: within +-8 % of the views per decoded image (noise on the shared 2-core
+        CPU) for a second copy of every block weight, so views it is."""
         attn, mlp = self.attn, self.mlp
         return StepPlan(_plain(self.norm1), _in_out(attn.qkv.weight), attn.qkv.bias,
                         _in_out(attn.proj.weight), attn.proj.bias, _plain(self.norm2),
@@ -255,7 +255,7 @@ class StepPlan(NamedTuple):
     """One pre-norm block's tensors and functions for :func:`block_step`."""
 
     norm1: Callable[[Tensor], Tensor]
-    qkv_weight_t: Tensor  # (in, out): the Linear's weight transposed, contiguous
+    qkv_weight_t: Tensor  # (in, out): a transposed view of the Linear's weight
     qkv_bias: Tensor | None
     proj_weight_t: Tensor
     proj_bias: Tensor | None
@@ -293,8 +293,8 @@ def _affine(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def _in_out(weight: Tensor) -> Tensor:
-    """A Linear's (out, in) weight as a contiguous (in, out) copy."""
-    return weight.detach().t().contiguous()
+    """A Linear's (out, in) weight as an (in, out) view of the same memory."""
+    return weight.detach().t()
 
 
 def _plain(module: nn.Module) -> Callable[[Tensor], Tensor]:
