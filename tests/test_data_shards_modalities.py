@@ -98,7 +98,7 @@ def test_audio_shards_give_the_folder_items(audio, source):
 
 
 def test_audio_shards_of_another_kind_are_refused(audio, tmp_path):
-    root, out = audio
+    _, out = audio
     with pytest.raises(ValueError, match="holds 'audio' shards, not 'text'"):
         TextCorpusDataModule(shards=str(out))
     with pytest.raises(FileNotFoundError, match="multimodal-prepare"):
@@ -214,7 +214,7 @@ def test_caption_shards_give_the_manifest_items(captions):
     torch.testing.assert_close(shards.std, files.std)
     assert shards.train_captions() == files.train_captions()
     for split in ("train", "val", "test"):
-        def items(dm):
+        def items(dm, split=split):
             out = []
             for batch in dm.loader(dm.split_dataset(split), shuffle=split == "train"):
                 out += [(c, tuple(x.flatten().tolist()))
@@ -235,7 +235,8 @@ def test_caption_shards_give_the_manifest_items(captions):
 def text(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("text")
     (root / "books").mkdir()
-    words = "the cat sat on a mat while dogs ran far away under blue skies".split()
+    words = ["the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "far", "away",
+             "under", "blue", "skies"]
     rng = np.random.default_rng(2)
     for b in range(4):
         paragraphs = [" ".join(rng.choice(words, 40)) + "." for _ in range(30)]
@@ -258,11 +259,11 @@ def test_text_shards_give_the_files_blocks(text):
     sentence = "the dogs sat under a blue mat, far away"
     assert shards.tokenizer.encode(sentence) == files.tokenizer.encode(sentence)
     for split in ("train", "val", "test"):
-        def blocks(dm):
+        def blocks(dm, split=split):
             rows = []
             for batch in dm.loader(dm.split_dataset(split), shuffle=split == "train"):
                 assert torch.equal(batch["input_ids"][:, 1:], batch["targets"][:, :-1])
-                rows += [tuple(r.tolist()) + (int(t[-1]),)
+                rows += [(*r.tolist(), int(t[-1]))
                          for r, t in zip(batch["input_ids"], batch["targets"], strict=True)]
             return sorted(rows)
 
