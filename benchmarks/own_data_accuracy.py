@@ -90,7 +90,7 @@ def datamodule(path: str, folder: Path, work: Path):
     return ImageClassificationDataModule(shards=str(work / "shards"), **own)
 
 
-def run_one(path: str, folder: Path, work: Path, epochs: int) -> dict:
+def run_one(path: str, folder: Path, work: Path, epochs: int, seed: int | None = None) -> dict:
     import lightning as L
     import torch
 
@@ -98,7 +98,8 @@ def run_one(path: str, folder: Path, work: Path, epochs: int) -> dict:
     from multimodal.tasks import ClassificationTask
 
     config = _config()
-    L.seed_everything(config["seed_everything"])
+    seed = config["seed_everything"] if seed is None else seed
+    L.seed_everything(seed)
     model_args = dict(config["model"]["init_args"])
     vit = mm.ViT(mm.ViTConfig(**model_args.pop("model")["init_args"]["config"]))
     task = ClassificationTask(vit, **model_args)
@@ -110,7 +111,7 @@ def run_one(path: str, folder: Path, work: Path, epochs: int) -> dict:
     trainer.fit(task, dm)
     fit_s = time.perf_counter() - start
     test = trainer.test(task, dm, verbose=False)[0]
-    return {"path": path, "epochs": epochs, "test_acc": test["test/acc"],
+    return {"path": path, "epochs": epochs, "seed": seed, "test_acc": test["test/acc"],
             "mean": [round(m, 6) for m in dm.mean], "std": [round(s, 6) for s in dm.std],
             "fit_seconds": round(fit_s), "torch_threads": torch.get_num_threads()}
 
@@ -121,12 +122,16 @@ def main() -> None:
                         help="Fashion-MNIST PNG tree of data/get_folders.sh (train/, test/)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workdir", default="/tmp/mm_own_data_accuracy")
-    parser.add_argument("--path", choices=PATHS, help=argparse.SUPPRESS)
+    parser.add_argument("--path", choices=PATHS,
+                        help="run only this path, in this process (with --seed: another "
+                             "model init and augmentation draw, to see run-to-run noise)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed_everything for --path (default: the config's)")
     args = parser.parse_args()
     folder, work = Path(args.folder), Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     if args.path:
-        print(json.dumps(run_one(args.path, folder, work, args.epochs)), flush=True)
+        print(json.dumps(run_one(args.path, folder, work, args.epochs, args.seed)), flush=True)
         return
     write_split_manifests(folder, folder)
     if not (work / "shards" / "multimodal.json").exists():
