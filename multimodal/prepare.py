@@ -1,52 +1,142 @@
 """``multimodal-prepare``: convert your own data into LitData streaming shards, once.
 
-    multimodal-prepare images ROOT OUT [--image-size 256] [--val VAL] [--test TEST]
-                       [--val-size 0.1] [--test-size 0.1] [--seed 0] [--workers 2]
+    multimodal-prepare images   ROOT OUT [--image-size 256] [--val VAL] [--test TEST]
+                                [--val-size 0.1] [--test-size 0.2]
+    multimodal-prepare audio    ROOT OUT [--val VAL] [--test TEST] [--val-size 0.1]
+                                [--test-size 0.2] [--skip-corrupt]
+    multimodal-prepare captions MANIFEST OUT [--image-size 64] [--image-root DIR]
+                                [--val VAL] [--test TEST] [--val-size 0.1] [--test-size 0.1]
+    multimodal-prepare text     SOURCE OUT [--block-size 128] [--vocab-size 8000]
+                                [--tokenizer tok.json] [--val VAL] [--test TEST]
+    (every kind: [--seed 0] [--workers 1])
 
-ROOT (and VAL / TEST) is a class-per-subfolder folder or a ``path,label`` manifest; the
-splits are made exactly as ``ImageClassificationDataModule`` makes them (given, or seeded
-held-out fractions) and written to ``OUT/train``, ``OUT/val``, ``OUT/test`` (OUT a folder or
-an object-store URL). Train from them with ``--data.init_args.shards OUT``.
+The source is what the task's DataModule reads as ``train`` (a class-per-subfolder folder or
+``path,label`` manifest; an ``image,caption`` manifest or COCO-captions JSON; ``.txt`` /
+JSONL text) and the splits are made exactly as that DataModule makes them (given, or seeded
+held-out fractions with its defaults). They are written to ``OUT/train``, ``OUT/val``,
+``OUT/test`` (OUT a folder or an object-store URL); images and audio stay encoded, text is
+stored as the token-id blocks of a tokenizer trained on the training split (written beside
+as ``OUT/tokenizer.json``). Train from them with ``--data.init_args.shards OUT``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
+from pathlib import Path
 
-from multimodal.data.shards import write_image_shards
+from multimodal.data.shards import write_image_shards, write_shards
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multimodal-prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = parser.add_subparsers(dest="kind", required=True)
-    images = kinds.add_parser("images", help="image classification: folder or manifest")
-    images.add_argument("root", help="class-per-subfolder folder or path,label manifest")
-    images.add_argument("out", help="output folder or object-store URL")
+
+    def kind(name: str, help: str, source: str, val: float, test: float):
+        p = kinds.add_parser(name, help=help)
+        p.add_argument("root", help=source)
+        p.add_argument("out", help="output folder or object-store URL")
+        p.add_argument("--val", default=None, help="validation source (same kind)")
+        p.add_argument("--test", default=None, help="test source (same kind)")
+        p.add_argument("--val-size", type=float, default=val,
+                       help="fraction (< 1) or count held out for validation")
+        p.add_argument("--test-size", type=float, default=test,
+                       help="fraction (< 1) or count held out for testing")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--workers", type=int, default=1)
+        return p
+
+    images = kind("images", "image classification: folder or manifest",
+                  "class-per-subfolder folder or path,label manifest", 0.1, 0.2)
     images.add_argument("--image-size", type=int, default=None,
                         help="store resized (shorter side) as PNG; default: original bytes")
-    images.add_argument("--val", default=None, help="validation folder/manifest")
-    images.add_argument("--test", default=None, help="test folder/manifest")
-    images.add_argument("--val-size", type=float, default=0.1)
-    images.add_argument("--test-size", type=float, default=0.1)
-    images.add_argument("--seed", type=int, default=0)
-    images.add_argument("--workers", type=int, default=1)
+    audio = kind("audio", "audio classification: folder or manifest (files' bytes kept)",
+                 "class-per-subfolder folder or path,label manifest", 0.1, 0.2)
+    audio.add_argument("--skip-corrupt", action="store_true",
+                       help="leave out unreadable / too short files instead of an error")
+    captions = kind("captions", "image-caption pairs: manifest or COCO JSON",
+                    "image,caption .csv / .jsonl, or COCO-captions .json", 0.1, 0.1)
+    captions.add_argument("--image-size", type=int, default=None,
+                          help="store resized (shorter side) as PNG; default: original bytes")
+    captions.add_argument("--image-root", default=None,
+                          help="folder image paths are relative to (default: the manifest's)")
+    text = kind("text", "language modelling: .txt files, folder, glob or JSONL",
+                ".txt file, folder of them, glob or JSONL with a text field", 0.05, 0.05)
+    text.add_argument("--block-size", type=int, default=128)
+    text.add_argument("--vocab-size", type=int, default=8000)
+    text.add_argument("--chunk-chars", type=int, default=4000)
+    text.add_argument("--cased", action="store_true", help="do not lowercase")
+    text.add_argument("--tokenizer", default=None,
+                      help="a tokenizer.json to use (default: trained on the training split)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
+    args = _parser().parse_args(argv)
+    sizes = {"images": _images, "audio": _audio, "captions": _captions, "text": _text}[
+        args.kind](args)
+    print(f"wrote {args.kind} {sizes} to {args.out}")
+    return sizes
+
+
+def _images(args: argparse.Namespace) -> dict[str, int]:
     from multimodal.data.vision import ImageClassificationDataModule
 
-    args = _parser().parse_args(argv)
     dm = ImageClassificationDataModule(
         train=args.root, val=args.val, test=args.test, image_size=args.image_size or 1,
         val_size=_size(args.val_size), test_size=_size(args.test_size), seed=args.seed,
     )
-    splits = dm._load_file_splits()
-    sizes = write_image_shards(splits, args.out, args.image_size, num_workers=args.workers)
-    print(f"wrote {sizes} ({len(dm.class_names)} classes) to {args.out}")
-    return sizes
+    return write_image_shards(dm._load_file_splits(), args.out, args.image_size,
+                              num_workers=args.workers)
+
+
+def _audio(args: argparse.Namespace) -> dict[str, int]:
+    from multimodal.data.audio import AudioClassificationDataModule
+    from multimodal.data.audio_files import AudioShardEncoder
+
+    dm = AudioClassificationDataModule(
+        train=args.root, val=args.val, test=args.test, val_fraction=_size(args.val_size),
+        test_fraction=_size(args.test_size), seed=args.seed, skip_corrupt=args.skip_corrupt)
+    splits = dm._file_lists()  # header-checked, as the module checks them
+    return write_shards("audio", {k: AudioShardEncoder(v) for k, v in splits.items()},
+                        args.out, {"classes": dm.class_names}, args.workers)
+
+
+def _captions(args: argparse.Namespace) -> dict[str, int]:
+    from multimodal.data.caption_files import CaptionShardEncoder
+    from multimodal.data.captions import CaptionDataModule
+
+    dm = CaptionDataModule(train=args.root, val=args.val, test=args.test,
+                           image_root=args.image_root, val_fraction=_size(args.val_size),
+                           test_fraction=_size(args.test_size), seed=args.seed)
+    splits = dm.read_file_splits()
+    captions = {k: {"captions": list(v.captions), "image_index": v.image_index.tolist()}
+                for k, v in splits.items() if len(v)}
+    return write_shards("captions",
+                        {k: CaptionShardEncoder(v, args.image_size) for k, v in splits.items()},
+                        args.out, {"image_size": args.image_size}, args.workers,
+                        sidecars={"captions.json": json.dumps(captions)})
+
+
+def _text(args: argparse.Namespace) -> dict[str, int]:
+    from multimodal.data.text import BlockShardEncoder, TextCorpusDataModule
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tok_path = args.tokenizer or str(Path(tmp, "tokenizer.json"))
+        dm = TextCorpusDataModule(
+            train=args.root, val=args.val, test=args.test, block_size=args.block_size,
+            vocab_size=args.vocab_size, lowercase=not args.cased,
+            val_fraction=_size(args.val_size), test_fraction=_size(args.test_size),
+            seed=args.seed, chunk_chars=args.chunk_chars, tokenizer_path=tok_path)
+        dm.setup("fit")  # trains (and saves) the tokenizer, packs the blocks
+        tokenizer = Path(tok_path).read_text(encoding="utf-8")
+    encoders = {k: BlockShardEncoder(d.blocks) for k, d in dm.datasets.items()}
+    return write_shards("text", encoders, args.out,
+                        {"block_size": args.block_size, "vocab_size": dm.vocab_size},
+                        args.workers, sidecars={"tokenizer.json": tokenizer})
 
 
 def _size(value: float) -> int | float:

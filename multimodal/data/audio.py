@@ -36,6 +36,7 @@ from multimodal.data.audio_datasets import (
 )
 from multimodal.data.audio_files import (
     AudioFileDataset,
+    AudioShardDecoder,
     SkippingAudioCollate,
     audio_class_names,
     check_audio_files,
@@ -44,6 +45,7 @@ from multimodal.data.audio_files import (
 from multimodal.data.audio_transforms import SAMPLE_RATE, centre_crop, trim_silence
 from multimodal.data.noise import NoiseMixer
 from multimodal.data.readers import FileList
+from multimodal.data.shards import ShardLoaderMixin, read_shard_meta, shard_dataset
 from multimodal.data.sources import GET_AUDIO
 from multimodal.data.sources.sonic_pi import (
     SONIC_PI_DIR,
@@ -115,11 +117,11 @@ log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- datamodule
-class AudioClassificationDataModule(SplitDataModule):
-    """Spoken words (20 classes, split by voice), Sonic Pi samples (split by file), or your
+class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
+    """Spoken words (20 classes, split by voice), Sonic Pi samples (split by file), your
     own recordings (``train``: a class-per-subfolder folder or a ``path,label`` manifest of
     WAV / FLAC / OGG / MP3 files at any sample rate and channel count; see
-    :mod:`multimodal.data.audio_files`).
+    :mod:`multimodal.data.audio_files`), or LitData shards of them (``shards``).
 
     Args:
         dataset: ``"spoken_words"`` or ``"sonic_pi"``.
@@ -155,6 +157,10 @@ class AudioClassificationDataModule(SplitDataModule):
         classes: the class list in index order (default: ``train``'s sorted classes).
         skip_corrupt: skip unreadable or too-short files (counted, logged) instead of an
             error naming the first.
+        shards: a folder or object-store URL written by ``multimodal-prepare audio`` (the
+            files' encoded bytes, split as when they were written), streamed with
+            ``litdata.StreamingDataset`` (:mod:`multimodal.data.shards`); ``train`` / ``val``
+            / ``test`` are then unused.
     """
 
     def __init__(
@@ -184,11 +190,16 @@ class AudioClassificationDataModule(SplitDataModule):
         test: str | None = None,
         classes: list[str] | None = None,
         skip_corrupt: bool = False,
+        shards: str | None = None,
     ) -> None:
         super().__init__()
+        if shards is not None and (train is not None or val is not None or test is not None):
+            raise ValueError("give train / val / test (files) or shards, not both")
         if train is None and (val is not None or test is not None):
             raise ValueError("val / test recordings need train (your own recordings) too")
-        if train is not None:
+        if shards is not None:
+            dataset = "shards"  # type: ignore[assignment]
+        elif train is not None:
             dataset = "files"  # type: ignore[assignment]
         elif dataset not in ("spoken_words", "sonic_pi"):
             raise ValueError(f"dataset must be 'spoken_words' or 'sonic_pi', got {dataset!r}")
@@ -216,13 +227,16 @@ class AudioClassificationDataModule(SplitDataModule):
         self.limit_train, self.predict_dir = limit_train, predict_dir
         self.tokenizer = AudioFrameTokenizer(AudioFeatureConfig(n_mels=n_mels))
         self.files = {"train": train, "val": val, "test": test}
-        self.skip_corrupt = skip_corrupt
+        self.skip_corrupt, self.shards = skip_corrupt, shards
         self._class_names: list[str] | None = None
-        if train is not None:
+        if shards is not None:
+            meta = read_shard_meta(shards, "audio")
+            self._class_names = list(classes) if classes is not None else list(meta["classes"])
+        elif train is not None:
             self._class_names = list(classes) if classes is not None else list(
                 audio_class_names(train))
         elif classes is not None:
-            raise ValueError("classes applies to your own recordings (train: ...)")
+            raise ValueError("classes applies to your own recordings (train / shards)")
         self.file_splits: dict[str, FileList] = {}
         self.skipped_up_front = 0  # files dropped by the header check (skip_corrupt)
         self.skipped: dict[int, int] = {}  # epoch -> files skipped when read
@@ -287,7 +301,18 @@ class AudioClassificationDataModule(SplitDataModule):
     def _build(self) -> None:
         noise = self._noise()
         eval_noise = noise if self.noise_eval else None
-        if self.dataset == "files":
+        if self.dataset == "shards":
+            n, skip, shards = self.clip_samples, self.skip_corrupt, self.shards
+            self._datasets = {
+                split: shard_dataset(  # type: ignore[arg-type]
+                    shards, split,
+                    AudioShardDecoder(n, split == "train", noise if split == "train"
+                                      else eval_noise, None if split == "train" else self.seed,
+                                      skip),
+                    shuffle=split == "train", seed=self.seed)
+                for split in ("train", "val", "test")
+            }
+        elif self.dataset == "files":
             self.file_splits = splits = self._file_lists()
             n, skip = self.clip_samples, self.skip_corrupt
             self._datasets = {
@@ -330,17 +355,24 @@ class AudioClassificationDataModule(SplitDataModule):
         train = self._datasets["train"]
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.seed))
         chosen = order[: self.stats_clips].tolist()
-        if isinstance(train, AudioFileDataset):  # your files: unreadable ones skipped if asked
-            clips: Iterable[Tensor] = (centre_crop(c, self.clip_samples)
-                                       for c in self._clean_clips(train, chosen))
+        if self.dataset == "shards":  # the raw items: whole clips, centre-cropped
+            raw = shard_dataset(self.shards, "train", None, False, self.seed)  # type: ignore[arg-type]
+            decode = AudioShardDecoder()
+            clips: Iterable[Tensor] = (
+                centre_crop(c, self.clip_samples)
+                for c in self._clean_clips(lambda i: decode.waveform(raw[i]), chosen))
+        elif isinstance(train, AudioFileDataset):  # your files: unreadable ones skipped if asked
+            clips = (centre_crop(c, self.clip_samples)
+                     for c in self._clean_clips(train.waveform, chosen))
         else:
             clips = (train.waveform(i) for i in chosen)  # a built-in source's clean clip of item i
         self.tokenizer.fit_stats(c for c in clips if c.shape[0] >= 400)
 
-    def _clean_clips(self, train: AudioFileDataset, chosen: list[int]) -> Iterable[Tensor]:
+    def _clean_clips(self, waveform: Callable[[int], Tensor], chosen: list[int]
+                     ) -> Iterable[Tensor]:  # fmt: skip
         for i in chosen:
             try:
-                yield train.waveform(i)
+                yield waveform(i)
             except ValueError:  # CorruptFileError: raised when read unless skipped
                 if not self.skip_corrupt:
                     raise
@@ -390,9 +422,10 @@ class AudioClassificationDataModule(SplitDataModule):
         return self.loader(AudioFolderDataset(self.predict_dir), shuffle=False)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tokenizer": self.tokenizer.to_dict()}
+        return {**super().state_dict(), "tokenizer": self.tokenizer.to_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # the shards' loader position, if any
         if "tokenizer" in state_dict:
             self.tokenizer = AudioFrameTokenizer.from_dict(state_dict["tokenizer"])
 

@@ -16,6 +16,7 @@ per epoch by the data module).
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,9 +40,12 @@ from multimodal.tokenizers.audio import load_audio
 __all__ = [
     "MIN_SAMPLES",
     "AudioFileDataset",
+    "AudioShardDecoder",
+    "AudioShardEncoder",
     "SkippingAudioCollate",
     "audio_class_names",
     "check_audio_files",
+    "decode_audio_bytes",
     "read_audio_files",
 ]
 
@@ -141,11 +145,7 @@ class AudioFileDataset(Dataset):
             x = self._resample(*load_audio(path))
         except ValueError as err:
             raise CorruptFileError(str(err)) from err
-        if x.shape[0] < MIN_SAMPLES:
-            raise CorruptFileError(
-                f"{path} has {x.shape[0]} samples at 16 kHz, less than one 25 ms window"
-            )
-        return x
+        return _long_enough(x, path)
 
     def __getitem__(self, i: int) -> dict[str, Any] | None:
         try:
@@ -154,13 +154,92 @@ class AudioFileDataset(Dataset):
             if self.skip_corrupt:
                 return None
             raise
-        n = self.max_samples
-        if n is not None and x.shape[0] > n:
-            start = (int(torch.randint(x.shape[0] - n + 1, (1,))) if self.random_crop
-                     else (x.shape[0] - n) // 2)  # fmt: skip
-            x = x[start : start + n]
-        x = augment_item(x, self.noise, self.noise_seed, i)
+        x = crop_and_augment(x, i, self.max_samples, self.random_crop, self.noise,
+                             self.noise_seed)
         return {"waveform": x, "label": int(self.files.labels[i])}  # type: ignore[index]
+
+
+def _long_enough(x: Tensor, name: str) -> Tensor:
+    if x.shape[0] < MIN_SAMPLES:
+        raise CorruptFileError(
+            f"{name} has {x.shape[0]} samples at 16 kHz, less than one 25 ms window"
+        )
+    return x
+
+
+def crop_and_augment(
+    x: Tensor, index: int, max_samples: int | None, random_crop: bool,
+    noise: Augment | None, noise_seed: int | None,
+) -> Tensor:
+    """A clip longer than ``max_samples`` cropped to it (at random with the global torch RNG
+    when ``random_crop``, else the centre), then ``noise`` mixed in (seeded per ``index``
+    when ``noise_seed`` is given)."""
+    n = max_samples
+    if n is not None and x.shape[0] > n:
+        start = (int(torch.randint(x.shape[0] - n + 1, (1,))) if random_crop
+                 else (x.shape[0] - n) // 2)  # fmt: skip
+        x = x[start : start + n]
+    return augment_item(x, noise, noise_seed, index)
+
+
+def decode_audio_bytes(data: bytes, name: str, resample: Resampler | None = None) -> Tensor:
+    """An encoded audio file's bytes (WAV, FLAC, OGG, MP3 as ``soundfile`` reads them) ->
+    16 kHz mono float32; :class:`CorruptFileError` naming ``name`` when unreadable or
+    shorter than one 25 ms window."""
+    import soundfile as sf
+
+    try:
+        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, TypeError) as err:
+        raise CorruptFileError(f"{name} is not readable audio: {err}") from err
+    x = (resample or Resampler())(torch.from_numpy(samples.T.copy()), int(rate))
+    return _long_enough(x, name)
+
+
+class AudioShardEncoder:
+    """``multimodal-prepare audio``: item ``i`` of a split is the file's own bytes (still
+    encoded: WAV / FLAC / OGG / MP3), its label and its row ``index`` in the split."""
+
+    def __init__(self, files: FileList) -> None:
+        self.paths, self.labels = files.paths, files.labels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __call__(self, i: int) -> dict[str, Any]:
+        with open(str(self.paths[i]), "rb") as f:
+            data = f.read()
+        return {"audio": data, "label": int(self.labels[i]), "index": i}  # type: ignore[index]
+
+
+class AudioShardDecoder:
+    """``StreamingDataset`` transform: a shard item -> ``{"waveform", "label"}`` exactly as
+    :class:`AudioFileDataset` makes it from the file (None for an unreadable clip with
+    ``skip_corrupt``)."""
+
+    def __init__(
+        self, max_samples: int | None = None, random_crop: bool = False,
+        noise: Augment | None = None, noise_seed: int | None = None,
+        skip_corrupt: bool = False,
+    ) -> None:
+        self.max_samples, self.random_crop = max_samples, random_crop
+        self.noise, self.noise_seed, self.skip_corrupt = noise, noise_seed, skip_corrupt
+        self._resample = Resampler()
+
+    def waveform(self, item: dict[str, Any]) -> Tensor:
+        """The whole clip of ``item``, 16 kHz mono."""
+        return decode_audio_bytes(item["audio"], f"shard item {item['index']}", self._resample)
+
+    def __call__(self, item: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            x = self.waveform(item)
+        except CorruptFileError:
+            if self.skip_corrupt:
+                return None
+            raise
+        x = crop_and_augment(x, int(item["index"]), self.max_samples, self.random_crop,
+                             self.noise, self.noise_seed)
+        return {"waveform": x, "label": int(item["label"])}
 
 
 class SkippingAudioCollate:

@@ -28,10 +28,22 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from multimodal.data.readers import check_files_exist, decode_image_file, read_manifest_rows
+from multimodal.data.readers import (
+    check_files_exist,
+    decode_image_bytes,
+    decode_image_file,
+    read_manifest_rows,
+)
 from multimodal.data.splits import held_out
 
-__all__ = ["CaptionFiles", "FileCaptionDataset", "read_caption_files", "split_by_image"]
+__all__ = [
+    "CaptionFiles",
+    "CaptionShardDecoder",
+    "CaptionShardEncoder",
+    "FileCaptionDataset",
+    "read_caption_files",
+    "split_by_image",
+]
 
 
 @dataclass(frozen=True)
@@ -146,3 +158,39 @@ class FileCaptionDataset(Dataset):
 
     def __getitem__(self, row: int) -> tuple[torch.Tensor, str]:
         return self.transform(self.image(row)), self.files.captions[row]
+
+
+class CaptionShardEncoder:
+    """``multimodal-prepare captions``: item ``i`` is caption row ``i`` with its image's
+    encoded bytes (the file's own, or with ``image_size`` resized (shorter side) and stored
+    as lossless PNG). An image with k captions is stored k times: resize it when that
+    matters."""
+
+    def __init__(self, files: CaptionFiles, image_size: int | None = None) -> None:
+        self.files, self.image_size = files, image_size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __call__(self, i: int) -> dict[str, Any]:
+        from multimodal.data.shards import encode_image_file
+
+        path = str(self.files.images[int(self.files.image_index[i])])
+        return {"image": encode_image_file(path, self.image_size),
+                "caption": self.files.captions[i]}
+
+
+class CaptionShardDecoder:
+    """``StreamingDataset`` transform: a shard item -> ``(transform(image uint8 (3, H, W)),
+    caption)``, as :class:`FileCaptionDataset` makes it from the file."""
+
+    def __init__(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.transform = transform
+
+    @staticmethod
+    def image(item: dict[str, Any]) -> torch.Tensor:
+        data = torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8)
+        return decode_image_bytes(data, 3, f"shard item of caption {item['caption']!r}")
+
+    def __call__(self, item: dict[str, Any]) -> tuple[torch.Tensor, str]:
+        return self.transform(self.image(item)), item["caption"]

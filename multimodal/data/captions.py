@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from multimodal.data.caption_files import (
     CaptionFiles,
+    CaptionShardDecoder,
     FileCaptionDataset,
     read_caption_files,
     split_by_image,
@@ -32,6 +33,7 @@ from multimodal.data.scenes import (
     render_scenes,
     sample_scenes,
 )
+from multimodal.data.shards import ShardLoaderMixin, read_shard_file, read_shard_meta, shard_dataset
 from multimodal.data.splits import SplitDataModule
 from multimodal.data.transforms import ImageTransformConfig, image_transform
 
@@ -74,7 +76,7 @@ def channel_stats(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, std
 
 
-class CaptionDataModule(SplitDataModule):
+class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
     """Captioned images from ``dataset`` = "scenes" (generated, held-out colour-shape pairs
     in test) or "emoji" (local copy made by ``bash data/get_emoji.sh``).
 
@@ -92,6 +94,12 @@ class CaptionDataModule(SplitDataModule):
     Images are decoded with ``torchvision.io``, resized to ``image_size`` and normalised
     with the statistics of up to ``stats_samples`` training images. ``dataset`` is then
     unused.
+
+    ``shards``: a folder or object-store URL written by ``multimodal-prepare captions``
+    (one item per caption with its encoded image; the captions also in ``captions.json``
+    for the tokenizer), streamed with ``litdata.StreamingDataset``
+    (:mod:`multimodal.data.shards`); the same items, statistics and transforms as the
+    manifest it was written from.
     """
 
     def __init__(
@@ -115,11 +123,17 @@ class CaptionDataModule(SplitDataModule):
         test: str | None = None,
         image_root: str | None = None,
         stats_samples: int = 1000,
+        shards: str | None = None,
     ) -> None:
         super().__init__()
+        if shards is not None and (train is not None or val is not None or test is not None):
+            raise ValueError("give train / val / test (manifests) or shards, not both")
         if train is None and (val is not None or test is not None):
             raise ValueError("val / test captions need train (your own manifest) too")
-        if train is not None:
+        if shards is not None:
+            read_shard_meta(shards, "captions")  # fails early on a wrong path or kind
+            dataset = "shards"
+        elif train is not None:
             dataset = "files"
         elif dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
@@ -136,6 +150,7 @@ class CaptionDataModule(SplitDataModule):
         self._stats: tuple[torch.Tensor, torch.Tensor] | None = None
         self._scenes: dict[str, list[Scene]] = {}
         self.files = {"train": train, "val": val, "test": test}
+        self.shards = shards
         self.file_splits: dict[str, CaptionFiles] = {}
         self.metadata: dict[str, list[Any]] = {}
         if dataset == "scenes":
@@ -149,6 +164,8 @@ class CaptionDataModule(SplitDataModule):
         hp = self.hparams
         if self.dataset == "files":
             return self._load_files()
+        if self.dataset == "shards":
+            return self._load_shards()
         if self.dataset == "scenes":
             config = self.scene_config()
             sizes = {"train": hp.num_train, "val": hp.num_val, "test": hp.num_test}
@@ -166,8 +183,8 @@ class CaptionDataModule(SplitDataModule):
         self._stats = channel_stats(self._splits["train"][0])
         return self._splits
 
-    def _load_files(self) -> dict[str, tuple[torch.Tensor | None, list[str]]]:
-        """Your manifests: caption rows per split (images stay files, decoded per item)."""
+    def read_file_splits(self) -> dict[str, CaptionFiles]:
+        """Your manifests' caption rows by split: given, or whole images held out (seeded)."""
         hp = self.hparams
         root = hp.image_root
         full = read_caption_files(self.files["train"], root)  # type: ignore[arg-type]
@@ -176,6 +193,11 @@ class CaptionDataModule(SplitDataModule):
         splits = split_by_image(full, hp.seed, hp.val_fraction, hp.test_fraction,
                                 "val" in given, "test" in given)
         splits.update(given)
+        return splits
+
+    def _load_files(self) -> dict[str, tuple[torch.Tensor | None, list[str]]]:
+        """Your manifests: caption rows per split (images stay files, decoded per item)."""
+        splits = self.read_file_splits()
         if len(splits["train"]) == 0:
             raise ValueError(f"{self.files['train']}: the training split has no captions")
         self.file_splits = splits
@@ -183,22 +205,44 @@ class CaptionDataModule(SplitDataModule):
         self._splits = {k: (None, list(v.captions)) for k, v in splits.items()}  # type: ignore[misc]
         return self._splits  # type: ignore[return-value]
 
+    def _load_shards(self) -> dict[str, tuple[None, list[str]]]:
+        """Shards: the captions of each split (``captions.json``); images stay streamed."""
+        import json
+
+        rows = json.loads(read_shard_file(self.shards, "captions.json"))  # type: ignore[arg-type]
+        self._shard_rows = {k: torch.tensor(v["image_index"], dtype=torch.int64)
+                            for k, v in rows.items()}
+        self._splits = {k: (None, list(rows[k]["captions"]) if k in rows else [])
+                        for k in SPLITS}  # type: ignore[misc]
+        if not self._splits["train"][1]:
+            raise ValueError(f"{self.shards}: the training split has no captions")
+        raw = shard_dataset(self.shards, "train", None, False, self.seed)  # type: ignore[arg-type]
+        images = lambda row: CaptionShardDecoder.image(raw[row])
+        self._stats = self._image_stats(self._shard_rows["train"], images)
+        return self._splits  # type: ignore[return-value]
+
     def _resize(self, mean: Any = (0.0,) * 3, std: Any = (1.0,) * 3) -> Callable:
         return image_transform(ImageTransformConfig(self.image_size, tuple(mean), tuple(std)),
                                train=False)
 
     def _file_stats(self, files: CaptionFiles) -> tuple[torch.Tensor, torch.Tensor]:
+        dataset = FileCaptionDataset(files, lambda x: x)
+        return self._image_stats(files.image_index, dataset.image)
+
+    def _image_stats(self, image_index: torch.Tensor, image: Callable[[int], torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Per-channel mean / std over the pixels of up to ``stats_samples`` training images
-        (seeded choice), each resized to ``image_size``; std = sqrt(E[x^2] - E[x]^2)."""
+        (seeded choice of images, not captions), each resized to ``image_size``; std =
+        sqrt(E[x^2] - E[x]^2). ``image_index``: the image of each caption row; ``image``:
+        row -> its uint8 image."""
         from multimodal.data.images import pixel_statistics
 
-        n = len(files.images)
+        n = int(image_index.max()) + 1
         pick = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         resize = self._resize()
-        rows = {int(im): r for r, im in enumerate(files.image_index.tolist())}
-        dataset = FileCaptionDataset(files, resize)
+        rows = {int(im): r for r, im in enumerate(image_index.tolist())}
         chosen = pick[: self.hparams.stats_samples].tolist()
-        mean, std = pixel_statistics(((dataset[rows[i]][0], 0) for i in chosen), 3)
+        mean, std = pixel_statistics(((resize(image(rows[i])), 0) for i in chosen), 3)
         return torch.tensor(mean), torch.tensor(std)
 
     def scene_config(self) -> SceneConfig:
@@ -232,7 +276,7 @@ class CaptionDataModule(SplitDataModule):
                                                                            scenes[index])}
 
     def prepare_data(self) -> None:
-        if self.dataset == "files":
+        if self.dataset in ("files", "shards"):
             return
         if self.dataset == "emoji":  # fail early, with the recipe, when the copy is missing
             find_package_dir(self.hparams.root)
@@ -268,14 +312,19 @@ class CaptionDataModule(SplitDataModule):
         caption row, decoded and resized now)."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        images = self._load()[split][0]
+        images, captions = self._load()[split]
         if images is None:
-            data = FileCaptionDataset(self.file_splits[split], lambda x: x)
-            size = [self.image_size] * 2
             from torchvision.transforms.v2 import functional as TF
 
-            return torch.stack([TF.resize(data.image(i), size, antialias=True)
-                                for i in range(len(data))])
+            if self.shards is not None:
+                raw = shard_dataset(self.shards, split, None, False, self.seed)
+                image: Callable[[int], torch.Tensor] = lambda i: CaptionShardDecoder.image(
+                    raw[i])
+            else:
+                image = FileCaptionDataset(self.file_splits[split], lambda x: x).image
+            size = [self.image_size] * 2
+            return torch.stack([TF.resize(image(i), size, antialias=True)
+                                for i in range(len(captions))])
         return images
 
     def denormalize(self, images: torch.Tensor) -> torch.Tensor:
@@ -287,6 +336,10 @@ class CaptionDataModule(SplitDataModule):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         images, captions = self._load()[split]
+        if images is None and self.shards is not None:
+            transform = self._resize(self.mean.tolist(), self.std.tolist())
+            return shard_dataset(self.shards, split, CaptionShardDecoder(transform),  # type: ignore[return-value]
+                                 shuffle=split == "train", seed=self.seed)
         if images is None:  # your files
             return FileCaptionDataset(self.file_splits[split],  # type: ignore[return-value]
                                       self._resize(self.mean.tolist(), self.std.tolist()))

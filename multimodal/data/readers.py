@@ -1,9 +1,10 @@
 """Generic readers of a user's own files: class-per-subfolder trees, CSV/JSONL manifests,
 and image decoding to a fixed channel count.
 
-Nothing here knows a task or a model. A reader returns *file lists*: paths as one numpy
-string array and labels as one int64 tensor, so a million-item manifest costs two arrays,
-not a million Python objects.
+Nothing here knows a task or a model. A reader returns *file lists*: paths as one
+:class:`PathArray` (UTF-8 bytes in one buffer, relative to a root, plus two offset arrays)
+and labels as one int64 tensor, so a million-item manifest costs a few arrays, not a million
+Python objects; manifests are parsed row by row without keeping each row's strings.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterator, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "CorruptFileError",
     "FileList",
+    "PathArray",
     "decode_image_bytes",
     "decode_image_file",
     "find_classes",
@@ -42,11 +45,78 @@ class CorruptFileError(ValueError):
     """A file that exists but cannot be decoded; the message names the file."""
 
 
+class PathArray:
+    """File paths stored compactly: ``root`` + each path's UTF-8 bytes in one ``uint8``
+    buffer, found by ``starts`` / ``ends`` (int64). About ``len(relative path) + 16`` bytes
+    a path, against ``4 * longest path`` for a numpy unicode array or ~100 for a Python
+    string. A path that is absolute is stored whole (``root`` is not prefixed to it).
+
+    Indexing with an int gives a ``str``; with an index array, a :class:`PathArray` sharing
+    the buffer. Iterates as ``str``; ``tolist()`` gives a list of ``str``.
+    """
+
+    def __init__(self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                 root: str = "") -> None:  # fmt: skip
+        self.data, self.starts, self.ends, self.root = data, starts, ends, root
+
+    @classmethod
+    def from_strings(cls, paths: Iterable[str], root: str = "") -> PathArray:
+        """Paths relative to ``root`` (a folder prefix ending in a separator, or "")."""
+        builder = PathArrayBuilder(root)
+        for path in paths:
+            builder.append(path)
+        return builder.build()
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            i = int(index)
+            text = self.data[self.starts[i] : self.ends[i]].tobytes().decode("utf-8")
+            return text if not self.root or os.path.isabs(text) else self.root + text
+        index = np.asarray(index)
+        return PathArray(self.data, self.starts[index], self.ends[index], self.root)
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(len(self)))
+
+    def tolist(self) -> list[str]:
+        return list(self)
+
+    def __repr__(self) -> str:
+        return f"PathArray({len(self)} paths under {self.root!r})"
+
+
+class PathArrayBuilder:
+    """Collects paths one at a time into a :class:`PathArray` (no Python string kept)."""
+
+    def __init__(self, root: str = "") -> None:
+        self.root, self.data, self.ends = root, bytearray(), array("q")
+
+    def append(self, path: str) -> None:
+        self.data += path.encode("utf-8")
+        self.ends.append(len(self.data))
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def build(self) -> PathArray:
+        # the arrays take over the builder's buffers (no copy)
+        ends = np.frombuffer(self.ends, dtype=np.int64) if self.ends else np.zeros(
+            0, dtype=np.int64)
+        starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1]])[: len(ends)]
+        data = np.frombuffer(self.data, dtype=np.uint8) if self.data else np.zeros(
+            0, dtype=np.uint8)
+        self.data, self.ends = bytearray(), array("q")
+        return PathArray(data, starts, ends, self.root)
+
+
 @dataclass(frozen=True)
 class FileList:
-    """Files of one split: ``paths`` (numpy unicode array), ``labels`` (int64 or None)."""
+    """Files of one split: ``paths`` (:class:`PathArray`), ``labels`` (int64 or None)."""
 
-    paths: np.ndarray
+    paths: PathArray
     labels: torch.Tensor | None
     class_names: tuple[str, ...]
 
@@ -99,8 +169,8 @@ def scan_class_folders(
             f"{root}: class folder(s) {unknown[:5]} not in the class list {list(names)[:20]}"
         )
     exts = tuple(e.lower() for e in extensions)
-    paths: list[str] = []
-    labels: list[int] = []
+    paths = PathArrayBuilder()
+    labels = array("q")
     index = {c: i for i, c in enumerate(names)}
     for cls in found:
         files = [  # the walk order of torchvision's make_dataset
@@ -113,9 +183,10 @@ def scan_class_folders(
             raise ValueError(
                 f"empty class folder {root / cls}: no file ending in {', '.join(exts)}"
             )
-        paths.extend(files)
+        for f in files:
+            paths.append(f)
         labels.extend([index[cls]] * len(files))
-    return FileList(np.array(paths), torch.tensor(labels, dtype=torch.int64), names)
+    return FileList(paths.build(), torch.frombuffer(labels, dtype=torch.int64).clone(), names)
 
 
 # ---------------------------------------------------------------------------- manifests
@@ -176,36 +247,45 @@ def read_labelled_manifest(
     ``class_names`` is an error naming it and the line.
     """
     path = Path(path)
-    base = path.parent
-    paths: list[str] = []
-    labels: list[str] = []
+    root = "" if str(path.parent) == "." else str(path.parent) + os.sep
+    paths = PathArrayBuilder(root)
+    seen: dict[str, int] = {}  # label -> order of first appearance
+    label_ids = array("q")
     for row in read_manifest_rows(path, (path_key, label_key)):
-        paths.append(str(base / str(row[path_key])))
-        labels.append(str(row[label_key]))
-    if not paths:
+        rel = os.path.normpath(str(row[path_key]))
+        paths.append(rel)
+        label_ids.append(seen.setdefault(str(row[label_key]), len(seen)))
+    if not len(paths):
         raise ValueError(f"{path}: manifest has no rows")
-    names = tuple(class_names) if class_names is not None else tuple(sorted(set(labels)))
+    names = tuple(class_names) if class_names is not None else tuple(sorted(seen))
     index = {c: i for i, c in enumerate(names)}
-    bad = next((i for i, lab in enumerate(labels) if lab not in index), None)
+    bad = next((lab for lab in seen if lab not in index), None)
+    array_ = paths.build()
+    ids = torch.frombuffer(label_ids, dtype=torch.int64).clone()
+    del label_ids
     if bad is not None:
+        row = int((ids == seen[bad]).nonzero()[0])
         raise ValueError(
-            f"{path}: label {labels[bad]!r} (row {bad + 1}) is not in the class list "
+            f"{path}: label {bad!r} (row {row + 1}) is not in the class list "
             f"{list(names)[:20]}"
         )
+    remap = torch.tensor([index[lab] for lab in seen], dtype=torch.int64)
     if check_files:
-        check_files_exist(paths, str(path))
-    array = np.array(paths)
-    label_ids = torch.tensor([index[lab] for lab in labels], dtype=torch.int64)
-    return FileList(array, label_ids, names)
+        check_files_exist(array_, str(path))
+    return FileList(array_, remap[ids], names)
 
 
-def check_files_exist(paths: Sequence[str], where: str) -> None:
+def check_files_exist(paths: Iterable[str], where: str) -> None:
     """Raise FileNotFoundError naming the first missing file and how many are missing."""
-    missing = [p for p in paths if not os.path.isfile(p)]
+    first, missing, total = None, 0, 0
+    for p in paths:
+        total += 1
+        if not os.path.isfile(p):
+            missing += 1
+            first = first or p
     if missing:
         raise FileNotFoundError(
-            f"{where}: {len(missing)} of {len(paths)} files are missing, the first is "
-            f"{missing[0]}"
+            f"{where}: {missing} of {total} files are missing, the first is {first}"
         )
 
 

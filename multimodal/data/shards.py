@@ -1,17 +1,30 @@
-"""Streaming shards with LitData: write any image source once (``litdata.optimize``), read
-it from every rank (``litdata.StreamingDataset`` / ``StreamingDataLoader``).
+"""Streaming shards with LitData: write any source once (``litdata.optimize``), read it from
+every rank (``litdata.StreamingDataset`` / ``StreamingDataLoader``). One writer, one reader
+and one loader mixin for every task; what an item holds is the task's:
 
-Layout written by :func:`write_image_shards` (``OUT`` a local folder or an object-store URL)::
+=========  ===============================================  ==================================
+kind       item                                             written from
+=========  ===============================================  ==================================
+images     ``{"image": encoded bytes, "label": int}``       class folders / ``path,label``
+audio      ``{"audio": encoded file bytes, "label": int,    class folders / ``path,label``
+           "index": int}``
+captions   ``{"image": encoded bytes, "caption": str}``     ``image,caption`` / COCO JSON
+text       ``{"ids": int32 (block_size + 1,)}``             ``.txt`` / JSONL ``text``
+=========  ===============================================  ==================================
+
+Layout written by :func:`write_shards` (``OUT`` a local folder or an object-store URL)::
 
     OUT/train/  OUT/val/  OUT/test/     one LitData dataset per split (index.json + chunks)
-    OUT/multimodal.json                 {"kind": "images", "classes": [...], "sizes": {...}}
+    OUT/multimodal.json                 {"kind": ..., "sizes": {...}, + the kind's own keys}
+    OUT/<sidecar>                       text the module needs up front (captions.json,
+                                        tokenizer.json)
 
-An item is ``{"image": <encoded PNG/JPEG/WebP/... bytes>, "label": int}``: images stay
-compressed in the shards and are decoded (to ``in_channels``) and transformed per item when
-read, exactly as files of a folder are. Under DDP each rank streams its own disjoint share
-(LitData splits the chunks by rank and worker); ``StreamingDataLoader.state_dict`` is saved
-in Lightning checkpoints, so a run resumed mid-epoch continues with the items it had not
-seen.
+Images and audio stay compressed in the shards (the file's own bytes, or for images a
+resized lossless PNG) and are decoded per item when read, exactly as files of a folder are.
+Under DDP each rank streams its own disjoint share (LitData splits the chunks by rank and
+worker); ``StreamingDataLoader.state_dict`` travels in Lightning checkpoints (and in the
+data module's ``state_dict``, :class:`ShardLoaderMixin`), so a run resumed mid-epoch
+continues with the items it had not seen.
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -32,7 +45,16 @@ from multimodal.data.readers import (
     image_to_channels,
 )
 
-__all__ = ["ShardLoaderMixin", "read_shard_meta", "shard_image_dataset", "write_image_shards"]
+__all__ = [
+    "ShardLoaderMixin",
+    "encode_image_file",
+    "read_shard_file",
+    "read_shard_meta",
+    "shard_dataset",
+    "shard_image_dataset",
+    "write_image_shards",
+    "write_shards",
+]
 
 META = "multimodal.json"
 
@@ -52,9 +74,7 @@ def _is_url(path: str) -> bool:
     return "://" in path
 
 
-def _encode_item(
-    path: str, label: int, image_size: int | None
-) -> dict[str, Any]:
+def encode_image_file(path: str, image_size: int | None) -> bytes:
     """The file's bytes unchanged, or (with ``image_size``) its image resized so that the
     shorter side is ``image_size`` and re-encoded as lossless PNG."""
     from torchvision.io import ImageReadMode, decode_image, encode_png, read_file
@@ -62,7 +82,7 @@ def _encode_item(
 
     data = read_file(path)
     if image_size is None:
-        return {"image": data.numpy().tobytes(), "label": int(label)}
+        return data.numpy().tobytes()
     try:
         image = decode_image(data, mode=ImageReadMode.UNCHANGED)
     except RuntimeError as err:
@@ -72,7 +92,11 @@ def _encode_item(
     if image.shape[0] not in (1, 2, 3, 4) or image.dtype != torch.uint8:
         image = image_to_channels(image, 3 if image.shape[0] >= 3 else 1)
     image = TF.resize(image, image_size, antialias=True)
-    return {"image": encode_png(image).numpy().tobytes(), "label": int(label)}
+    return encode_png(image).numpy().tobytes()
+
+
+def _encode_item(path: str, label: int, image_size: int | None) -> dict[str, Any]:
+    return {"image": encode_image_file(path, image_size), "label": int(label)}
 
 
 class _Encoder:
@@ -82,8 +106,53 @@ class _Encoder:
         self.paths, self.labels = files.paths, files.labels
         self.image_size = image_size
 
+    def __len__(self) -> int:
+        return len(self.paths)
+
     def __call__(self, index: int) -> dict[str, Any]:
         return _encode_item(str(self.paths[index]), int(self.labels[index]), self.image_size)
+
+
+class ItemEncoder(Protocol):
+    """What :func:`write_shards` writes for one split: ``len`` items, item ``i`` a dict of
+    bytes / str / int / numpy values (picklable: ``litdata.optimize`` runs it in workers)."""
+
+    def __len__(self) -> int: ...
+
+    def __call__(self, index: int) -> dict[str, Any]: ...
+
+
+def write_shards(
+    kind: str,
+    splits: dict[str, ItemEncoder],
+    out: str,
+    meta: dict[str, Any] | None = None,
+    num_workers: int = 1,
+    chunk_bytes: str = "64MB",
+    sidecars: dict[str, str] | None = None,
+) -> dict[str, int]:
+    """Write each split's items as a LitData dataset under ``out/<split>``, then
+    ``out/multimodal.json`` (``kind``, split sizes, ``meta``) and each sidecar text file
+    (name -> content); returns the split sizes. A split with no item is not written."""
+    litdata = _litdata()
+    sizes = {}
+    for split, encode in splits.items():
+        if len(encode) == 0:
+            continue
+        litdata.optimize(
+            fn=encode,
+            inputs=list(range(len(encode))),
+            output_dir=f"{out.rstrip('/')}/{split}",
+            chunk_bytes=chunk_bytes,
+            num_workers=num_workers,
+            mode="overwrite",
+        )
+        sizes[split] = len(encode)
+    files = {META: json.dumps({"kind": kind, "sizes": sizes, **(meta or {})}, indent=1),
+             **(sidecars or {})}
+    for name, text in files.items():
+        _write_text(f"{out.rstrip('/')}/{name}", text)
+    return sizes
 
 
 def write_image_shards(
@@ -98,47 +167,68 @@ def write_image_shards(
     ``image_size``: store images resized (shorter side) and re-encoded as PNG; None keeps
     each file's own encoded bytes.
     """
-    litdata = _litdata()
     classes = next(iter(splits.values())).class_names
-    sizes = {}
     for split, files in splits.items():
         if files.class_names != classes:
             raise ValueError(f"split {split} has other classes than {classes}")
-        target = f"{out.rstrip('/')}/{split}"
-        litdata.optimize(
-            fn=_Encoder(files, image_size),
-            inputs=list(range(len(files))),
-            output_dir=target,
-            chunk_bytes=chunk_bytes,
-            num_workers=num_workers,
-            mode="overwrite",
-        )
-        sizes[split] = len(files)
-    meta = {"kind": "images", "classes": list(classes), "sizes": sizes,
-            "image_size": image_size}
-    if _is_url(out):
+    encoders = {k: _Encoder(v, image_size) for k, v in splits.items()}
+    return write_shards("images", encoders, out,  # type: ignore[arg-type]
+                        {"classes": list(classes), "image_size": image_size},
+                        num_workers, chunk_bytes)
+
+
+def _write_text(path: str, text: str) -> None:
+    if _is_url(path):
         import fsspec
 
-        with fsspec.open(f"{out.rstrip('/')}/{META}", "w") as f:
-            json.dump(meta, f)
+        with fsspec.open(path, "w") as f:
+            f.write(text)
     else:
-        Path(out, META).write_text(json.dumps(meta, indent=1))
-    return sizes
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text, encoding="utf-8")
 
 
-def read_shard_meta(shards: str) -> dict[str, Any]:
-    """The ``multimodal.json`` beside the splits (class list, split sizes)."""
-    path = f"{shards.rstrip('/')}/{META}"
+def read_shard_file(shards: str, name: str) -> str:
+    """The text of ``shards/name`` (a local path or an object-store URL)."""
+    path = f"{shards.rstrip('/')}/{name}"
     if _is_url(shards):
         import fsspec
 
         with fsspec.open(path, "r") as f:
-            return json.load(f)
+            return f.read()
     if not os.path.isfile(path):
         raise FileNotFoundError(
-            f"{path} not found: shards are written by `multimodal-prepare images ROOT OUT`"
+            f"{path} not found: shards are written by `multimodal-prepare KIND SOURCE OUT` "
+            f"(KIND: images, audio, captions or text)"
         )
-    return json.loads(Path(path).read_text())
+    return Path(path).read_text(encoding="utf-8")
+
+
+def read_shard_meta(shards: str, kind: str | None = None) -> dict[str, Any]:
+    """The ``multimodal.json`` beside the splits (kind, split sizes, the kind's own keys);
+    with ``kind``, an error unless the shards hold that kind."""
+    meta = json.loads(read_shard_file(shards, META))
+    if kind is not None and meta.get("kind") != kind:
+        raise ValueError(
+            f"{shards} holds {meta.get('kind')!r} shards, not {kind!r}: write them with "
+            f"`multimodal-prepare {kind} SOURCE OUT`"
+        )
+    return meta
+
+
+def shard_dataset(
+    shards: str,
+    split: str,
+    transform: Callable[[dict[str, Any]], Any] | None,
+    shuffle: bool,
+    seed: int,
+) -> Any:
+    """A ``litdata.StreamingDataset`` of ``shards/split`` whose items go through
+    ``transform`` (picklable; None: the raw item dicts)."""
+    litdata = _litdata()
+    kwargs = {} if transform is None else {"transform": transform}
+    return litdata.StreamingDataset(f"{shards.rstrip('/')}/{split}", shuffle=shuffle,
+                                    seed=seed, **kwargs)
 
 
 class _ShardDecoder:
@@ -172,11 +262,8 @@ def shard_image_dataset(
     skip_corrupt: bool = False,
 ) -> Any:
     """A ``litdata.StreamingDataset`` of ``shards/split`` yielding ``(x, label)`` items."""
-    litdata = _litdata()
-    return litdata.StreamingDataset(
-        f"{shards.rstrip('/')}/{split}", shuffle=shuffle, seed=seed,
-        transform=_ShardDecoder(in_channels, transform, skip_corrupt),
-    )
+    return shard_dataset(shards, split, _ShardDecoder(in_channels, transform, skip_corrupt),
+                         shuffle, seed)
 
 
 class ShardLoaderMixin:
@@ -214,17 +301,20 @@ class ShardLoaderMixin:
         return loader
 
     def state_dict(self) -> dict[str, Any]:
-        """With shards: the training ``StreamingDataLoader``'s position in its epoch.
+        """With shards: the training ``StreamingDataLoader``'s position in its epoch (beside
+        what the module's other bases save).
 
         Lightning saves stateful loaders itself, but restores them only into a loader made
         after the checkpoint is read; the learning-rate schedule makes one before (to count
         the steps), so the position travels here as well.
         """
-        if self.shards is None or self._train_loader is None:
-            return {}
-        return {"train_loader": self._train_loader.state_dict()}
+        state = dict(super().state_dict())  # type: ignore[misc]
+        if self.shards is not None and self._train_loader is not None:
+            state["train_loader"] = self._train_loader.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # type: ignore[misc]
         state = state_dict.get("train_loader")
         if state is None:
             return

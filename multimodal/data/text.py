@@ -32,6 +32,7 @@ from multimodal.data.documents import (
     split_documents,
     split_sentences,
 )
+from multimodal.data.shards import ShardLoaderMixin, read_shard_file, read_shard_meta, shard_dataset
 from multimodal.data.sources import GET_TEXT
 from multimodal.data.sources.bible import parse_bible, read_bible
 from multimodal.data.sources.corpora import SOURCES, check_sources, load_corpus
@@ -63,6 +64,25 @@ class BlockDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         block = self.blocks[i]
         return {"input_ids": block[:-1], "targets": block[1:]}
+
+
+class BlockShardEncoder:
+    """``multimodal-prepare text``: item ``i`` is block row ``i`` as int32 token ids."""
+
+    def __init__(self, blocks: torch.Tensor) -> None:
+        self.blocks = blocks.to(torch.int32).numpy()
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __call__(self, i: int) -> dict[str, object]:
+        return {"ids": self.blocks[i]}
+
+
+def block_item(item: dict[str, object]) -> dict[str, torch.Tensor]:
+    """``StreamingDataset`` transform: a shard item -> :class:`BlockDataset`'s item."""
+    block = torch.as_tensor(item["ids"], dtype=torch.long)
+    return {"input_ids": block[:-1], "targets": block[1:]}
 
 
 class PassageDataset(Dataset):
@@ -172,7 +192,10 @@ class _TextDataModule(SplitDataModule):
         split (and saved to ``tokenizer_path`` when one is given)."""
         if self._tokenizer is None:
             path = Path(self.tokenizer_path) if self.tokenizer_path else None
-            if path is not None and path.is_file():
+            shards = getattr(self, "shards", None)
+            if shards is not None:  # the one the shards' ids were encoded with
+                self._tokenizer = _shard_tokenizer(shards)
+            elif path is not None and path.is_file():
                 self._tokenizer = WordPieceTokenizer.load(path)
             else:
                 train = self._load_splits()["train"]
@@ -189,6 +212,8 @@ class _TextDataModule(SplitDataModule):
 
     def prepare_data(self) -> None:
         # fail early, with the recipe, when a source is missing
+        if getattr(self, "shards", None) is not None:
+            return
         if self._documents is None and self.files.get("train") is None:
             self._load_splits()
 
@@ -197,7 +222,18 @@ class _TextDataModule(SplitDataModule):
         return self.datasets[split]
 
 
-class TextCorpusDataModule(_TextDataModule):
+def _shard_tokenizer(shards: str) -> WordPieceTokenizer:
+    import tempfile
+
+    if "://" not in shards:
+        return WordPieceTokenizer.load(Path(shards, "tokenizer.json"))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "tokenizer.json")
+        path.write_text(read_shard_file(shards, "tokenizer.json"), encoding="utf-8")
+        return WordPieceTokenizer.load(path)
+
+
+class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
     """Next-token prediction over the text corpus.
 
     Each split's documents are encoded, joined with ``[EOS]`` and cut into non-overlapping
@@ -209,6 +245,11 @@ class TextCorpusDataModule(_TextDataModule):
     is then unused). Each ``.txt`` is cut at blank lines into documents of at least
     ``chunk_chars`` characters; ``val`` / ``test`` (same kinds) are used whole when given,
     else ``val_fraction`` / ``test_fraction`` of the documents are held out (seeded).
+
+    ``shards``: a folder or object-store URL written by ``multimodal-prepare text`` (the
+    splits' blocks as token ids, and the ``tokenizer.json`` they were encoded with), streamed
+    with ``litdata.StreamingDataset`` (:mod:`multimodal.data.shards`); ``block_size`` must
+    be the one they were written with.
     """
 
     def __init__(
@@ -232,10 +273,20 @@ class TextCorpusDataModule(_TextDataModule):
         val: str | list[str] | None = None,
         test: str | list[str] | None = None,
         chunk_chars: int = 4000,
+        shards: str | None = None,
     ) -> None:
         super().__init__(sources, root, fortunes_dir, bible_command, tokenizer_path, vocab_size,
                          lowercase, batch_size, val_fraction, test_fraction, seed, max_documents,
                          num_workers, documents)
+        self.shards = shards
+        if shards is not None:
+            if train is not None or val is not None or test is not None or documents:
+                raise ValueError("give train / val / test (text files) or shards, not both")
+            meta = read_shard_meta(shards, "text")
+            if meta["block_size"] != block_size:
+                raise ValueError(f"{shards} holds blocks of block_size {meta['block_size']}, "
+                                 f"not {block_size}: set block_size: {meta['block_size']}")
+            self._shard_sizes = meta["sizes"]
         if train is None and (val is not None or test is not None):
             raise ValueError("val / test text needs train (your own text files) too")
         if train is not None and documents is not None:
@@ -251,6 +302,11 @@ class TextCorpusDataModule(_TextDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
+            return
+        if self.shards is not None:
+            self.datasets = {split: shard_dataset(self.shards, split, block_item,
+                                                  shuffle=split == "train", seed=self.seed)
+                             for split in self._shard_sizes}
             return
         splits = self._load_splits()
         tok = self.tokenizer
@@ -337,6 +393,7 @@ __all__ = [
     "GET_TEXT",
     "SOURCES",
     "BlockDataset",
+    "BlockShardEncoder",
     "Document",
     "PadCollate",
     "PassageDataset",
