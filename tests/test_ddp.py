@@ -76,6 +76,10 @@ def test_ddp_config_is_the_main_job_data_parallel():
     # batch_size is per process: the global batch (hence lr and schedule) stays the same
     assert ddp["data"]["init_args"]["batch_size"] * devices \
         == main["data"]["init_args"]["batch_size"]
+    # the same images (size, augmentation, split) and the same number of epochs
+    other = {k: v for k, v in ddp["data"]["init_args"].items() if k != "batch_size"}
+    assert other == {k: v for k, v in main["data"]["init_args"].items() if k != "batch_size"}
+    assert ddp["trainer"]["max_epochs"] == main["trainer"]["max_epochs"]
 
 
 def test_fsdp_config_wraps_and_checkpoints_each_block():
