@@ -403,3 +403,25 @@ def test_config_round_trip_and_sizes() -> None:
         CodecLMConfig(ar=CodecARConfig(codebook_size=8), nar=CodecNARConfig(codebook_size=16))
     with pytest.raises(ValueError, match="num_codebooks must be >= 2"):
         CodecNARConfig(num_codebooks=1)
+
+
+def test_speak_cli_writes_the_synthesized_wav(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from multimodal.cli import main
+
+    task, ckpt = _trained_task(tmp_path)
+    prompt = _voice(150, seconds=1.0)
+    sf.write(tmp_path / "voice.wav", prompt.numpy(), SR)
+    out = tmp_path / "out" / "said.wav"
+    main(["speak", "--ckpt", str(ckpt), "--text", "the cat", "--prompt",
+          str(tmp_path / "voice.wav"), "--out", str(out), "--seed", "5"])
+    assert "wrote" in capsys.readouterr().out
+    written, rate = sf.read(out, dtype="float32")
+    expected, _ = synthesize(task, "the cat", tmp_path / "voice.wav", seed=5)
+    assert rate == SR
+    torch.testing.assert_close(torch.from_numpy(written), expected, atol=1e-4, rtol=0)
+    sf.write(tmp_path / "quiet.wav", torch.zeros(SR).numpy(), SR)
+    with pytest.raises(SystemExit) as info:
+        main(["speak", "--ckpt", str(ckpt), "--text", "the cat", "--prompt",
+              str(tmp_path / "quiet.wav"), "--out", str(out)])
+    assert info.value.code == 2 and "error: prompt: clip is silent" in capsys.readouterr().err
