@@ -117,6 +117,13 @@ def _position_table(kind: PositionKind, max_len: int, dim: int) -> nn.Module | T
     raise ValueError(f"pos_embed must be 'sinusoidal' or 'learned', got {kind!r}")
 
 
+def _init_embeddings(dim: int, *tables: nn.Embedding) -> None:
+    """N(0, 1/dim) tables: scaled by ``sqrt(dim)`` in the forward pass (Vaswani et al.), a
+    token embedding has unit variance per channel, the scale of the sinusoidal positions."""
+    for table in tables:
+        nn.init.normal_(table.weight, std=dim ** -0.5)
+
+
 def _check_lengths(name: str, lengths: Tensor, width: int, batch: int,
                    minimum: int = 1) -> None:
     if not isinstance(lengths, Tensor) or lengths.shape != (batch,):
@@ -183,12 +190,12 @@ class CodecAR(PretrainedMixin, nn.Module):
             self.pos_table = table
         else:
             self.register_buffer("pos_table", table, persistent=False)
+        self.pos_alpha = nn.Parameter(torch.ones(()))
         self.drop = nn.Dropout(config.dropout)
         self.transformer = Transformer(config.backbone)
         self.head = nn.Linear(config.dim, k + 1, bias=False)
         self.apply(init_weights)
-        nn.init.normal_(self.code_embed.weight, std=0.02)
-        nn.init.normal_(self.phoneme_embed.weight, std=0.02)
+        _init_embeddings(config.dim, self.code_embed, self.phoneme_embed)
 
     @property
     def max_len(self) -> int:
@@ -299,7 +306,8 @@ class CodecAR(PretrainedMixin, nn.Module):
                              f"{(input_ids.shape[0], past + input_ids.shape[1])}, got "
                              f"{tuple(attention_mask.shape)}")
         pos = self._positions(input_ids, attention_mask, past, phoneme_lengths)
-        x = self.embed(input_ids) + self.pos_table[pos].to(self.code_embed.weight.dtype)
+        x = self.embed(input_ids) * self.config.dim ** 0.5 \
+            + self.pos_alpha * self.pos_table[pos].to(self.code_embed.weight.dtype)
         padding = None if attention_mask is None or bool(attention_mask.all()) \
             else ~attention_mask.bool()
         return self.transformer(self.drop(x), key_padding_mask=padding, cache=cache)
@@ -386,13 +394,14 @@ class CodecNAR(PretrainedMixin, nn.Module):
             self.pos_table = table
         else:
             self.register_buffer("pos_table", table, persistent=False)
+        self.pos_alpha = nn.Parameter(torch.ones(()))
         self.drop = nn.Dropout(config.dropout)
         self.transformer = Transformer(config.backbone)
         self.head_weight = nn.Parameter(torch.empty(q - 1, k, d))
         self.head_bias = nn.Parameter(torch.zeros(q - 1, k))
         self.apply(init_weights)
-        for emb in (self.phoneme_embed, *self.code_embeds, self.segment_embed, self.stage_embed):
-            nn.init.normal_(emb.weight, std=0.02)
+        _init_embeddings(d, self.phoneme_embed, *self.code_embeds, self.segment_embed,
+                         self.stage_embed)
         nn.init.trunc_normal_(self.head_weight, std=0.02)
 
     @property
@@ -437,23 +446,26 @@ class CodecNAR(PretrainedMixin, nn.Module):
         if phonemes.numel() and int(phonemes.max()) >= cfg.num_phonemes:
             raise ValueError(f"phonemes hold ids outside [0, {cfg.num_phonemes})")
         dtype = self.phoneme_embed.weight.dtype
-        phones = self.phoneme_embed(phonemes.long()) + self.segment_embed.weight[0]
+        scale = cfg.dim ** 0.5
+        table = self.pos_alpha * self.pos_table.to(dtype)
+        phones = (self.phoneme_embed(phonemes.long()) + self.segment_embed.weight[0]) * scale
         full = torch.full((b,), cfg.num_codebooks, device=phonemes.device)
-        audio_prompt = self._sum_codes(prompt.long(), full) + self.segment_embed.weight[1]
-        target = self._sum_codes(codes[:, : int(stage.max())].long(), stage) \
-            + self.segment_embed.weight[2]
+        audio_prompt = (self._sum_codes(prompt.long(), full) + self.segment_embed.weight[1]) \
+            * scale
+        target = (self._sum_codes(codes[:, : int(stage.max())].long(), stage)
+                  + self.segment_embed.weight[2]) * scale
         ph_pos = torch.arange(phonemes.shape[1], device=phonemes.device)
-        phones = phones + self.pos_table[ph_pos].to(dtype)
+        phones = phones + table[ph_pos]
         pr_pos = torch.arange(prompt.shape[-1], device=phonemes.device)
-        audio_prompt = audio_prompt + self.pos_table[pr_pos].to(dtype)
+        audio_prompt = audio_prompt + table[pr_pos]
         tg_pos = prompt_lengths[:, None] + torch.arange(codes.shape[-1], device=codes.device)
         if int(tg_pos.max()) >= cfg.max_len or phonemes.shape[1] > cfg.max_len:
             raise ValueError(f"prompt + target frames ({int(tg_pos.max()) + 1}) exceed the NAR "
                              f"context max_len={cfg.max_len}")
-        target = target + self.pos_table[tg_pos.clamp(max=cfg.max_len - 1)].to(dtype)
+        target = target + table[tg_pos.clamp(max=cfg.max_len - 1)]
         x, starts, total = pack_segments([phones, audio_prompt, target],
                                          [phoneme_lengths, prompt_lengths, code_lengths])
-        x = x + self.stage_embed(stage - 1)[:, None]
+        x = x + self.stage_embed(stage - 1)[:, None] * scale
         if x.shape[1] > cfg.max_len:
             raise ValueError(f"{x.shape[1]} tokens exceed the NAR context max_len={cfg.max_len}")
         padding = torch.arange(x.shape[1], device=x.device)[None] >= total[:, None]
