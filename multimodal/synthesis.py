@@ -49,7 +49,8 @@ from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 from multimodal.tokenizers.phonemes import CLAUSE_BREAK, WORD_BREAK, PhonemeTokenizer
 from multimodal.tokenizers.text import UNK_ID
 
-__all__ = ["TTSBundle", "bundle_state", "load_tts", "split_sentences", "synthesize"]
+__all__ = ["TTSBundle", "bundle_state", "codec_frame_rate", "load_tts", "split_sentences",
+           "synthesize"]
 
 BUNDLE_KEY = "tts"
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
@@ -69,8 +70,17 @@ class TTSBundle:
 
     @property
     def frame_rate(self) -> float:
-        """Codec frames per second."""
-        return self.codec.sample_rate / self.codec.config.features.hop_length
+        """Codec frames (token columns) per second."""
+        return codec_frame_rate(self.codec)
+
+
+def codec_frame_rate(codec: MelRVQCodec) -> float:
+    """Token columns per second of ``codec`` (its ``frame_rate`` where it has one, else
+    one column per analysis hop)."""
+    rate = getattr(codec, "frame_rate", None)
+    if rate is not None:
+        return float(rate)
+    return codec.sample_rate / codec.config.features.hop_length
 
 
 def bundle_state(tokenizer: PhonemeTokenizer, codec: MelRVQCodec, max_prompt_frames: int,
