@@ -8,10 +8,12 @@ prompt (codec tokens of another utterance of the same voice), VALL-E style.
 2. ``phonemes.json``: a :class:`~multimodal.tokenizers.phonemes.PhonemeTokenizer`
    (espeak-ng IPA, ``en-us``; characters where espeak-ng is missing) trained on every
    text of the manifest (the phoneme inventory, not the texts, is what it keeps);
-3. ``codec.safetensors`` (+ ``codec.json``: its config and what it was fitted on): a
+3. ``speakers.csv``: the training voices' utterances as a ``path,label`` manifest labelled
+   by voice (the speaker judge of ``configs/speaker_id.yaml`` trains on it);
+4. ``codec.safetensors`` (+ ``codec.json``: its config and what it was fitted on): a
    :class:`~multimodal.tokenizers.codec.MelRVQCodec` with :data:`TTS_CODEC` settings,
    fitted on ``fit_clips`` utterances of the training voices only;
-4. ``tokens.safetensors``: every utterance's codec tokens ``(Q, T)`` and phoneme ids, one
+5. ``tokens.safetensors``: every utterance's codec tokens ``(Q, T)`` and phoneme ids, one
    flat tensor each with offsets; its metadata names the codec file's digest and the
    manifest's, so a new codec or manifest re-encodes.
 
@@ -27,6 +29,7 @@ other phrase in training, a fixed one (seeded by the item) in validation and tes
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
 import json
 import random
@@ -42,6 +45,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from multimodal.data.documents import Document
 from multimodal.data.sources.speech import Voice
 from multimodal.data.sources.spoken_words import SPOKEN_WORDS
 from multimodal.data.sources.tts_voices import (
@@ -79,6 +83,7 @@ TTS_CODEC = CodecConfig(
 "Speech codec" section: ``benchmarks/tts_eval.py --codec-sweep``)."""
 
 CODEC_FILE, PHONEMES_FILE, TOKENS_FILE = "codec.safetensors", "phonemes.json", "tokens.safetensors"
+SPEAKERS_FILE = "speakers.csv"
 
 
 def _digest(path: Path) -> str:
@@ -107,6 +112,7 @@ def prepare_tts(
     recipe: TTSRecipe | None = None,
     codec_config: CodecConfig | None = None,
     voices: Sequence[Voice | str] | None = None,
+    documents: Sequence[Document] | None = None,
     fit_clips: int = 800,
     seed: int = 0,
     workers: int | None = None,
@@ -114,13 +120,16 @@ def prepare_tts(
 ) -> Path:
     """Make (or find) the utterances, phoneme tokenizer, codec and token cache under
     ``root/tts`` (see the module doc); returns that folder. Idempotent: each step runs only
-    when its output is missing (or, for the token cache, stale)."""
+    when its output is missing (or, for the token cache, stale). ``recipe``, ``voices`` and
+    ``documents`` (the texts) go to :func:`~multimodal.data.sources.tts_voices.synthesize_tts`."""
     tts = Path(root) / "tts"
-    synthesize_tts(tts, voices=voices, recipe=recipe, workers=workers, progress=progress)
+    synthesize_tts(tts, documents, voices=voices, recipe=recipe, workers=workers, progress=progress)
     rows = read_tts_manifest(tts)
     if not (tts / PHONEMES_FILE).is_file():
         texts = sorted({r["text"] for r in rows} | set(SPOKEN_WORDS) | set(EXTRA_WORDS))
         PhonemeTokenizer.train(texts, backend="auto").save(tts / PHONEMES_FILE)
+    if not (tts / SPEAKERS_FILE).is_file():
+        _write_speakers(tts, rows)
     if not (tts / CODEC_FILE).is_file():
         _fit_codec(tts, rows, codec_config or TTS_CODEC, fit_clips, seed, progress)
     key = {"codec": _digest(tts / CODEC_FILE), "manifest": _digest(tts / "manifest.csv"),
@@ -128,6 +137,17 @@ def prepare_tts(
     if _token_key(tts / TOKENS_FILE) != key:
         _encode_all(tts, rows, key, progress)
     return tts
+
+
+def _write_speakers(tts: Path, rows: list[dict[str, str]]) -> None:
+    """``speakers.csv``: a ``path,label`` manifest of the training voices' utterances labelled
+    by voice, what ``configs/speaker_id.yaml`` trains the speaker judge on."""
+    tmp = tts / (SPEAKERS_FILE + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(("path", "label"))
+        writer.writerows((r["path"], r["voice"]) for r in rows if r["split"] == "train")
+    tmp.replace(tts / SPEAKERS_FILE)
 
 
 def _token_key(path: Path) -> dict[str, str] | None:
