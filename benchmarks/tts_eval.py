@@ -209,29 +209,33 @@ def codec_sweep(args: argparse.Namespace, judge: WordJudge) -> None:
           f"held-out voices ({sum(c.numel() for c in clips) / SAMPLE_RATE:.0f} s); codecs "
           f"fitted on {len(fit_rows)} TTS training utterances; K = {args.codebook_size}; "
           f"classifier on the originals: {orig_acc:.1%}\n")
-    print("| window / hop (ms) | frames/s | q | bit/s | log-mel RMSE | word accuracy | "
-          "decode RTF |")
+    print("| window / hop (ms) [x frames per token] | tokens/s | q | bit/s | log-mel RMSE | "
+          "word accuracy | decode RTF |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     qs = sorted(set(args.sweep_q))
     for spec in args.sweep:
-        win, hop = (float(v) for v in spec.split("/"))
+        frames, _, stack = spec.partition("x")
+        win, hop = (float(v) for v in frames.split("/"))
         config = CodecConfig(
             features=AudioFeatureConfig(n_mels=80, log_offset=1e-5, win_ms=win, hop_ms=hop),
-            num_codebooks=max(qs), codebook_size=args.codebook_size)
+            num_codebooks=max(qs), codebook_size=args.codebook_size,
+            stack_frames=int(stack or 1))
         torch.manual_seed(args.seed)
         codec = MelRVQCodec(config).fit(fit_clips, seed=args.seed)
         res = codec_roundtrip(codec, clips, words, judge, qs)
+        for q in qs:
+            r = res[q]
+            bits = q * np.log2(args.codebook_size) * config.frame_rate
+            print(f"| {spec} | {config.frame_rate:g} | {q} | {bits:.0f} | {r['rmse']:.3f} | "
+                  f"{r['acc']:.1%} | {r['rtf']:.3f} |")
+        sys.stdout.flush()
+        if config.stack_frames > 1:
+            continue  # the unquantised frames are those of the unstacked layout
         # Griffin-Lim on unquantised frames: the vocoder's floor for this frame layout
         gl = [codec.mel_to_waveform(codec.log_mel(c, SAMPLE_RATE)) for c in clips]
         gl_acc = accuracy(judge.predict(gl), words)
         gl_rmse = statistics.mean(log_mel_rmse(c, w) for c, w in zip(clips, gl, strict=True))
-        fps = 1000 / hop
-        for q in qs:
-            r = res[q]
-            bits = q * np.log2(args.codebook_size) * fps
-            print(f"| {win:g} / {hop:g} | {fps:g} | {q} | {bits:.0f} | {r['rmse']:.3f} | "
-                  f"{r['acc']:.1%} | {r['rtf']:.3f} |")
-        print(f"| {win:g} / {hop:g} | {fps:g} | unquantised | - | {gl_rmse:.3f} | "
+        print(f"| {spec} | {config.frame_rate:g} | unquantised | - | {gl_rmse:.3f} | "
               f"{gl_acc:.1%} | - |")
         sys.stdout.flush()
 
@@ -358,7 +362,9 @@ def speaker_prompting(synth: Synth, judge: SpeakerJudge,
             cents = voice_centroids(embs, leave_out=p["path"])
             hits["matched"] += SpeakerJudge.nearest(judge.embed(mono16k(wave, rate)), cents) == v
             q = prompts[other[v]][j % len(prompts[other[v]])]
-            wave, rate = synth(text, q, seed + i, {})
+            stats = {}
+            wave, rate = synth(text, q, seed + i, stats)
+            add_stats(total, stats)
             cents = voice_centroids(embs, leave_out=q["path"])
             guess = SpeakerJudge.nearest(judge.embed(mono16k(wave, rate)), cents)
             hits["mismatched"] += guess == v
@@ -383,8 +389,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--skip", nargs="*", default=[], choices=["a", "s", "b", "c"])
     p.add_argument("--codec-sweep", action="store_true")
-    p.add_argument("--sweep", nargs="+", default=["25/10", "50/20", "50/25"],
-                   help="window/hop in ms of each swept codec")
+    p.add_argument("--sweep", nargs="+", default=["25/10", "50/20", "25/10x2"],
+                   help="WIN/HOP in ms of each swept codec, xS: S frames per token")
     p.add_argument("--sweep-q", type=int, nargs="+", default=[4, 8])
     p.add_argument("--sweep-clips", type=int, default=200)
     p.add_argument("--fit-clips", type=int, default=800)
@@ -399,8 +405,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         codec_sweep(args, words)
         return
     codec = MelRVQCodec.load(args.tts_root / CODEC_FILE)
-    fps = 1000 / codec.config.features.hop_ms
-    print(f"TTS codec: {codec.config.features.win_ms:g} ms window, {fps:g} frames/s, "
+    fps = codec.frame_rate
+    print(f"TTS codec: {codec.config.features.win_ms:g} ms window, "
+          f"{codec.config.features.hop_ms:g} ms hop, {codec.config.stack_frames} frame(s) per "
+          f"token: {fps:g} tokens/s, "
           f"Q = {codec.num_codebooks}, K = {codec.codebook_size}\n")
     table: list[tuple[str, str, str]] = []
 
@@ -445,10 +453,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             table.append(("(b) intelligibility: synthesised word recognised (target >= 80 %)",
                           f"{acc:.1%}", f"{n} clips ({what}); worst: {worst}"))
         if "c" not in args.skip and speaker is not None:
-            used = {p["path"] for ps in prompts.values() for p in ps}
-            texts = sorted({r["text"] for r in tts_rows if r["path"] not in used})
-            random.Random(f"{args.seed}:texts").shuffle(texts)
             sp_prompts = pick_prompts(tts_rows, args.speaker_texts, args.seed + 1)
+            used = {p["text"] for ps in sp_prompts.values() for p in ps}
+            texts = sorted({r["text"] for r in tts_rows} - used)  # never a prompt's own text
+            random.Random(f"{args.seed}:texts").shuffle(texts)
             res = speaker_prompting(synth, speaker, embs, sp_prompts, texts, args.seed, total)
             table += [
                 ("(c) speaker prompting: nearest voice = prompt's voice, top-1",

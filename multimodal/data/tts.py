@@ -102,7 +102,7 @@ def _fit_codec(tts: Path, rows: list[dict[str, str]], config: CodecConfig, fit_c
     codec = MelRVQCodec(config).fit(clips, seed=seed)
     codec.save(tts / CODEC_FILE)
     meta = {"config": config.to_dict(), "fitted_on": f"{len(chosen)} training utterances",
-            "frames_per_second": 1000.0 / config.features.hop_ms, "seed": seed}
+            "frames_per_second": config.frame_rate, "seed": seed}
     (tts / CODEC_FILE).with_suffix(".json").write_text(json.dumps(meta, indent=1))
     return codec
 
@@ -366,8 +366,8 @@ class TTSDataModule(SplitDataModule):
 
     @property
     def frame_rate(self) -> float:
-        """Codec frames per second."""
-        return 1000.0 / self.codec.config.features.hop_ms
+        """Codec frames (tokens) per second."""
+        return self.codec.frame_rate
 
     @property
     def items(self) -> TTSItems:
@@ -416,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         by_split[r["split"]].append(float(r["seconds"]))
     codec = MelRVQCodec.load(tts / CODEC_FILE)
     print(f"tts voices: {len(items)} utterances in {tts}; codec Q={codec.num_codebooks} "
-          f"K={codec.codebook_size} at {1000 / codec.config.features.hop_ms:g} frames/s")
+          f"K={codec.codebook_size} at {codec.frame_rate:g} frames/s")
     for split, secs in sorted(by_split.items()):
         voices = {r['voice'] for r in items.rows if r['split'] == split}
         print(f"  {split}: {len(secs)} utterances, {len(voices)} voices, {sum(secs) / 60:.1f} "
