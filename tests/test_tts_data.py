@@ -102,9 +102,9 @@ def test_collate_pads_with_zero_and_keeps_lengths() -> None:
 
 
 TINY_VOICES = ["espeak:en", "espeak:en+f2", "espeak:en-us+m3"]  # one each to train/val/test
-TINY_CODEC = CodecConfig(
-    features=AudioFeatureConfig(n_mels=40, log_offset=1e-5, win_ms=50.0, hop_ms=20.0),
-    num_codebooks=2, codebook_size=8, kmeans_iters=5)
+TINY_CODEC = CodecConfig(  # the layout of TTS_CODEC (10 ms frames, two per token), tiny
+    features=AudioFeatureConfig(n_mels=40, log_offset=1e-5, win_ms=25.0, hop_ms=10.0),
+    num_codebooks=2, codebook_size=8, kmeans_iters=5, stack_frames=2)
 
 
 @pytest.fixture(scope="module")
