@@ -370,7 +370,7 @@ def speaker_prompting(synth: Synth, judge: SpeakerJudge,
             hits["mismatched"] += guess == v
             hits["mismatched_prompt_voice"] += guess == other[v]
             n += 1
-    return {k: h / n for k, h in hits.items()} | {"n": n, "chance": 1 / len(voices)}
+    return {k: h / n for k, h in hits.items()} | {"n": n, "chance": 1 / len(embs)}
 
 
 # ----------------------------------------------------------------------------- main
@@ -384,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--word-clips", type=int, default=None,
                    help="spoken-word test clips for (a) (default: all of the test voices)")
     p.add_argument("--prompts-per-voice", type=int, default=1)
+    p.add_argument("--voices", type=int, default=None,
+                   help="(b), (c): prompt with only the first N test voices (quick runs)")
     p.add_argument("--speaker-texts", type=int, default=2, help="(c): texts per prompt voice")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None)
@@ -443,7 +445,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         synth = (model_synth(args.ckpt, args.tts_root, args.temperature, args.top_k)
                  if args.ckpt else stand_in(codec, args.tts_root, args.words_root, tts_rows))
         what = f"checkpoint {args.ckpt}" if args.ckpt else "stand-in (codec round trip)"
-        prompts = pick_prompts(tts_rows, args.prompts_per_voice, args.seed)
+        prompt_rows = tts_rows
+        if args.voices is not None:
+            keep = sorted({r["voice"] for r in tts_rows})[: args.voices]
+            prompt_rows = [r for r in tts_rows if r["voice"] in keep]
+        prompts = pick_prompts(prompt_rows, args.prompts_per_voice, args.seed)
         total: dict[str, float] = {}
         t0 = time.perf_counter()
         if "b" not in args.skip:
@@ -453,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             table.append(("(b) intelligibility: synthesised word recognised (target >= 80 %)",
                           f"{acc:.1%}", f"{n} clips ({what}); worst: {worst}"))
         if "c" not in args.skip and speaker is not None:
-            sp_prompts = pick_prompts(tts_rows, args.speaker_texts, args.seed + 1)
+            sp_prompts = pick_prompts(prompt_rows, args.speaker_texts, args.seed + 1)
             used = {p["text"] for ps in sp_prompts.values() for p in ps}
             texts = sorted({r["text"] for r in tts_rows} - used)  # never a prompt's own text
             random.Random(f"{args.seed}:texts").shuffle(texts)

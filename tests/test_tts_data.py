@@ -102,9 +102,9 @@ def test_collate_pads_with_zero_and_keeps_lengths() -> None:
 
 
 TINY_VOICES = ["espeak:en", "espeak:en+f2", "espeak:en-us+m3"]  # one each to train/val/test
-TINY_CODEC = CodecConfig(
-    features=AudioFeatureConfig(n_mels=40, log_offset=1e-5, win_ms=50.0, hop_ms=20.0),
-    num_codebooks=2, codebook_size=8, kmeans_iters=5)
+TINY_CODEC = CodecConfig(  # the layout of TTS_CODEC (10 ms frames, two per token), tiny
+    features=AudioFeatureConfig(n_mels=40, log_offset=1e-5, win_ms=25.0, hop_ms=10.0),
+    num_codebooks=2, codebook_size=8, kmeans_iters=5, stack_frames=2)
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +184,42 @@ def test_missing_cache_names_the_recipe(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"get_tts\.sh"):
         dm.prepare_data()
     assert os.listdir(tmp_path) == []
+
+
+def _tts_eval():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "benchmarks" / "tts_eval.py"
+    spec = importlib.util.spec_from_file_location("tts_eval", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_eval_nearest_voice_and_ceiling_by_hand() -> None:
+    ev = _tts_eval()
+    def e(x: float, y: float) -> torch.Tensor:
+        return torch.nn.functional.normalize(torch.tensor([x, y]), dim=0)
+
+    embs = {"a": [("a1", e(1.0, 0.0)), ("a2", e(1.0, 0.2))],
+            "b": [("b1", e(0.0, 1.0)), ("b2", e(0.9, 0.5))]}
+    # leaving b2 out, b's mean is (0, 1); b2 = (0.87, 0.48) has cosine 0.48 with it and
+    # ~0.96 with a's mean direction (1, 0.1): b2 is the one miss of the four clips
+    cents = ev.voice_centroids(embs, leave_out="b2")
+    torch.testing.assert_close(cents["b"], embs["b"][0][1])
+    assert ev.SpeakerJudge.nearest(embs["b"][1][1], cents) == "a"
+    assert ev.SpeakerJudge.nearest(embs["a"][1][1], ev.voice_centroids(embs, "a2")) == "a"
+    assert ev.speaker_ceiling(embs) == (0.75, 4)
+
+
+def test_eval_judge_clip_trims_and_cuts_one_second() -> None:
+    ev = _tts_eval()
+    t = torch.arange(48000) / 16000
+    tone = 0.5 * torch.cos(2 * torch.pi * 220 * t)  # loud at both ends of the cuts below
+    wave = torch.cat([torch.zeros(8000), tone[:24000], torch.zeros(8000)])  # 1.5 s of tone
+    clip = ev.judge_clip(wave)
+    assert clip.numel() == 16000 and clip.abs().max() > 0.4
+    short = ev.judge_clip(torch.cat([torch.zeros(4000), tone[:3200], torch.zeros(4000)]))
+    # trimmed to the 0.2 s tone + 30 ms margins, shorter than 1 s: kept whole
+    assert short.numel() == 3200 + 2 * 480
+    assert ev.log_mel_rmse(tone, tone) == 0.0
