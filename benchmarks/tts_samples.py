@@ -19,6 +19,7 @@ from pathlib import Path
 
 import soundfile as sf
 import torch
+from torchaudio.functional import resample
 
 from multimodal.synthesis import load_tts, synthesize
 from multimodal.tokenizers.audio import load_audio
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     for v, voice in enumerate(voices):
         row = next(r for r in rows if r["voice"] == voice and float(r["seconds"]) >= 1.2)
         wave, rate = load_audio(data / row["path"])
-        prompt = wave.mean(0)[: int(args.prompt_seconds * rate)]
+        wave = resample(wave.mean(0), rate, bundle.codec.sample_rate)
+        rate = bundle.codec.sample_rate
+        prompt = wave[: int(args.prompt_seconds * rate)]
         prompt_file = out / f"prompt_{_slug(voice)}.wav"
         sf.write(prompt_file, prompt.numpy(), rate)
         for i, text in enumerate(args.texts):
