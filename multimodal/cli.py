@@ -177,7 +177,7 @@ def speak(args: list[str]) -> int:
     parser.add_argument("--out", required=True, help="WAV file to write")
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="AR sampling temperature (0: greedy)")
-    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-k", type=int, default=5, help="0: no top-k")
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
     ns = parser.parse_args(args)
@@ -187,7 +187,7 @@ def speak(args: list[str]) -> int:
 
     try:
         wave, rate = synthesize(ns.ckpt, ns.text, ns.prompt, temperature=ns.temperature,
-                                top_k=ns.top_k, top_p=ns.top_p, seed=ns.seed)
+                                top_k=ns.top_k or None, top_p=ns.top_p, seed=ns.seed)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
