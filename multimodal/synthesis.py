@@ -26,6 +26,9 @@ inside a kernel):
   a 1-D / 2-D waveform -> ``ValueError``; a missing prompt file -> ``FileNotFoundError``;
 * a prompt at another sample rate is resampled; a stereo (multi-channel) prompt is averaged
   to mono;
+* the AR model may not end the speech before ``MIN_SPEECH_SECONDS`` (0.1 s, at least 3
+  frames): its end-of-speech token is masked until then, so the codec always has frames to
+  decode;
 * text longer than the model's context is **split into sentences** (at ``. ! ? ; :`` and
   line breaks), synthesised one group of sentences at a time and joined with
   ``pause_seconds`` of silence; a single sentence that alone does not fit the context is a
@@ -35,6 +38,7 @@ inside a kernel):
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -53,6 +57,8 @@ __all__ = ["TTSBundle", "bundle_state", "codec_frame_rate", "load_tts", "split_s
            "synthesize"]
 
 BUNDLE_KEY = "tts"
+MIN_SPEECH_SECONDS = 0.1
+"""The AR model may not end the speech before this (EOS is masked until then)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
 
 
@@ -255,6 +261,8 @@ def synthesize(
     if sampling["do_sample"]:
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         sampling.update(temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
+    # no EOS before 0.1 s (and 3 frames): Griffin-Lim cannot invert a clip of 1-2 frames
+    min_frames = max(3, math.ceil(MIN_SPEECH_SECONDS * bundle.frame_rate))
     totals = {"ar_seconds": 0.0, "nar_seconds": 0.0, "decode_seconds": 0.0, "ar_tokens": 0}
     pieces = []
     pause = torch.zeros(int(pause_seconds * bundle.codec.sample_rate))
@@ -263,7 +271,7 @@ def synthesize(
         cap = int(3 * bundle.frames_per_phoneme * len(ids)) + 10
         part: dict[str, Any] = {}
         codes = model.synthesize_codes(phonemes, prompt_codes, max_new_tokens=cap,
-                                       stats=part, **sampling)
+                                       min_new_tokens=min_frames, stats=part, **sampling)
         start = time.perf_counter()
         audio = bundle.codec.decode(codes)
         totals["decode_seconds"] += time.perf_counter() - start

@@ -186,6 +186,12 @@ def test_generation_stops_at_eos_and_respects_the_context() -> None:
     _, lengths = ar.generate(batch["phonemes"], batch["phoneme_lengths"],
                                  batch["prompt"][:, 0], batch["prompt_lengths"])
     assert lengths.tolist() == [0, 0, 0]
+    # a minimum length masks EOS until then, with and without the KV cache
+    for use_cache in (True, False):
+        _, lengths = ar.generate(batch["phonemes"], batch["phoneme_lengths"],
+                                 batch["prompt"][:, 0], batch["prompt_lengths"],
+                                 min_new_tokens=4, use_cache=use_cache)
+        assert lengths.tolist() == [4, 4, 4]
     long_ph = torch.randint(7, NPH, (1, 19))
     with pytest.raises(ValueError, match="fill the AR context"):
         ar.generate(long_ph, torch.tensor([19]), batch["prompt"][:1, 0], torch.tensor([5]))

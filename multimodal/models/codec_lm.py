@@ -261,13 +261,16 @@ class CodecAR(PretrainedMixin, nn.Module):
         return ids[:, :-1], labels
 
     # -- forward --------------------------------------------------------------------------
-    def _positions(self, input_ids: Tensor, attention_mask: Tensor | None, past: int,
-                   phoneme_lengths: Tensor | None) -> Tensor:
+    def _index(self, input_ids: Tensor, attention_mask: Tensor | None, past: int) -> Tensor:
+        """Each new token's index among its row's real tokens (left padding skipped)."""
         b, n = input_ids.shape
         if attention_mask is not None and not bool(attention_mask.all()):
-            index = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
-        else:
-            index = torch.arange(past, past + n, device=input_ids.device).expand(b, n)
+            return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+        return torch.arange(past, past + n, device=input_ids.device).expand(b, n)
+
+    def _positions(self, input_ids: Tensor, attention_mask: Tensor | None, past: int,
+                   phoneme_lengths: Tensor | None) -> Tensor:
+        index = self._index(input_ids, attention_mask, past)
         if phoneme_lengths is None:
             if past:
                 raise ValueError("a cached step needs phoneme_lengths (B,): the position of "
@@ -313,17 +316,28 @@ class CodecAR(PretrainedMixin, nn.Module):
         return self.transformer(self.drop(x), key_padding_mask=padding, cache=cache)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-                cache: KVCache | None = None, phoneme_lengths: Tensor | None = None) -> Tensor:
-        """Logits ``(B, N, K + 1)`` of the next token (a code or EOS) after each position."""
-        return self.head(self.forward_features(input_ids, attention_mask, cache=cache,
-                                               phoneme_lengths=phoneme_lengths))
+                cache: KVCache | None = None, phoneme_lengths: Tensor | None = None,
+                eos_from: Tensor | None = None) -> Tensor:
+        """Logits ``(B, N, K + 1)`` of the next token (a code or EOS) after each position.
+
+        ``eos_from`` (B,): EOS gets ``-inf`` at every token whose index among the row's real
+        tokens is below it (generation's minimum length)."""
+        logits = self.head(self.forward_features(input_ids, attention_mask, cache=cache,
+                                                 phoneme_lengths=phoneme_lengths))
+        if eos_from is not None:
+            past = cache.length - input_ids.shape[1] if cache is not None else 0
+            early = self._index(input_ids, attention_mask, past) < eos_from[:, None]
+            logits[..., self.eos_id] = logits[..., self.eos_id].masked_fill(early,
+                                                                            float("-inf"))
+        return logits
 
     @torch.no_grad()
     def generate(self, phonemes: Tensor, phoneme_lengths: Tensor, prompt: Tensor,
                  prompt_lengths: Tensor, max_new_tokens: int | None = None,
-                 **kwargs: Any) -> tuple[Tensor, Tensor]:
+                 min_new_tokens: int = 0, **kwargs: Any) -> tuple[Tensor, Tensor]:
         """Codebook-1 tokens of new speech: ``(codes (B, T), lengths (B,))``, right-padded
-        with 0, each row ending before its EOS (or after ``max_new_tokens``).
+        with 0, each row ending before its EOS (or after ``max_new_tokens``); EOS is not
+        allowed before ``min_new_tokens`` frames.
 
         ``kwargs`` go to :func:`multimodal.generation.generate` (``do_sample``,
         ``temperature``, ``top_k``, ``top_p``, ``generator``, ``use_cache``).
@@ -336,6 +350,8 @@ class CodecAR(PretrainedMixin, nn.Module):
                              f"the AR context (max_len={self.max_len}): shorten the text or "
                              "the prompt")
         budget = room if max_new_tokens is None else min(max_new_tokens, room)
+        if min_new_tokens > 0:  # the query predicting new token j has index lengths - 1 + j
+            kwargs["eos_from"] = lengths - 1 + min_new_tokens
         out = generate(self, left, max_new_tokens=budget, eos_token_id=self.eos_id,
                        pad_token_id=self.eos_id, attention_mask=mask,
                        phoneme_lengths=phoneme_lengths, **kwargs)
