@@ -186,9 +186,10 @@ def split_sentences(text: str) -> list[str]:
 
 def _budget(bundle: TTSBundle, prompt_frames: int) -> int:
     """Most phonemes one AR + NAR pass can take next to this prompt, reserving room for
-    ``2 x frames_per_phoneme`` frames per phoneme."""
+    ``1.25 x frames_per_phoneme`` frames per phoneme (the AR's length cap and the context
+    still bound the speech itself)."""
     cfg = bundle.model.config
-    per = 1 + 2 * bundle.frames_per_phoneme
+    per = 1 + 1.25 * bundle.frames_per_phoneme
     ar = (cfg.ar.max_len - prompt_frames - 2) / per
     nar = (cfg.nar.max_len - prompt_frames) / per
     return int(min(ar, nar))
@@ -269,6 +270,7 @@ def synthesize(
     for ids in groups:
         phonemes = torch.tensor(ids, dtype=torch.long)
         cap = int(3 * bundle.frames_per_phoneme * len(ids)) + 10
+        cap = min(cap, bundle.model.config.nar.max_len - len(ids) - prompt_codes.shape[1])
         part: dict[str, Any] = {}
         codes = model.synthesize_codes(phonemes, prompt_codes, max_new_tokens=cap,
                                        min_new_tokens=min_frames, stats=part, **sampling)
