@@ -65,6 +65,8 @@ _EXPORTS: dict[str, str] = {
     # CPU precision by hardware and model size (issue 20)
     "choose_precision": "multimodal.precision",
     "native_bf16": "multimodal.precision",
+    "synthesize": "multimodal.synthesis",  # text-to-speech (issue 21)
+    "CodecLM": "multimodal.models.codec_lm",  # VALL-E AR + NAR (issue 21)
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",

@@ -4,6 +4,7 @@
     multimodal validate --config ... --ckpt_path best
     multimodal test     --config ... --ckpt_path last
     multimodal predict  --config ... --ckpt_path best --data.predict_dir my_images/
+    multimodal speak    --ckpt tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
 
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
 interrupted run with ``--ckpt_path last`` and, unless ``--test_after_fit false``,
@@ -159,8 +160,52 @@ class MultimodalCLI(LightningCLI):
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 
+def speak(args: list[str]) -> int:
+    """``multimodal speak``: text-to-speech with a TTSTask checkpoint
+    (:func:`multimodal.synthesis.synthesize`); writes a mono WAV. Bad input (empty text, a
+    silent or too short prompt, ...) prints ``error: ...`` and returns 2."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="multimodal speak",
+        description="Speak TEXT in the voice of PROMPT (a few seconds of speech) with a "
+                    "text-to-speech checkpoint (configs/tts_voices.yaml); writes a WAV.")
+    parser.add_argument("--ckpt", required=True, help="TTSTask checkpoint (.ckpt)")
+    parser.add_argument("--text", required=True, help="what to say")
+    parser.add_argument("--prompt", required=True,
+                        help="audio file of the voice to imitate (any rate, mono or stereo)")
+    parser.add_argument("--out", required=True, help="WAV file to write")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="AR sampling temperature (0: greedy)")
+    parser.add_argument("--top-k", type=int, default=5, help="0: no top-k")
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    ns = parser.parse_args(args)
+    import soundfile as sf
+
+    from multimodal.synthesis import synthesize
+
+    try:
+        wave, rate = synthesize(ns.ckpt, ns.text, ns.prompt, temperature=ns.temperature,
+                                top_k=ns.top_k or None, top_p=ns.top_p, seed=ns.seed)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = Path(ns.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(out), wave.numpy(), rate)
+    print(f"wrote {out} ({wave.numel() / rate:.2f} s at {rate} Hz)")
+    return 0
+
+
 def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] == "speak":
+        code = speak(argv[1:])
+        if code:
+            raise SystemExit(code)
+        return
     MultimodalCLI(
         L.LightningModule,
         L.LightningDataModule,

@@ -103,6 +103,29 @@ def test_encode_decode_shapes_and_round_trip() -> None:
     assert d_own < 0.5 * d_other
 
 
+def test_stacked_frames_quantise_the_concatenation_of_consecutive_frames() -> None:
+    clips = [_voice(f0, seed=i) for i, f0 in enumerate((110, 150, 190, 230, 270, 320))]
+    codec = MelRVQCodec(CodecConfig(num_codebooks=3, codebook_size=8, kmeans_iters=5,
+                                    griffin_lim_iters=4, stack_frames=3)).fit(clips)
+    assert codec.rvq.codebooks.shape == (3, 8, 3 * 80)
+    assert codec.frame_rate == 16000 / (3 * 160)
+    wave = clips[1][:4000]
+    frames = codec.log_mel(wave)  # 23 frames: 7 full tokens + 2 frames + 1 repeated
+    n = frames.shape[0]
+    assert n == 1 + (4000 - 400) // 160 == 23
+    padded = torch.cat([frames, frames[-1:]])
+    vectors = torch.stack([padded[3 * t : 3 * t + 3].flatten() for t in range(8)])
+    tokens = codec.encode(wave)
+    assert tokens.shape == (3, 8)
+    assert torch.equal(tokens.T, codec.rvq.encode(vectors))
+    # decode_mel: the quantised vectors, cut back into frames in time order
+    recon = codec.rvq.decode(tokens.T)
+    torch.testing.assert_close(codec.decode_mel(tokens),
+                               torch.cat([v.reshape(3, 80) for v in recon]))
+    assert codec.decode(tokens).shape == ((24 - 1) * 160 + 400,)
+    assert CodecConfig.from_dict(codec.config.to_dict()) == codec.config
+
+
 def test_sample_rates_and_channels() -> None:
     codec, _ = _fitted()
     at_22k = _voice(200, sr=22050)

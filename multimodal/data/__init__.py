@@ -3,7 +3,8 @@
 One LightningDataModule per task family, each taking any source of its kind:
 ``vision`` (image classification), ``pixels`` (raw pixels for ImageGPT), ``audio`` (sound
 classification), ``text`` (language modelling, source classification), ``captions``
-(image-caption pairs), ``numbers`` (number words -> digits, generated). They share the
+(image-caption pairs), ``numbers`` (number words -> digits, generated), ``tts`` (phonemes +
+an acoustic prompt -> codec tokens, for text-to-speech). They share the
 loader recipe of ``splits`` (with ``sampling``'s resumable shuffle).
 
 Built-in sources, one module each: ``sources/`` (how each dataset is obtained offline and

@@ -5,6 +5,7 @@ from multimodal.models import (  # noqa: F401  (registers)
     audio,
     captioner,
     clip,
+    codec_lm,
     image_gpt,
     rnn,
     seq2seq,

@@ -17,6 +17,13 @@ Encoding (:meth:`MelRVQCodec.encode`):
    for ``q = 1..Q``; the tokens are ``c_1..c_Q`` and the reconstruction is
    ``x_hat = sum_q e_{q,c_q}`` (so ``x - x_hat = r_Q``).
 
+Frames per token (``config.stack_frames = s``, default 1): ``s`` consecutive frames are
+quantised as one vector of ``s * n_mels`` (their concatenation), so a token covers
+``s`` hops (``frame_rate = sample_rate / (s * hop)`` tokens per second) while the analysis
+and Griffin-Lim keep the short hop that keeps speech intelligible. A clip whose frame count
+is not a multiple of ``s`` repeats its last frame to fill the last token; ``T`` tokens
+decode to ``s * T`` frames.
+
 Codebooks are fitted by k-means on the residuals (:meth:`RVQ.fit`): codebook 1 by k-means
 on the frames, codebook ``q`` by k-means on the residuals ``r_{q-1}`` left by codebooks
 ``< q``. Each k-means ends with a centroid update, so every centroid is the mean of the
@@ -162,10 +169,12 @@ class CodecConfig:
 
     ``features``: the log-mel front end (``log_offset`` is the floor of silence in the mel
     power; a higher floor than the classifier's keeps k-means from spending codewords on
-    inaudible detail). ``num_codebooks`` = Q, ``codebook_size`` = K. ``griffin_lim_iters``:
+    inaudible detail). ``num_codebooks`` = Q, ``codebook_size`` = K. ``stack_frames``: log-mel
+    frames per token (see the module doc). ``griffin_lim_iters``:
     Griffin-Lim iterations of :meth:`MelRVQCodec.decode`. ``min_rms``: a clip quieter than
     this (RMS of samples in [-1, 1]) is "silent" and rejected. ``kmeans_iters`` and
-    ``max_fit_frames`` (a random subset of that many frames is fitted) bound :meth:`fit`.
+    ``max_fit_frames`` (a random subset of that many token vectors is fitted) bound
+    :meth:`fit`.
     """
 
     features: AudioFeatureConfig = field(
@@ -173,6 +182,7 @@ class CodecConfig:
     )
     num_codebooks: int = 8
     codebook_size: int = 256
+    stack_frames: int = 1
     griffin_lim_iters: int = 32
     min_rms: float = 1e-4
     kmeans_iters: int = 20
@@ -183,8 +193,8 @@ class CodecConfig:
             self.features = AudioFeatureConfig.from_dict(self.features)
         if self.features.max_frames is not None:
             raise ValueError("the codec needs every frame: features.max_frames must be None")
-        for name in ("num_codebooks", "codebook_size", "griffin_lim_iters", "kmeans_iters",
-                     "max_fit_frames"):
+        for name in ("num_codebooks", "codebook_size", "stack_frames", "griffin_lim_iters",
+                     "kmeans_iters", "max_fit_frames"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -194,6 +204,11 @@ class CodecConfig:
     @property
     def sample_rate(self) -> int:
         return self.features.sample_rate
+
+    @property
+    def frame_rate(self) -> float:
+        """Tokens per second: ``sample_rate / (stack_frames * hop_length)``."""
+        return self.features.sample_rate / (self.stack_frames * self.features.hop_length)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,7 +235,8 @@ class MelRVQCodec(nn.Module):
         self.config = config or CodecConfig()
         f = self.config.features
         self.frontend = AudioFrameTokenizer(f)
-        self.rvq = RVQ(self.config.num_codebooks, self.config.codebook_size, f.n_mels)
+        self.rvq = RVQ(self.config.num_codebooks, self.config.codebook_size,
+                       f.n_mels * self.config.stack_frames)
         self.register_buffer("fitted", torch.tensor(False))
         f_max = f.f_max if f.f_max is not None else f.sample_rate / 2
         self.inverse_mel = torchaudio.transforms.InverseMelScale(
@@ -235,6 +251,11 @@ class MelRVQCodec(nn.Module):
     @property
     def sample_rate(self) -> int:
         return self.config.sample_rate
+
+    @property
+    def frame_rate(self) -> float:
+        """Tokens (codec frames) per second."""
+        return self.config.frame_rate
 
     @property
     def num_codebooks(self) -> int:
@@ -271,6 +292,19 @@ class MelRVQCodec(nn.Module):
             )
         return self.frontend.log_mel(batch)[0]
 
+    def stack(self, frames: Tensor) -> Tensor:
+        """Log-mel frames ``(T, n_mels)`` -> token vectors ``(ceil(T / s), s * n_mels)``, the
+        last frame repeated to fill the last token."""
+        s = self.config.stack_frames
+        extra = -frames.shape[0] % s
+        if extra:
+            frames = torch.cat([frames, frames[-1:].expand(extra, -1)])
+        return frames.reshape(-1, s * frames.shape[1])
+
+    def unstack(self, vectors: Tensor) -> Tensor:
+        """Token vectors ``(T, s * n_mels)`` -> log-mel frames ``(s * T, n_mels)``."""
+        return vectors.reshape(-1, self.config.features.n_mels)
+
     # ------------------------------------------------------------------ tokens
     def _check_fitted(self) -> None:
         if not bool(self.fitted):
@@ -280,9 +314,10 @@ class MelRVQCodec(nn.Module):
     def encode(
         self, waveform: Tensor, sample_rate: int | None = None, num_codebooks: int | None = None
     ) -> Tensor:
-        """Tokens ``(Q, T)`` (long, in ``[0, K)``) of one clip; ``T`` = its log-mel frames."""
+        """Tokens ``(Q, T)`` (long, in ``[0, K)``) of one clip; ``T`` = its log-mel frames
+        (``ceil(frames / stack_frames)``)."""
         self._check_fitted()
-        return self.rvq.encode(self.log_mel(waveform, sample_rate), num_codebooks).T
+        return self.rvq.encode(self.stack(self.log_mel(waveform, sample_rate)), num_codebooks).T
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor) or tokens.dim() != 2:
@@ -297,9 +332,10 @@ class MelRVQCodec(nn.Module):
 
     @torch.no_grad()
     def decode_mel(self, tokens: Tensor) -> Tensor:
-        """Quantised log-mel frames ``(T, n_mels)`` of tokens ``(q, T)``: ``sum_q e_{q,c_q}``."""
+        """Quantised log-mel frames ``(s * T, n_mels)`` of tokens ``(q, T)``:
+        ``sum_q e_{q,c_q}``, unstacked."""
         self._check_fitted()
-        return self.rvq.decode(self._check_tokens(tokens).T)
+        return self.unstack(self.rvq.decode(self._check_tokens(tokens).T))
 
     @torch.no_grad()
     def mel_to_waveform(self, log_mel: Tensor) -> Tensor:
@@ -325,9 +361,9 @@ class MelRVQCodec(nn.Module):
         seed: int = 0,
     ) -> MelRVQCodec:
         """Fit the codebooks on the log-mel frames of ``waveforms`` (clips, or ``(clip,
-        rate)`` pairs); at most ``config.max_fit_frames`` frames, drawn with ``seed``."""
+        rate)`` pairs); at most ``config.max_fit_frames`` token vectors, drawn with ``seed``."""
         frames = [
-            self.log_mel(*(item if isinstance(item, tuple) else (item, sample_rate)))
+            self.stack(self.log_mel(*(item if isinstance(item, tuple) else (item, sample_rate))))
             for item in waveforms
         ]
         if not frames:
