@@ -223,3 +223,29 @@ def test_eval_judge_clip_trims_and_cuts_one_second() -> None:
     # trimmed to the 0.2 s tone + 30 ms margins, shorter than 1 s: kept whole
     assert short.numel() == 3200 + 2 * 480
     assert ev.log_mel_rmse(tone, tone) == 0.0
+
+
+def test_speak_all_skips_made_clips_and_names_failures(tmp_path, monkeypatch) -> None:
+    """The one synthesis runner of both recipes: clips already on disk are not remade, new
+    folders are created, and failing jobs are reported by count with their errors."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed")
+    from multimodal.data.sources import speech
+
+    good = speech.SpeechJob(speech.Voice("espeak", "en-us"), "yes", 175, 50,
+                            tmp_path / "a" / "yes.wav")
+    speech.speak_all([good], workers=1, progress=False)
+    assert good.out.is_file() and good.out.stat().st_size > 44
+    made = good.out.stat().st_mtime_ns
+    bad = speech.SpeechJob(speech.Voice("flite", "slt"), "no", 175, 50, tmp_path / "b" / "no.wav")
+    ran: list[str] = []
+
+    def failing(job: speech.SpeechJob) -> str:  # a synthesiser that fails, as speak reports it
+        ran.append(job.word)
+        return f"{job.voice.id} {job.word!r}: engine crashed"
+
+    monkeypatch.setattr(speech, "speak", failing)
+    with pytest.raises(RuntimeError, match=r"(?s)1 of 1 test clips failed.*'no': engine crashed"):
+        speech.speak_all([good, bad], workers=1, progress=False, desc="test")
+    assert ran == ["no"]  # the clip on disk was not remade
+    assert good.out.stat().st_mtime_ns == made and bad.out.parent.is_dir()

@@ -7,10 +7,13 @@ Speeds are espeak-ng words per minute (``-s``), pitches 0..99 (``-p``); flite ge
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -18,9 +21,18 @@ from typing import Literal
 import soundfile as sf
 
 from multimodal.data.audio_transforms import trim_silence
+from multimodal.progress import progress as progress_bar
 
-__all__ = ["ESPEAK_LANGUAGES", "ESPEAK_VARIANTS", "FLITE_VOICES", "SpeechJob", "Voice",
-           "available_voices", "speak"]
+__all__ = [
+    "ESPEAK_LANGUAGES",
+    "ESPEAK_VARIANTS",
+    "FLITE_VOICES",
+    "SpeechJob",
+    "Voice",
+    "available_voices",
+    "speak",
+    "speak_all",
+]
 
 # espeak-ng English accents (no MBROLA voices: they need extra packages) and voice variants.
 ESPEAK_LANGUAGES = (
@@ -122,3 +134,35 @@ def speak(job: SpeechJob) -> str | None:
         return f"{job.voice.id} {job.word!r}: {err}"
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _workers(requested: int | None) -> int:
+    if requested is not None:
+        return max(1, requested)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def speak_all(jobs: Sequence[SpeechJob], workers: int | None = None, progress: bool = True,
+              desc: str = "speech") -> None:
+    """Run every :class:`SpeechJob` whose WAV does not exist yet (so a recipe is idempotent
+    and resumes after an interruption), in ``workers`` processes (default: the usable
+    cores) with a progress bar; output folders are made first. Raises ``RuntimeError``
+    naming how many jobs failed and the first five errors."""
+    todo = [j for j in jobs if not j.out.is_file()]
+    for folder in {j.out.parent for j in todo}:
+        folder.mkdir(parents=True, exist_ok=True)
+    workers = min(_workers(workers), max(1, len(todo)))
+    errors: list[str] = []
+    with progress_bar(total=len(todo), desc=desc, unit="clip", disable=not progress) as bar, \
+            ExitStack() as stack:
+        results = map(speak, todo) if workers == 1 else stack.enter_context(
+            ProcessPoolExecutor(max_workers=workers)).map(speak, todo, chunksize=16)
+        for err in results:
+            errors += [err] if err else []
+            bar.update()
+    if errors:
+        shown = "\n  ".join(errors[:5])
+        raise RuntimeError(f"{len(errors)} of {len(todo)} {desc} clips failed, e.g.:\n  {shown}")

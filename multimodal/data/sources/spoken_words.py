@@ -17,7 +17,6 @@ import random
 import shutil
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,8 @@ from multimodal.data.audio_transforms import (
 )
 from multimodal.data.sources import GET_AUDIO
 from multimodal.data.sources.sonic_pi import SONIC_PI_DIR, sonic_pi_files
-from multimodal.data.sources.speech import SpeechJob, Voice, available_voices, speak
+from multimodal.data.sources.speech import SpeechJob, Voice, available_voices, speak_all
 from multimodal.data.splits import split_counts
-from multimodal.progress import progress as progress_bar
 from multimodal.tokenizers.audio import load_audio
 
 __all__ = ["COMMANDS", "DIGITS", "SPOKEN_WORDS", "SpokenWordsDataset", "read_manifest",
@@ -48,15 +46,6 @@ MANIFEST_FIELDS = ("path", "word", "voice", "speed", "pitch")
 
 DEFAULT_SPEEDS = (120, 150, 180, 210)
 DEFAULT_PITCHES = (30, 45, 60, 75)
-
-
-def _workers(requested: int | None) -> int:
-    if requested is not None:
-        return max(1, requested)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _plan(
@@ -118,14 +107,7 @@ def synthesize_spoken_words(
     if unknown:
         raise ValueError(f"words must come from SPOKEN_WORDS, got {unknown}")
     jobs = _plan(root, sorted(set(chosen)), words, speeds, pitches, takes_per_word, seed)
-    todo = [j for j in jobs if not j.out.is_file()]
-    for folder in {j.out.parent for j in todo}:
-        folder.mkdir(parents=True, exist_ok=True)
-    n_workers = min(_workers(workers), max(1, len(todo)))
-    errors = _execute(todo, n_workers, progress)
-    if errors:
-        shown = "\n  ".join(errors[:5])
-        raise RuntimeError(f"{len(errors)} of {len(todo)} clips failed, e.g.:\n  {shown}")
+    speak_all(jobs, workers, progress, desc="spoken words")
     tmp = manifest.with_suffix(".csv.tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.writer(f)
@@ -135,24 +117,6 @@ def synthesize_spoken_words(
             writer.writerow([rel, j.word, j.voice.id, j.speed, j.pitch])
     tmp.replace(manifest)
     return manifest
-
-
-def _execute(jobs: list[SpeechJob], workers: int, progress: bool) -> list[str]:
-    bar = progress_bar(total=len(jobs), desc="spoken words", unit="clip", disable=not progress)
-    errors: list[str] = []
-    with bar:
-        if workers == 1:
-            results: Iterable[str | None] = map(speak, jobs)
-            for err in results:
-                errors += [err] if err else []
-                bar.update()
-        else:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                for err in pool.map(speak, jobs, chunksize=16):
-                    errors += [err] if err else []
-                    bar.update()
-    return errors
-
 
 
 def read_manifest(root: str | os.PathLike) -> list[dict[str, str]]:

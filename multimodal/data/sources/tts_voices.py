@@ -39,7 +39,6 @@ import random
 import re
 import shutil
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +46,8 @@ import soundfile as sf
 
 from multimodal.data.documents import Document
 from multimodal.data.sources import GET_AUDIO
-from multimodal.data.sources.speech import SpeechJob, Voice, available_voices, speak
+from multimodal.data.sources.speech import SpeechJob, Voice, available_voices, speak_all
 from multimodal.data.sources.spoken_words import SPOKEN_WORDS, split_voices
-from multimodal.progress import progress as progress_bar
 
 __all__ = ["EXTRA_WORDS", "FORTUNE_FILES", "MANIFEST_FIELDS", "TTSRecipe", "Utterance",
            "plan_utterances", "read_tts_manifest", "synthesize_tts", "tts_phrases"]
@@ -185,15 +183,6 @@ def plan_utterances(
     return out
 
 
-def _workers(requested: int | None) -> int:
-    if requested is not None:
-        return max(1, requested)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def read_tts_manifest(root: str | os.PathLike = DEFAULT_ROOT) -> list[dict[str, str]]:
     """Rows of ``root/manifest.csv`` as dicts with :data:`MANIFEST_FIELDS`."""
     path = Path(root) / "manifest.csv"
@@ -239,13 +228,7 @@ def synthesize_tts(
         documents = _default_documents()
     phrases = tts_phrases(documents, recipe.min_words, recipe.max_words)
     plan = plan_utterances(root, chosen, phrases, recipe)
-    todo = [u.job for u in plan if not u.job.out.is_file()]
-    for folder in {j.out.parent for j in todo}:
-        folder.mkdir(parents=True, exist_ok=True)
-    errors = _execute(todo, min(_workers(workers), max(1, len(todo))), progress)
-    if errors:
-        shown = "\n  ".join(errors[:5])
-        raise RuntimeError(f"{len(errors)} of {len(todo)} utterances failed, e.g.:\n  {shown}")
+    speak_all([u.job for u in plan], workers, progress, desc="tts voices")
     tmp = manifest.with_suffix(".csv.tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.writer(f)
@@ -265,19 +248,3 @@ def _default_documents() -> list[Document]:
 
     fortunes = [d for d in read_fortunes() if d.title.split(" #")[0] in FORTUNE_FILES]
     return read_bible() + fortunes
-
-
-def _execute(jobs: list[SpeechJob], workers: int, progress: bool) -> list[str]:
-    bar = progress_bar(total=len(jobs), desc="tts voices", unit="clip", disable=not progress)
-    errors: list[str] = []
-    with bar:
-        if workers == 1:
-            for err in map(speak, jobs):
-                errors += [err] if err else []
-                bar.update()
-        else:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                for err in pool.map(speak, jobs, chunksize=16):
-                    errors += [err] if err else []
-                    bar.update()
-    return errors
