@@ -12,6 +12,7 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     models                     every model; imports the layers above, never Lightning
     hub, convert               what knows every model: loading by model_type, checkpoints,
                                encoders, presets, conversion from other libraries
+    synthesis                  text-to-speech from a CodecLM checkpoint (models + hub)
     tasks | data | callbacks   Lightning; data sits beside tasks and neither imports the other
     cli, prepare, plots_*      entry points
 
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 _BASE = {"weights", "registry", "plots", "progress", "precision"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
-_ZOO = {*_MODELS, "hub", "convert", "embeddings"}
+_ZOO = {*_MODELS, "hub", "convert", "embeddings", "synthesis"}
 ALLOWED: dict[str, set[str]] = {
     "__init__": set(),  # lazy attribute access only, never a module-level import
     "weights": set(),
@@ -51,6 +52,7 @@ ALLOWED: dict[str, set[str]] = {
     "hub": _ZOO,
     "convert": _ZOO,
     "embeddings": {"tokenizers"},
+    "synthesis": {*_MODELS, "hub"},  # text-to-speech from a CodecLM checkpoint
     "tasks": {*_ZOO, "tasks"},
     "data": {*_LAYERS, "data"},
     "callbacks": {"progress"},

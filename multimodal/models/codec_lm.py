@@ -49,6 +49,7 @@ from torch import Tensor, nn
 
 from multimodal.generation import generate
 from multimodal.models.backbone import model_config
+from multimodal.models.text import last_token
 from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
@@ -560,7 +561,7 @@ class CodecLM(PretrainedMixin, nn.Module):
     (``.nar``, codebooks 2..Q). :meth:`synthesize_codes` runs both for one utterance."""
 
     config_class = CodecLMConfig
-    modality = "speech"
+    modality = "text-audio"  # text in, speech (codec tokens) out
 
     def __init__(self, config: CodecLMConfig) -> None:
         super().__init__()
@@ -568,9 +569,42 @@ class CodecLM(PretrainedMixin, nn.Module):
         self.ar = CodecAR(config.ar)
         self.nar = CodecNAR(config.nar)
 
+    # The model API (multimodal/models/api.py) on the AR stream: features are the AR's
+    # hidden states, the head its next-token logits (codes and EOS), pooling the last real
+    # token -- the verbs of a decoder, as TextDecoder's. The NAR is reached as ``.nar``.
+
+    @property
+    def num_features(self) -> int:
+        return self.config.ar.dim
+
+    def forward_features(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                         **kwargs: Any) -> Tensor:
+        """The AR's hidden states ``(B, N, dim)`` (:meth:`CodecAR.forward_features`)."""
+        return self.ar.forward_features(input_ids, attention_mask, **kwargs)
+
+    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The last real token's features ``(B, dim)``."""
+        return last_token(features, attention_mask)
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """Next-token logits ``(B, N, K + 1)`` (``pre_logits``: :meth:`pool`)."""
+        return self.pool(features, attention_mask) if pre_logits else self.ar.head(features)
+
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         """The AR logits (:meth:`CodecAR.forward`)."""
         return self.ar(*args, **kwargs)
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
+        """An AR training stream ``(input_ids,)`` of random phonemes, prompt and target
+        codes (6, 5 and 4 per row)."""
+        k, b = self.config.codebook_size, batch_size
+        phonemes = torch.randint(0, self.config.num_phonemes, (b, 6))
+        prompt, codes = torch.randint(0, k, (b, 5)), torch.randint(0, k, (b, 4))
+        full = lambda t: torch.full((b,), t.shape[1], dtype=torch.long)
+        ids, _ = self.ar.teacher_forcing(phonemes, full(phonemes), prompt, full(prompt),
+                                         codes, full(codes))
+        return (ids,)
 
     @torch.no_grad()
     def synthesize_codes(self, phonemes: Tensor, prompt: Tensor,
