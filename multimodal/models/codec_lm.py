@@ -145,6 +145,16 @@ def _check_codes(name: str, codes: Tensor, codebook_size: int, dims: int) -> Non
                          f"{int(codes.min())}, max {int(codes.max())}")
 
 
+def _check_stream_config(config: CodecARConfig | CodecNARConfig) -> None:
+    """The size and position checks both codec-LM configs share."""
+    for name in ("codebook_size", "num_phonemes", "max_len"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
+    if config.pos_embed not in ("sinusoidal", "learned"):
+        raise ValueError(f"pos_embed must be 'sinusoidal' or 'learned', "
+                         f"got {config.pos_embed!r}")
+
+
 # --- AR: codebook 1 ------------------------------------------------------------------------
 
 
@@ -163,12 +173,7 @@ class CodecARConfig:
     pos_embed: PositionKind = "sinusoidal"
 
     def __post_init__(self) -> None:
-        for name in ("codebook_size", "num_phonemes", "max_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.pos_embed not in ("sinusoidal", "learned"):
-            raise ValueError(f"pos_embed must be 'sinusoidal' or 'learned', "
-                             f"got {self.pos_embed!r}")
+        _check_stream_config(self)
 
 
 class CodecAR(PretrainedMixin, nn.Module):
@@ -381,15 +386,10 @@ class CodecNARConfig:
     pos_embed: PositionKind = "sinusoidal"
 
     def __post_init__(self) -> None:
-        for name in ("codebook_size", "num_phonemes", "max_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        _check_stream_config(self)
         if self.num_codebooks < 2:
             raise ValueError(f"num_codebooks must be >= 2 (the NAR fills codebooks 2..Q), "
                              f"got {self.num_codebooks}")
-        if self.pos_embed not in ("sinusoidal", "learned"):
-            raise ValueError(f"pos_embed must be 'sinusoidal' or 'learned', "
-                             f"got {self.pos_embed!r}")
 
 
 class CodecNAR(PretrainedMixin, nn.Module):
