@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="fraction (< 1) or count held out for testing")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--workers", type=int, default=1)
+        p.add_argument("--chunk-bytes", default=None,
+                       help="size of a shard chunk, e.g. 64MB (default: per split, at least "
+                            "64 chunks where the items allow, 64 KB to 64 MB each)")
         return p
 
     images = kind("images", "image classification: folder or manifest",
@@ -90,7 +93,7 @@ def _images(args: argparse.Namespace) -> dict[str, int]:
         val_size=_size(args.val_size), test_size=_size(args.test_size), seed=args.seed,
     )
     return write_image_shards(dm._load_file_splits(), args.out, args.image_size,
-                              num_workers=args.workers)
+                              num_workers=args.workers, chunk_bytes=args.chunk_bytes)
 
 
 def _audio(args: argparse.Namespace) -> dict[str, int]:
@@ -102,7 +105,8 @@ def _audio(args: argparse.Namespace) -> dict[str, int]:
         test_fraction=_size(args.test_size), seed=args.seed, skip_corrupt=args.skip_corrupt)
     splits = dm._file_lists()  # header-checked, as the module checks them
     return write_shards("audio", {k: AudioShardEncoder(v) for k, v in splits.items()},
-                        args.out, {"classes": dm.class_names}, args.workers)
+                        args.out, {"classes": dm.class_names}, args.workers,
+                        args.chunk_bytes)
 
 
 def _captions(args: argparse.Namespace) -> dict[str, int]:
@@ -117,7 +121,7 @@ def _captions(args: argparse.Namespace) -> dict[str, int]:
                 for k, v in splits.items() if len(v)}
     return write_shards("captions",
                         {k: CaptionShardEncoder(v, args.image_size) for k, v in splits.items()},
-                        args.out, {"image_size": args.image_size}, args.workers,
+                        args.out, {"image_size": args.image_size}, args.workers, args.chunk_bytes,
                         sidecars={"captions.json": json.dumps(captions)})
 
 
@@ -136,7 +140,8 @@ def _text(args: argparse.Namespace) -> dict[str, int]:
     encoders = {k: BlockShardEncoder(d.blocks) for k, d in dm.datasets.items()}
     return write_shards("text", encoders, args.out,
                         {"block_size": args.block_size, "vocab_size": dm.vocab_size},
-                        args.workers, sidecars={"tokenizer.json": tokenizer})
+                        args.workers, args.chunk_bytes,
+                        sidecars={"tokenizer.json": tokenizer})
 
 
 def _size(value: float) -> int | float:

@@ -47,7 +47,9 @@ from multimodal.data.readers import (
 
 __all__ = [
     "ShardLoaderMixin",
+    "auto_chunk_bytes",
     "encode_image_file",
+    "item_bytes",
     "read_shard_file",
     "read_shard_meta",
     "shard_dataset",
@@ -57,6 +59,9 @@ __all__ = [
 ]
 
 META = "multimodal.json"
+MIN_CHUNKS = 64  # per split, when the items allow: whole chunks for every rank x worker
+MIN_CHUNK_BYTES = 64 * 2**10
+MAX_CHUNK_BYTES = 64 * 2**20  # LitData's own default size
 
 
 def _litdata() -> Any:
@@ -122,18 +127,55 @@ class ItemEncoder(Protocol):
     def __call__(self, index: int) -> dict[str, Any]: ...
 
 
+def item_bytes(item: dict[str, Any]) -> int:
+    """Payload bytes of one item: the length of its bytes / str values, the size of its
+    arrays, 8 for any other scalar."""
+    total = 0
+    for value in item.values():
+        if isinstance(value, bytes | str):
+            total += len(value)
+        elif hasattr(value, "nbytes"):
+            total += int(value.nbytes)
+        else:
+            total += 8
+    return total
+
+
+def auto_chunk_bytes(encode: ItemEncoder, sample: int = 32) -> int:
+    """A chunk size that cuts the split into at least :data:`MIN_CHUNKS` chunks, within
+    [:data:`MIN_CHUNK_BYTES`, :data:`MAX_CHUNK_BYTES`]: ``clamp(n * mean_item_bytes /
+    MIN_CHUNKS)``, the mean taken over ``sample`` evenly spaced items (encoded once here).
+
+    Why not LitData's 64 MB for everything: a split smaller than one chunk is then a single
+    chunk, and every loader worker (and rank) reading a share of the same chunk costs more
+    per item than reading whole chunks of its own. Measured on 10 000 Fashion-MNIST PNGs
+    (5.6 MB, ``benchmarks/data_throughput.py``), 2 workers: one chunk 2 000 images/s at
+    800 us of CPU an item, 23 chunks 3 900 images/s at 490 us; 0 workers 420-470 us either way.
+    """
+    n = len(encode)
+    if n == 0:
+        return MAX_CHUNK_BYTES
+    picks = sorted({round(i * (n - 1) / max(1, sample - 1)) for i in range(min(n, sample))})
+    mean = sum(item_bytes(encode(i)) for i in picks) / len(picks)
+    return int(min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, n * mean / MIN_CHUNKS)))
+
+
 def write_shards(
     kind: str,
     splits: dict[str, ItemEncoder],
     out: str,
     meta: dict[str, Any] | None = None,
     num_workers: int = 1,
-    chunk_bytes: str = "64MB",
+    chunk_bytes: int | str | None = None,
     sidecars: dict[str, str] | None = None,
 ) -> dict[str, int]:
     """Write each split's items as a LitData dataset under ``out/<split>``, then
     ``out/multimodal.json`` (``kind``, split sizes, ``meta``) and each sidecar text file
-    (name -> content); returns the split sizes. A split with no item is not written."""
+    (name -> content); returns the split sizes. A split with no item is not written.
+
+    ``chunk_bytes``: the size of a chunk (``"64MB"`` or bytes); None picks one per split
+    with :func:`auto_chunk_bytes`.
+    """
     litdata = _litdata()
     sizes = {}
     for split, encode in splits.items():
@@ -143,7 +185,7 @@ def write_shards(
             fn=encode,
             inputs=list(range(len(encode))),
             output_dir=f"{out.rstrip('/')}/{split}",
-            chunk_bytes=chunk_bytes,
+            chunk_bytes=auto_chunk_bytes(encode) if chunk_bytes is None else chunk_bytes,
             num_workers=num_workers,
             mode="overwrite",
         )
@@ -160,7 +202,7 @@ def write_image_shards(
     out: str,
     image_size: int | None = None,
     num_workers: int = 1,
-    chunk_bytes: str = "64MB",
+    chunk_bytes: int | str | None = None,
 ) -> dict[str, int]:
     """Write each split's images as a LitData dataset under ``out/<split>``; returns sizes.
 
