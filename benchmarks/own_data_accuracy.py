@@ -4,10 +4,14 @@ data": folder and shards within 0.5 points of the in-memory path).
 
     bash data/get_folders.sh /tmp/folders   # OUT/fashion_mnist_png/{train,test}/<k>_<class>/<n>.png
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/own_data_accuracy.py \
-        --folder /tmp/folders/fashion_mnist_png --epochs 3
+        --folder /tmp/folders/fashion_mnist_png --epochs 3 --seeds 0 1
 
-The model, optimiser and data settings are those of ``configs/vit_fashion_mnist.yaml``
-(read from it); only ``max_epochs`` is cut, the same for all three paths. What is made the
+The model, optimiser and data settings are those of ``--config`` (default
+``benchmarks/main_job_reference.yaml``, the 28-px main-job recipe: every path then feeds the
+model the files' own pixels, no resize); only ``max_epochs`` is cut, the same for all three
+paths. With several ``--seeds`` every path runs once per seed (model init and augmentation
+draw); the table gives each path's mean and range, and its mean's distance to the in-memory
+mean next to the in-memory runs' own range. What is made the
 same, and how a user gets the same with their own data:
 
 - **split**: the in-memory module holds out ``val_size`` rows of the IDX file (a seeded
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -41,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "vit_fashion_mnist.yaml"
+CONFIG = Path(__file__).resolve().parent / "main_job_reference.yaml"
 PATHS = ("memory", "folder", "shards")
 
 
@@ -72,6 +77,15 @@ def write_split_manifests(folder: Path, work: Path) -> tuple[Path, Path]:
 
 def _config() -> dict:
     return yaml.safe_load(CONFIG.read_text())
+
+
+def _use_config(path: str) -> None:
+    global CONFIG
+    CONFIG = Path(path)
+    image_size = _config()["data"]["init_args"].get("image_size")
+    if image_size not in (None, 28):
+        raise SystemExit(f"{path}: image_size {image_size}; this comparison feeds 28-px files "
+                         "unresized, use a 28-px recipe")
 
 
 def datamodule(path: str, folder: Path, work: Path):
@@ -120,14 +134,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", required=True,
                         help="Fashion-MNIST PNG tree of data/get_folders.sh (train/, test/)")
+    parser.add_argument("--config", default=str(CONFIG), help="a 28-px ViT recipe")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workdir", default="/tmp/mm_own_data_accuracy")
     parser.add_argument("--path", choices=PATHS,
-                        help="run only this path, in this process (with --seed: another "
-                             "model init and augmentation draw, to see run-to-run noise)")
+                        help="run only this path, in this process")
     parser.add_argument("--seed", type=int, default=None,
                         help="seed_everything for --path (default: the config's)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="run every path once per seed (default: the config's seed)")
     args = parser.parse_args()
+    _use_config(args.config)
     folder, work = Path(args.folder), Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     if args.path:
@@ -139,22 +156,29 @@ def main() -> None:
                         str(folder / "train.csv"), str(work / "shards"),
                         "--val", str(folder / "val.csv"), "--test", str(folder / "test")],
                        check=True)
-    results = []
-    for path in PATHS:
-        out = subprocess.run([sys.executable, __file__, "--folder", str(folder), "--epochs",
-                              str(args.epochs), "--workdir", str(work), "--path", path],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit(f"{path} failed:\n{out.stderr[-3000:]}")
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(json.dumps(results[-1]), flush=True)
-    ref = results[0]["test_acc"]
-    print(f"\nViT of {CONFIG.name}, {args.epochs} epochs each")
-    print("| source | test acc | vs memory (points) |")
-    print("| --- | ---: | ---: |")
-    for r in results:
-        print(f"| {r['path']} | {100 * r['test_acc']:.2f} % | "
-              f"{100 * (r['test_acc'] - ref):+.2f} |")
+    seeds = args.seeds or [_config()["seed_everything"]]
+    acc: dict[str, list[float]] = {path: [] for path in PATHS}
+    for seed in seeds:  # seed-major: a slow machine hits every path alike
+        for path in PATHS:
+            out = subprocess.run([sys.executable, __file__, "--folder", str(folder),
+                                  "--config", str(CONFIG), "--epochs", str(args.epochs),
+                                  "--workdir", str(work), "--path", path, "--seed", str(seed)],
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"{path} seed {seed} failed:\n{out.stderr[-3000:]}")
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            acc[path].append(100 * result["test_acc"])
+            print(json.dumps(result), flush=True)
+    ref = statistics.mean(acc["memory"])
+    spread = max(acc["memory"]) - min(acc["memory"])
+    print(f"\nViT of {CONFIG.name}, {args.epochs} epochs, seeds {seeds}; in-memory runs' own "
+          f"range {spread:.2f} points")
+    print("| source | test acc per seed | mean | range | mean vs memory (points) |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for path, values in acc.items():
+        per_seed = " / ".join(f"{v:.2f}" for v in values)
+        print(f"| {path} | {per_seed} | {statistics.mean(values):.2f} % | "
+              f"{max(values) - min(values):.2f} | {statistics.mean(values) - ref:+.2f} |")
 
 
 if __name__ == "__main__":
