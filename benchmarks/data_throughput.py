@@ -100,7 +100,10 @@ def throughput(args: argparse.Namespace) -> None:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     folder = write_folder(work, args.files)
-    shards = work / f"fmnist_shards_{args.files}_{args.image_size}"
+    from multimodal.data.shards import MIN_CHUNKS
+
+    # the chunking policy in the name: shards of an older writer are not reused
+    shards = work / f"fmnist_shards_{args.files}_{args.image_size}_min{MIN_CHUNKS}chunks"
     if not (shards / "multimodal.json").exists():
         # in its own process: LitData's writer threads would stay behind in this one
         subprocess.run([sys.executable, "-m", "multimodal.prepare", "images", str(folder),
