@@ -110,12 +110,17 @@ def _left_align(ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
     return ids.gather(1, index), mask.long()
 
 
-def _position_table(kind: PositionKind, max_len: int, dim: int) -> nn.Module | Tensor:
+def _add_positions(module: nn.Module, kind: PositionKind, max_len: int, dim: int) -> None:
+    """Give ``module`` its position table ``pos_table`` (max_len, dim), a parameter when
+    ``learned``, a fixed buffer when ``sinusoidal``, and its learned scale ``pos_alpha``."""
     if kind == "learned":
-        return nn.Parameter(torch.randn(max_len, dim) * 0.02)
-    if kind == "sinusoidal":
-        return sinusoidal_positions(max_len, dim)
-    raise ValueError(f"pos_embed must be 'sinusoidal' or 'learned', got {kind!r}")
+        module.pos_table = nn.Parameter(torch.randn(max_len, dim) * 0.02)
+    elif kind == "sinusoidal":
+        module.register_buffer("pos_table", sinusoidal_positions(max_len, dim),
+                               persistent=False)
+    else:
+        raise ValueError(f"pos_embed must be 'sinusoidal' or 'learned', got {kind!r}")
+    module.pos_alpha = nn.Parameter(torch.ones(()))
 
 
 def _init_embeddings(dim: int, *tables: nn.Embedding) -> None:
@@ -191,12 +196,7 @@ class CodecAR(PretrainedMixin, nn.Module):
         self.phoneme_offset = k + 3
         self.code_embed = nn.Embedding(k + 3, config.dim)
         self.phoneme_embed = nn.Embedding(config.num_phonemes, config.dim)
-        table = _position_table(config.pos_embed, config.max_len, config.dim)
-        if isinstance(table, nn.Parameter):
-            self.pos_table = table
-        else:
-            self.register_buffer("pos_table", table, persistent=False)
-        self.pos_alpha = nn.Parameter(torch.ones(()))
+        _add_positions(self, config.pos_embed, config.max_len, config.dim)
         self.drop = nn.Dropout(config.dropout)
         self.transformer = Transformer(config.backbone)
         self.head = nn.Linear(config.dim, k + 1, bias=False)
@@ -406,12 +406,7 @@ class CodecNAR(PretrainedMixin, nn.Module):
         self.code_embeds = nn.ModuleList(nn.Embedding(k, d) for _ in range(q))
         self.segment_embed = nn.Embedding(3, d)  # phonemes, prompt, target
         self.stage_embed = nn.Embedding(q - 1, d)  # stage s = 1..Q-1 at row s - 1
-        table = _position_table(config.pos_embed, config.max_len, d)
-        if isinstance(table, nn.Parameter):
-            self.pos_table = table
-        else:
-            self.register_buffer("pos_table", table, persistent=False)
-        self.pos_alpha = nn.Parameter(torch.ones(()))
+        _add_positions(self, config.pos_embed, config.max_len, d)
         self.drop = nn.Dropout(config.dropout)
         self.transformer = Transformer(config.backbone)
         self.head_weight = nn.Parameter(torch.empty(q - 1, k, d))
