@@ -18,6 +18,8 @@ pytest.importorskip("litdata")
 # litdata.optimize starts a worker process per split: the fixture alone takes ~10-140 s here.
 pytestmark = pytest.mark.slow
 
+from shard_runs import Killed, Record, trainer  # noqa: E402
+
 import multimodal as mm  # noqa: E402
 from multimodal.data.vision import ImageClassificationDataModule  # noqa: E402
 from multimodal.tasks import ClassificationTask  # noqa: E402
@@ -78,34 +80,8 @@ def test_shards_hold_the_folder_split(shards):
         assert seen_labels == [labels[i] for i in seen]
 
 
-class Killed(Exception):
-    pass
-
-
-class Record(L.Callback):
-    """Appends the item ids of every training batch to ``seen`` (and a file per rank)."""
-
-    def __init__(self, folder: Path | None = None, stop_after: int | None = None) -> None:
-        self.folder, self.stop_after, self.seen = folder, stop_after, []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.seen.append(ids_of(batch[0]))
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.stop_after is not None and batch_idx + 1 == self.stop_after:
-            trainer.save_checkpoint(Path(self.folder) / "mid.ckpt")
-            raise Killed  # stands for a job killed mid-epoch
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.folder is not None:
-            torch.save(self.seen, Path(self.folder) / f"seen{trainer.global_rank}.pt")
-
-
-def trainer(tmp_path: Path, callback: L.Callback, **kwargs) -> L.Trainer:
-    args = dict(accelerator="cpu", devices=1, max_epochs=1, limit_val_batches=0,
-                logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                enable_model_summary=False, default_root_dir=tmp_path, callbacks=[callback])
-    return L.Trainer(**{**args, **kwargs})
+def batch_ids(batch) -> list[int]:
+    return ids_of(batch[0])
 
 
 def task() -> ClassificationTask:
@@ -115,7 +91,7 @@ def task() -> ClassificationTask:
 def test_ddp_ranks_stream_disjoint_shares_covering_the_epoch(shards, tmp_path):
     path, _ = shards
     L.seed_everything(0)
-    trainer(tmp_path, Record(tmp_path), devices=2, strategy="ddp_spawn").fit(
+    trainer(tmp_path, Record(batch_ids, tmp_path), devices=2, strategy="ddp_spawn").fit(
         task(), module(path))
     r0 = [i for batch in torch.load(tmp_path / "seen0.pt") for i in batch]
     r1 = [i for batch in torch.load(tmp_path / "seen1.pt") for i in batch]
@@ -129,13 +105,13 @@ def test_ddp_ranks_stream_disjoint_shares_covering_the_epoch(shards, tmp_path):
 
 def test_resume_mid_epoch_continues_with_unseen_items(shards, tmp_path):
     path, _ = shards
-    first = Record(tmp_path, stop_after=2)
+    first = Record(batch_ids, tmp_path, stop_after=2)
     L.seed_everything(0)
     with pytest.raises(Killed):
         trainer(tmp_path, first).fit(task(), module(path))
     before = [i for batch in first.seen for i in batch]
     assert len(before) == 8
-    second = Record()
+    second = Record(batch_ids)
     trainer(tmp_path, second).fit(task(), module(path), ckpt_path=tmp_path / "mid.ckpt")
     after = [i for batch in second.seen for i in batch]
     assert len(after) == 16 and not set(before) & set(after)

@@ -23,6 +23,8 @@ sf = pytest.importorskip("soundfile")
 # litdata.optimize starts a worker process per split: each fixture takes ~10-60 s here.
 pytestmark = pytest.mark.slow
 
+from shard_runs import Killed, Record, trainer  # noqa: E402
+
 from multimodal.data.audio import AudioClassificationDataModule  # noqa: E402
 from multimodal.data.captions import CaptionDataModule  # noqa: E402
 from multimodal.data.text import TextCorpusDataModule  # noqa: E402
@@ -123,34 +125,6 @@ class Probe(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-class Killed(Exception):
-    pass
-
-
-class Record(L.Callback):
-    def __init__(self, folder: Path | None = None, stop_after: int | None = None) -> None:
-        self.folder, self.stop_after, self.seen = folder, stop_after, []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.seen.append(ids_of(batch))
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.stop_after is not None and batch_idx + 1 == self.stop_after:
-            trainer.save_checkpoint(Path(self.folder) / "mid.ckpt")
-            raise Killed  # stands for a job killed mid-epoch
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.folder is not None:
-            torch.save(self.seen, Path(self.folder) / f"seen{trainer.global_rank}.pt")
-
-
-def trainer(tmp_path: Path, callback: L.Callback, **kwargs) -> L.Trainer:
-    args = dict(accelerator="cpu", devices=1, max_epochs=1, limit_val_batches=0,
-                logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                enable_model_summary=False, default_root_dir=tmp_path, callbacks=[callback])
-    return L.Trainer(**{**args, **kwargs})
-
-
 def every_train_id(out: Path) -> list[int]:
     dm = audio_module(shards=str(out))
     return sorted(i for b in dm.loader(dm.split_dataset("train"), False) for i in ids_of(b))
@@ -159,7 +133,7 @@ def every_train_id(out: Path) -> list[int]:
 def test_audio_ddp_ranks_stream_disjoint_shares_covering_the_epoch(audio, tmp_path):
     _, out = audio
     L.seed_everything(0)
-    trainer(tmp_path, Record(tmp_path), devices=2, strategy="ddp_spawn").fit(
+    trainer(tmp_path, Record(ids_of, tmp_path), devices=2, strategy="ddp_spawn").fit(
         Probe(), audio_module(shards=str(out)))
     r0 = [i for batch in torch.load(tmp_path / "seen0.pt") for i in batch]
     r1 = [i for batch in torch.load(tmp_path / "seen1.pt") for i in batch]
@@ -170,13 +144,13 @@ def test_audio_ddp_ranks_stream_disjoint_shares_covering_the_epoch(audio, tmp_pa
 
 def test_audio_resume_mid_epoch_continues_with_unseen_items(audio, tmp_path):
     _, out = audio
-    first = Record(tmp_path, stop_after=2)
+    first = Record(ids_of, tmp_path, stop_after=2)
     L.seed_everything(0)
     with pytest.raises(Killed):
         trainer(tmp_path, first).fit(Probe(), audio_module(shards=str(out)))
     before = [i for batch in first.seen for i in batch]
     assert len(before) == 8
-    second = Record()
+    second = Record(ids_of)
     trainer(tmp_path, second).fit(Probe(), audio_module(shards=str(out)),
                                   ckpt_path=tmp_path / "mid.ckpt")
     after = [i for batch in second.seen for i in batch]
