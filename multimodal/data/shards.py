@@ -100,10 +100,6 @@ def encode_image_file(path: str, image_size: int | None) -> bytes:
     return encode_png(image).numpy().tobytes()
 
 
-def _encode_item(path: str, label: int, image_size: int | None) -> dict[str, Any]:
-    return {"image": encode_image_file(path, image_size), "label": int(label)}
-
-
 class _Encoder:
     """Picklable per-item function for ``litdata.optimize`` (runs in its worker processes)."""
 
@@ -115,7 +111,8 @@ class _Encoder:
         return len(self.paths)
 
     def __call__(self, index: int) -> dict[str, Any]:
-        return _encode_item(str(self.paths[index]), int(self.labels[index]), self.image_size)
+        return {"image": encode_image_file(str(self.paths[index]), self.image_size),
+                "label": int(self.labels[index])}
 
 
 class ItemEncoder(Protocol):
