@@ -243,13 +243,6 @@ class Block(nn.Module):
                         _in_out(mlp.fc1.weight), mlp.fc1.bias, _plain(mlp.act),
                         _in_out(mlp.fc2.weight), mlp.fc2.bias, attn.heads, attn.head_dim)
 
-    def step(self, x: Tensor, cache: LayerCache) -> Tensor:
-        """``forward(x[:, None], cache=cache)[0][:, 0]`` for one new token per row, ``x``
-        (B, dim), in eval mode (when :meth:`can_step`): :func:`block_step` with
-        :meth:`step_plan`, the same kernels on the same values, so the same result bit for
-        bit (tests/test_cache.py)."""
-        return block_step(x, self.step_plan(), cache)
-
 
 class StepPlan(NamedTuple):
     """One pre-norm block's tensors and functions for :func:`block_step`."""
@@ -272,7 +265,10 @@ class StepPlan(NamedTuple):
 def block_step(x: Tensor, p: StepPlan, cache: LayerCache) -> Tensor:
     """One new token per row through a plain pre-norm block, ``x`` (B, dim) -> (B, dim):
     ``z = x + W_o Attn(q, K, V)`` with ``(q, k, v) = W_qkv LN_1(x)`` (k, v appended to the
-    cache, K, V all cached keys and values), then ``z + W_2 act(W_1 LN_2(z))``; without
+    cache, K, V all cached keys and values), then ``z + W_2 act(W_1 LN_2(z))``. For a block
+    that :meth:`~Block.can_step`, in eval mode, with ``p = block.step_plan()``: equal bit
+    for bit to ``block(x[:, None], cache=cache)[0][:, 0]`` (the same kernels on the same
+    values; tests/test_cache.py), without
     the module calls, identity dropouts, per-layer argument handling and (B, 1, ...)
     reshapes that cost more than the arithmetic at batch 4 on a CPU. One query after the
     cache sees every cached key: no mask. Heads are views of the fused projection: for one
