@@ -102,15 +102,16 @@ def datamodule_arguments(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | Path) -> nn.Module:
-    """Rebuild the model of a Lightning checkpoint written by one of our tasks.
+    """Rebuild the model of a Lightning checkpoint written by one of our tasks:
+    :func:`model_from_checkpoint` of :func:`read_checkpoint`."""
+    return model_from_checkpoint(read_checkpoint(path), path)
 
-    The file is read with ``torch.load(weights_only=True)``: tensors and plain Python
-    values only, so a checkpoint that would run code when unpickled is refused. The model
-    is built from ``checkpoint["multimodal_model"]`` (``model_type``, ``model_config``:
-    :class:`multimodal.tasks.base.ModelTask` writes it; older checkpoints kept them in
-    ``hyper_parameters``) and its weights are found in ``state_dict`` under the task's prefix
-    (``model.``).
-    """
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint file as its dict, read with ``torch.load(weights_only=True)``: tensors
+    and plain Python values only, so a checkpoint that would run code when unpickled is
+    refused. Read once where both the model and other entries (tokenizer, data arguments)
+    are wanted."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
@@ -125,12 +126,21 @@ def load_checkpoint(path: str | Path) -> nn.Module:
                          f"{CHECKPOINT_HINT}") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise ValueError(f"{path} has no 'state_dict'; {CHECKPOINT_HINT}")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path = "checkpoint") -> nn.Module:
+    """The model of a checkpoint dict of :func:`read_checkpoint` (``path`` names it in
+    errors), in eval mode. It is built from ``ckpt["multimodal_model"]`` (``model_type``,
+    ``model_config``: :class:`multimodal.tasks.base.ModelTask` writes it; older checkpoints
+    kept them in ``hyper_parameters``) and its weights are found in ``state_dict`` under the
+    task's prefix (``model.``)."""
     about = ckpt.get("multimodal_model") or ckpt.get("hyper_parameters") or {}
     kind, cfg = about.get("model_type"), about.get("model_config")
     if not isinstance(kind, str) or not isinstance(cfg, dict):
         raise ValueError(f"{path}: no model_type/model_config recorded "
                          f"(top-level keys {sorted(ckpt)}); {CHECKPOINT_HINT}")
-    model = build_model(_model_class(kind, path), cfg)
+    model = build_model(_model_class(kind, Path(path)), cfg)
     load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
     return model.eval()
 
@@ -372,5 +382,6 @@ __all__ = [  # the weight-format names are re-exported for code that imported th
     "CHECKPOINT_HINT", "CONFIG_NAME", "FORMAT_VERSION", "MODEL_CLASSES", "TOKENIZER_NAME",
     "WEIGHTS_NAME", "Encoder", "PretrainedMixin", "config_from_dict", "config_to_dict",
     "create_model", "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
-    "load_encoder", "load_safetensors", "load_state_dict_checked", "read_config",
+    "load_encoder", "load_safetensors", "load_state_dict_checked", "model_from_checkpoint",
+    "read_checkpoint", "read_config",
 ]

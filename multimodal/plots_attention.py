@@ -99,11 +99,11 @@ def plot_cross_attention(image: Tensor, words: Sequence[str], maps: Tensor,
 def load_captioner(checkpoint: str | Path) -> tuple[torch.nn.Module, object, dict]:
     """(Captioner, its tokenizer, the data module's init arguments) of a CaptioningTask
     checkpoint."""
-    from multimodal.hub import datamodule_arguments, load_checkpoint
+    from multimodal.hub import datamodule_arguments, model_from_checkpoint, read_checkpoint
     from multimodal.tasks.captioning import _tokenizer_from_json
 
-    model = load_checkpoint(checkpoint)
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    ckpt = read_checkpoint(checkpoint)
+    model = model_from_checkpoint(ckpt, checkpoint)
     if not isinstance(ckpt.get("tokenizer"), str):
         raise ValueError(f"{checkpoint} holds no tokenizer: expected a CaptioningTask "
                          "checkpoint")

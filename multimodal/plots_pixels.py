@@ -62,7 +62,7 @@ def plot_completions(originals: Tensor, completions: Tensor, prompt_rows: int,
 
 def main(argv: Sequence[str] | None = None) -> None:
     from multimodal.data.pixels import PixelDataModule
-    from multimodal.hub import datamodule_arguments, load_checkpoint
+    from multimodal.hub import datamodule_arguments, model_from_checkpoint, read_checkpoint
     from multimodal.tasks.autoregressive import evenly_spaced_items
     from multimodal.tokenizers.image import PixelTokenizer
 
@@ -78,8 +78,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    model = load_checkpoint(args.checkpoint).eval()
-    ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    ckpt = read_checkpoint(args.checkpoint)
+    model = model_from_checkpoint(ckpt, args.checkpoint)
     data = datamodule_arguments(ckpt)
     cfg = model.config
     tokenizer = PixelTokenizer(levels=cfg.vocab_size)

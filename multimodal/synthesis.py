@@ -113,13 +113,13 @@ def codec_from_state(state: dict[str, Any]) -> MelRVQCodec:
 
 def load_tts(path: str | Path) -> TTSBundle:
     """The :class:`TTSBundle` of a :class:`~multimodal.tasks.tts.TTSTask` checkpoint."""
-    from multimodal.hub import load_checkpoint
+    from multimodal.hub import model_from_checkpoint, read_checkpoint
 
     path = Path(path)
-    model = load_checkpoint(path)
+    ckpt = read_checkpoint(path)
+    model = model_from_checkpoint(ckpt, path)
     if not isinstance(model, CodecLM):
         raise ValueError(f"{path} holds a {type(model).__name__}, not a text-to-speech CodecLM")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     state = ckpt.get(BUNDLE_KEY)
     if not isinstance(state, dict):
         raise ValueError(f"{path} has no '{BUNDLE_KEY}' entry (phoneme tokenizer + codec): was "
