@@ -206,14 +206,14 @@ def _chunks(bundle: TTSBundle, text: str, limit: int) -> list[list[int]]:
                          "its tokenizer)")
     if len(whole) <= limit:
         return [whole]
+    space = tok.token_to_id(" ")
+    joint = [space] if space is not None else []  # between sentences of one group
     groups: list[list[int]] = []
     for sentence in split_sentences(text):
         ids = tok.encode(sentence)
         if len(ids) > limit:
             raise ValueError(f"sentence {sentence!r:.60} is {len(ids)} phonemes; with this "
                              f"prompt the model's context takes at most {limit}: split it")
-        space = tok.token_to_id(" ")
-        joint = [space] if space is not None else []
         if groups and len(groups[-1]) + len(joint) + len(ids) <= limit:
             groups[-1] = groups[-1] + joint + ids
         else:
