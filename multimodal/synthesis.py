@@ -53,8 +53,7 @@ from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 from multimodal.tokenizers.phonemes import CLAUSE_BREAK, WORD_BREAK, PhonemeTokenizer
 from multimodal.tokenizers.text import UNK_ID
 
-__all__ = ["TTSBundle", "bundle_state", "codec_frame_rate", "load_tts", "split_sentences",
-           "synthesize"]
+__all__ = ["TTSBundle", "bundle_state", "load_tts", "split_sentences", "synthesize"]
 
 BUNDLE_KEY = "tts"
 MIN_SPEECH_SECONDS = 0.1
@@ -77,16 +76,7 @@ class TTSBundle:
     @property
     def frame_rate(self) -> float:
         """Codec frames (token columns) per second."""
-        return codec_frame_rate(self.codec)
-
-
-def codec_frame_rate(codec: MelRVQCodec) -> float:
-    """Token columns per second of ``codec`` (its ``frame_rate`` where it has one, else
-    one column per analysis hop)."""
-    rate = getattr(codec, "frame_rate", None)
-    if rate is not None:
-        return float(rate)
-    return codec.sample_rate / codec.config.features.hop_length
+        return self.codec.frame_rate
 
 
 def bundle_state(tokenizer: PhonemeTokenizer, codec: MelRVQCodec, max_prompt_frames: int,

@@ -34,7 +34,6 @@ from multimodal.synthesis import (
     BUNDLE_KEY,
     TTSBundle,
     bundle_state,
-    codec_frame_rate,
     codec_from_state,
     tokenizer_from_state,
 )
@@ -129,7 +128,7 @@ class TTSTask(ModelTask):
     def max_prompt_frames(self) -> int:
         if self.codec is None:
             raise ValueError("no codec yet: call setup() (fit does) or attach()")
-        return max(1, round(self.hparams.max_prompt_seconds * codec_frame_rate(self.codec)))
+        return max(1, round(self.hparams.max_prompt_seconds * self.codec.frame_rate))
 
     def bundle(self) -> TTSBundle:
         """The model with its tokenizer and codec, for :func:`multimodal.synthesize`."""
