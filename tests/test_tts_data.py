@@ -237,7 +237,7 @@ def test_speak_all_skips_made_clips_and_names_failures(tmp_path, monkeypatch) ->
     speech.speak_all([good], workers=1, progress=False)
     assert good.out.is_file() and good.out.stat().st_size > 44
     made = good.out.stat().st_mtime_ns
-    bad = speech.SpeechJob(speech.Voice("flite", "slt"), "no", 175, 50, tmp_path / "b" / "no.wav")
+    bad = speech.SpeechJob(speech.Voice("espeak", "en"), "no", 175, 50, tmp_path / "b" / "no.wav")
     ran: list[str] = []
 
     def failing(job: speech.SpeechJob) -> str:  # a synthesiser that fails, as speak reports it
@@ -249,3 +249,28 @@ def test_speak_all_skips_made_clips_and_names_failures(tmp_path, monkeypatch) ->
         speech.speak_all([good, bad], workers=1, progress=False, desc="test")
     assert ran == ["no"]  # the clip on disk was not remade
     assert good.out.stat().st_mtime_ns == made and bad.out.parent.is_dir()
+
+
+def test_speak_all_refuses_unknown_voices_before_any_work(tmp_path: Path) -> None:
+    """flite speaks an unknown voice name as its default voice, and espeak-ng an unknown
+    ``+variant`` as the plain language, both without an error: a wrong speaker in the data.
+    speak_all must name them and write nothing."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed")
+    from multimodal.data.sources import speech
+
+    def job(voice: str, word: str) -> speech.SpeechJob:
+        return speech.SpeechJob(speech.Voice.parse(voice), word, 175, 50,
+                                tmp_path / word / f"{word}.wav")
+
+    good = job("espeak:en-us+m3", "yes")
+    bad = [job("espeak:en-us+nosuchvariant", "no"), job("flite:nosuchvoice", "maybe"),
+           job("espeak:xx-nosuch", "never")]
+    with pytest.raises(ValueError) as err:
+        speech.speak_all([good, *bad], workers=1, progress=False)
+    message = str(err.value)
+    for b in bad:
+        assert b.voice.id in message
+    assert good.voice.id not in message
+    assert not any(tmp_path.iterdir())  # refused before any folder or clip was made
+    speech.check_voices([good.voice, speech.Voice("espeak", "en")])  # known ones pass

@@ -49,7 +49,14 @@ from typing import Any, ClassVar, Literal
 
 from multimodal.tokenizers.text import SPECIAL_TOKENS, _iter_training_texts, _VocabTokenizer
 
-__all__ = ["CLAUSE_BREAK", "WORD_BREAK", "PhonemeTokenizer", "espeak_available", "phonemize"]
+__all__ = [
+    "CLAUSE_BREAK",
+    "WORD_BREAK",
+    "PhonemeTokenizer",
+    "espeak_available",
+    "espeak_voices",
+    "phonemize",
+]
 
 WORD_BREAK = " "
 """Token between two words."""
@@ -86,22 +93,28 @@ def _espeak_exe() -> str:
     return exe
 
 
-@functools.lru_cache(maxsize=8)
-def _espeak_voices(exe: str) -> frozenset[str]:
-    """Language codes, voice names and voice files that ``espeak-ng --voices`` lists."""
-    out = subprocess.run([exe, "--voices"], capture_output=True, text=True, check=False).stdout
+@functools.lru_cache(maxsize=16)
+def espeak_voices(variants: bool = False, exe: str = "espeak-ng") -> frozenset[str]:
+    """Names ``espeak-ng -v`` accepts, from its own listing: language codes, voice names and
+    voice files of ``espeak-ng --voices`` or, with ``variants``, the variant files of
+    ``--voices=variant`` (the ``m3`` of ``en-us+m3``). Empty when ``exe`` is not installed."""
+    if shutil.which(exe) is None:
+        return frozenset()
+    flag = "--voices=variant" if variants else "--voices"
+    out = subprocess.run([exe, flag], capture_output=True, text=True, check=False).stdout
     names: set[str] = set()
     for line in out.splitlines()[1:]:
         cols = line.split()
         if len(cols) >= 5:
-            names.update((cols[1], cols[3], cols[4], cols[4].rsplit("/", 1)[-1]))
+            file_name = cols[4].rsplit("/", 1)[-1]
+            names.update((file_name,) if variants else (cols[1], cols[3], cols[4], file_name))
     return frozenset(names)
 
 
 def _check_voice(exe: str, voice: str) -> None:
     # espeak-ng --ipa silently falls back to its default voice on an unknown name
     base = voice.split("+", 1)[0]  # "en-us+f3": a voice plus a variant
-    if base not in _espeak_voices(exe):
+    if base not in espeak_voices(exe=exe):
         raise RuntimeError(
             f"espeak-ng has no voice {voice!r} (see `espeak-ng --voices`); "
             "pass e.g. voice='en-us'"

@@ -7,6 +7,7 @@ Speeds are espeak-ng words per minute (``-s``), pitches 0..99 (``-p``); flite ge
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import soundfile as sf
 
 from multimodal.data.audio_transforms import trim_silence
 from multimodal.progress import progress as progress_bar
+from multimodal.tokenizers.phonemes import espeak_voices
 
 __all__ = [
     "ESPEAK_LANGUAGES",
@@ -30,6 +32,7 @@ __all__ = [
     "SpeechJob",
     "Voice",
     "available_voices",
+    "check_voices",
     "speak",
     "speak_all",
 ]
@@ -95,6 +98,36 @@ def available_voices() -> list[Voice]:
     return voices
 
 
+@functools.lru_cache(maxsize=1)
+def _flite_voices() -> frozenset[str]:
+    if shutil.which("flite") is None:
+        return frozenset()
+    return frozenset(_run(["flite", "-lv"]).replace("Voices available:", "").split())
+
+
+def _voice_problem(voice: Voice) -> str | None:
+    program = "espeak-ng" if voice.engine == "espeak" else "flite"
+    if shutil.which(program) is None:
+        return f"{program} is not installed (bash data/get_audio.sh installs it)"
+    if voice.engine == "flite":
+        known = voice.name in _flite_voices()
+        listing = "flite -lv"
+    else:
+        base, _, variant = voice.name.partition("+")
+        known = base in espeak_voices() and (not variant or variant in espeak_voices(True))
+        listing = "espeak-ng --voices and --voices=variant"
+    return None if known else f"{program} has no such voice (see `{listing}`)"
+
+
+def check_voices(voices: Sequence[Voice]) -> None:
+    """Raise ``ValueError`` naming every voice this machine cannot speak with. Needed because
+    both programs fall back to a default voice without an error on some unknown names
+    (flite on any, espeak-ng on an unknown ``+variant``): a silent wrong speaker."""
+    problems = [f"{v.id}: {p}" for v in sorted(set(voices)) if (p := _voice_problem(v))]
+    if problems:
+        raise ValueError("cannot speak with these voices:\n  " + "\n  ".join(problems))
+
+
 @dataclass(frozen=True)
 class SpeechJob:
     """One clip to make: ``voice`` speaks ``word`` at ``speed`` and ``pitch`` into ``out``."""
@@ -149,9 +182,11 @@ def speak_all(jobs: Sequence[SpeechJob], workers: int | None = None, progress: b
               desc: str = "speech") -> None:
     """Run every :class:`SpeechJob` whose WAV does not exist yet (so a recipe is idempotent
     and resumes after an interruption), in ``workers`` processes (default: the usable
-    cores) with a progress bar; output folders are made first. Raises ``RuntimeError``
-    naming how many jobs failed and the first five errors."""
+    cores) with a progress bar; output folders are made first. Raises ``ValueError`` before
+    any work when a voice is unknown (:func:`check_voices`), ``RuntimeError`` naming how
+    many jobs failed and the first five errors."""
     todo = [j for j in jobs if not j.out.is_file()]
+    check_voices([j.voice for j in todo])
     for folder in {j.out.parent for j in todo}:
         folder.mkdir(parents=True, exist_ok=True)
     workers = min(_workers(workers), max(1, len(todo)))
