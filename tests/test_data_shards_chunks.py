@@ -4,6 +4,7 @@ worker to read whole chunks of its own, within LitData's usual sizes."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 
 import numpy as np
 import pytest
@@ -54,8 +55,11 @@ def test_written_split_has_several_chunks_and_every_item(tmp_path):
     pytest.importorskip("litdata")
     from multimodal.data.shards import write_shards
 
+    before = multiprocessing.get_start_method(allow_none=True)
     sizes = write_shards("images", {"train": Items(3000, 200)}, str(tmp_path / "out"))
     assert sizes == {"train": 3000}
+    # litdata.optimize sets spawn process-wide; write_shards puts the caller's method back
+    assert multiprocessing.get_start_method(allow_none=True) == before
     index = json.loads((tmp_path / "out" / "train" / "index.json").read_text())
     chunk_items = [c["chunk_size"] for c in index["chunks"]]
     assert sum(chunk_items) == 3000

@@ -30,6 +30,7 @@ continues with the items it had not seen.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -175,18 +176,24 @@ def write_shards(
     """
     litdata = _litdata()
     sizes = {}
-    for split, encode in splits.items():
-        if len(encode) == 0:
-            continue
-        litdata.optimize(
-            fn=encode,
-            inputs=list(range(len(encode))),
-            output_dir=f"{out.rstrip('/')}/{split}",
-            chunk_bytes=auto_chunk_bytes(encode) if chunk_bytes is None else chunk_bytes,
-            num_workers=num_workers,
-            mode="overwrite",
-        )
-        sizes[split] = len(encode)
+    # litdata.optimize forces the process-wide start method to spawn; the caller's own
+    # multiprocessing (DataLoader workers of a later fit, say) should not change with it
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        for split, encode in splits.items():
+            if len(encode) == 0:
+                continue
+            litdata.optimize(
+                fn=encode,
+                inputs=list(range(len(encode))),
+                output_dir=f"{out.rstrip('/')}/{split}",
+                chunk_bytes=auto_chunk_bytes(encode) if chunk_bytes is None else chunk_bytes,
+                num_workers=num_workers,
+                mode="overwrite",
+            )
+            sizes[split] = len(encode)
+    finally:
+        multiprocessing.set_start_method(start_method, force=True)
     files = {META: json.dumps({"kind": kind, "sizes": sizes, **(meta or {})}, indent=1),
              **(sidecars or {})}
     for name, text in files.items():
