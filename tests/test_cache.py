@@ -147,7 +147,7 @@ def test_one_token_step_matches_the_general_path(
     general = _steps(model, x, prefill=4)
     handle.remove()
     assert len(calls) == 5 * 3
-    # the same operations, GEMMs as addmm on (in, out) views instead of F.linear: fp32
+    # the same operations, GEMMs as W x^T (addmm) instead of F.linear's x W^T: fp32
     # rounding
     torch.testing.assert_close(fast, general, rtol=1e-6, atol=1e-6)
     # and both are the full forward's last rows up to rounding
@@ -196,7 +196,7 @@ def test_step_plans_are_taken_once_per_cache() -> None:
         plans = cache.step_plans
         assert plans is not None and len(plans) == 3
         fc2 = model.blocks[0].mlp.fc2.weight
-        assert plans[0].fc2_weight_t.data_ptr() == fc2.data_ptr()  # a view, not a copy
+        assert plans[0].fc2_weight.data_ptr() == fc2.data_ptr()  # a view, not a copy
         fc2.mul_(2.0)
         general_cache = copy.deepcopy(cache)
         general_cache.step_owner = None  # plans are re-taken: the hook sends it the general way
