@@ -81,28 +81,22 @@ def _run(cmd: Sequence[str]) -> str:
     return result.stdout + result.stderr
 
 
-def available_voices() -> list[Voice]:
-    """Voices this machine can speak with: :data:`ESPEAK_LANGUAGES` x :data:`ESPEAK_VARIANTS`
-    for the languages ``espeak-ng --voices=en`` lists, and the :data:`FLITE_VOICES` that
-    ``flite -lv`` lists. Empty when neither program is installed."""
-    voices: list[Voice] = []
-    if shutil.which("espeak-ng"):
-        listed = {line.split()[1] for line in _run(["espeak-ng", "--voices=en"]).splitlines()[1:]
-                  if len(line.split()) > 1}
-        for lang in ESPEAK_LANGUAGES:
-            if lang in listed:
-                voices += [Voice("espeak", f"{lang}+{v}" if v else lang) for v in ESPEAK_VARIANTS]
-    if shutil.which("flite"):
-        listed = set(_run(["flite", "-lv"]).replace("Voices available:", "").split())
-        voices += [Voice("flite", v) for v in FLITE_VOICES if v in listed]
-    return voices
-
-
 @functools.lru_cache(maxsize=1)
 def _flite_voices() -> frozenset[str]:
     if shutil.which("flite") is None:
         return frozenset()
     return frozenset(_run(["flite", "-lv"]).replace("Voices available:", "").split())
+
+
+def available_voices() -> list[Voice]:
+    """Voices this machine can speak with: :data:`ESPEAK_LANGUAGES` x :data:`ESPEAK_VARIANTS`
+    for the languages ``espeak-ng --voices`` lists, and the :data:`FLITE_VOICES` that
+    ``flite -lv`` lists. Empty when neither program is installed."""
+    voices: list[Voice] = []
+    for lang in ESPEAK_LANGUAGES:
+        if lang in espeak_voices():
+            voices += [Voice("espeak", f"{lang}+{v}" if v else lang) for v in ESPEAK_VARIANTS]
+    return voices + [Voice("flite", v) for v in FLITE_VOICES if v in _flite_voices()]
 
 
 def _voice_problem(voice: Voice) -> str | None:
