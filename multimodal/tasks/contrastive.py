@@ -34,10 +34,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from multimodal.hub import _load_any_tokenizer
 from multimodal.models.clip import CLIP, tokenize_texts
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.captioning import caption_tokenizer_of
-from multimodal.tokenizers.text import TextTokenizer, load_tokenizer
+from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pretrained import check_vocab, folder_tokenizer, task_model
+from multimodal.tokenizers.text import TextTokenizer
 
 __all__ = ["ContrastiveTask", "clip_loss", "gather_with_grad", "recall_at_k", "siglip_loss",
            "zero_shot_sets_of"]
@@ -137,7 +140,7 @@ class ContrastiveTask(ModelTask):
 
     def __init__(
         self,
-        model: CLIP,
+        model: CLIP | None = None,
         tokenizer: Literal["word", "wordpiece"] = "word",
         lr: float = 1e-3,
         weight_decay: float = 0.1,
@@ -148,10 +151,13 @@ class ContrastiveTask(ModelTask):
         zero_shot_size: int = 500,
         zero_shot_ensemble: Literal["mean", "sum"] = "mean",
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        if not isinstance(model, CLIP):
-            raise ValueError(f"model must be a CLIP, got {type(model).__name__}")
-        super().__init__(model, compile=compile)
+        model, source = task_model(model, pretrained, overrides, task="ContrastiveTask",
+                                   accept=(CLIP,))
+        super().__init__(model, compile=compile, finetune=finetune)
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
         if zero_shot_ensemble not in ("mean", "sum"):
@@ -161,6 +167,10 @@ class ContrastiveTask(ModelTask):
             raise ValueError(f"recall_ks must be positive integers, got {recall_ks}")
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer: TextTokenizer | None = None
+        self.tokenizer = folder_tokenizer(source)  # a pretrained folder's own tokenizer
+        if self.tokenizer is not None:
+            check_vocab(self.tokenizer, self.model.config.text.vocab_size,
+                        f"pretrained {pretrained}")
         self._outputs: dict[str, list[tuple[Tensor, Tensor, list[str]]]] = {}
         self._zero_shot: dict[str, dict[str, Any]] = {}
 
@@ -270,4 +280,4 @@ class ContrastiveTask(ModelTask):
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "tokenizer.json"
                 path.write_text(text, encoding="utf-8")
-                self.tokenizer = load_tokenizer(path)
+                self.tokenizer = _load_any_tokenizer(path)
