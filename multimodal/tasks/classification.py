@@ -106,6 +106,9 @@ class ClassificationTask(ModelTask):
                 len(source.class_names) == self.num_classes:
             self.class_names = list(source.class_names)
         self._build_metrics()
+        example = model.example_inputs(1) if hasattr(model, "example_inputs") else ()
+        if len(example) == 1:  # the model summary counts FLOPs on it
+            self.example_input_array = example[0]
 
     @staticmethod
     def _new_head(model: nn.Module, n: int) -> None:

@@ -23,12 +23,12 @@ outside the head that do not fit are an error: an override that changes the arch
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from multimodal.hub import (
@@ -38,8 +38,6 @@ from multimodal.hub import (
     read_checkpoint,
 )
 from multimodal.weights import CONFIG_NAME
-
-log = logging.getLogger("multimodal")
 
 __all__ = ["Pretrained", "head_names", "load_pretrained", "rebuild_with", "select_part",
            "task_model"]
@@ -71,6 +69,11 @@ def load_pretrained(path: str | Path) -> Pretrained:
         raise FileNotFoundError(f"pretrained: {p} does not exist (expected a Hugging Face "
                                 "folder, a save_pretrained folder or a Lightning .ckpt)")
     if p.is_file():
+        import zipfile
+
+        if not zipfile.is_zipfile(p):  # torch.save writes a zip archive
+            raise ValueError(f"pretrained: {p} is not a checkpoint file (expected a Lightning "
+                             ".ckpt of one of multimodal's tasks, or a model folder)")
         ckpt = read_checkpoint(p)  # ValueError: not a (safe) checkpoint
         model = model_from_checkpoint(ckpt, p)
         hp = ckpt.get("hyper_parameters") or {}
@@ -206,8 +209,7 @@ def task_model(model: nn.Module | None, pretrained: str | Path | None,
     loaded = [n for n in part.state_dict() if n not in new]
     msg = (f"pretrained: {type(part).__name__} from {source.path} ({source.kind}): "
            f"loaded {len(loaded)} tensors; new: {_short(new)}; left out: {_short(left)}")
-    log.info(msg)
-    print(msg)
+    rank_zero_info(msg)
     return part, source
 
 

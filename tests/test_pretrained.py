@@ -1,0 +1,185 @@
+"""``pretrained: PATH`` on the tasks: the model and its weights from a Hugging Face folder, a
+save_pretrained folder or one of our checkpoints; overrides; the new head; bad input.
+Folders are written by transformers from small random-weight configs
+(tests/pretrained_folders.py) and compared with ``mm.from_hf`` of the same folder."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import multimodal as mm
+from multimodal.tasks import (
+    CaptioningTask,
+    ClassificationTask,
+    ContrastiveTask,
+    LanguageModelTask,
+    SequenceClassificationTask,
+)
+from multimodal.tasks.pretrained import data_settings, head_names
+
+pytest.importorskip("transformers")
+import pretrained_folders as folders  # noqa: E402  (tests/: needs transformers)
+
+CLASSES = ["cat", "dog", "fish"]
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {name: getattr(folders, f"{name}_folder")(root / name)
+            for name in ("vit", "bert", "clip", "llama", "ast")}
+
+
+def _same_weights(ours: torch.nn.Module, reference: torch.nn.Module, skip=()) -> int:
+    ref = reference.state_dict()
+    n = 0
+    for name, value in ours.state_dict().items():
+        if name.split(".")[0] in skip:
+            continue
+        torch.testing.assert_close(value, ref[name], rtol=0, atol=0, msg=name)
+        n += 1
+    return n
+
+
+def test_image_classifier_from_a_vit_folder(hf, caplog):
+    with caplog.at_level(logging.INFO):
+        task = ClassificationTask(pretrained=str(hf["vit"]), class_names=CLASSES)
+    model = task.model
+    assert isinstance(model, mm.ViT) and model.config.num_classes == 3
+    assert task.class_names == CLASSES
+    reference = mm.from_hf(hf["vit"])  # no head (num_classes 0)
+    assert _same_weights(model, reference, skip=("head",)) == len(reference.state_dict())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pretrained:")]
+    assert len(lines) == 1
+    assert "ViT from" in lines[0] and "new: head" in lines[0] and "left out: nothing" in lines[0]
+    x = torch.randn(2, 3, 32, 32)
+    assert task(x).shape == (2, 3)
+
+
+def test_overrides_change_regularisation_not_weights(hf):
+    task = ClassificationTask(pretrained=str(hf["vit"]), num_classes=4,
+                              overrides={"drop_path": 0.1, "dropout": 0.05})
+    cfg = task.model.config
+    assert (cfg.num_classes, cfg.drop_path, cfg.dropout) == (4, 0.1, 0.05)
+    _same_weights(task.model, mm.from_hf(hf["vit"]), skip=("head",))
+    with pytest.raises(ValueError, match="change the architecture"):
+        ClassificationTask(pretrained=str(hf["vit"]), overrides={"dim": 64, "heads": 4})
+    with pytest.raises(ValueError, match="no field"):
+        ClassificationTask(pretrained=str(hf["vit"]), overrides={"dorpout": 0.1})
+
+
+def test_explicit_num_classes_that_disagrees_with_the_data_is_an_error(hf):
+    with pytest.raises(ValueError, match="num_classes=4 but the data has 3 classes"):
+        ClassificationTask(pretrained=str(hf["vit"]), num_classes=4, class_names=CLASSES)
+
+
+def test_text_classifier_from_a_bert_folder(hf):
+    task = SequenceClassificationTask(pretrained=str(hf["bert"]), class_names=CLASSES)
+    assert isinstance(task.model, mm.TextEncoder) and task.model.config.num_classes == 3
+    _same_weights(task.model, mm.from_hf(hf["bert"]), skip=("head",))
+    ids = torch.randint(5, 50, (2, 7))
+    assert task({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).shape == (2, 3)
+    # the data follows the model: its tokenizer.json (the folder) for a text data module
+    assert data_settings(hf["bert"])["tokenizer"] == str(hf["bert"])
+
+
+def test_clip_folder_gives_its_towers(hf):
+    clip = mm.from_hf(hf["clip"])
+    image = ClassificationTask(pretrained=str(hf["clip"]), modality="image", num_classes=3)
+    assert isinstance(image.model, mm.ViT)
+    n = _same_weights(image.model, clip.vision_model, skip=("head",))
+    assert n == len(clip.vision_model.state_dict())
+    text = SequenceClassificationTask(pretrained=str(hf["clip"]), num_classes=2)
+    assert isinstance(text.model, mm.TextEncoder)
+    _same_weights(text.model, clip.text_model, skip=("head",))
+    with pytest.raises(ValueError, match="set the task's modality"):
+        ClassificationTask(pretrained=str(hf["clip"]), num_classes=3)
+    with pytest.raises(ValueError, match=r"holds a CLIP \(image-text model\).*no part"):
+        ClassificationTask(pretrained=str(hf["clip"]), modality="audio", num_classes=3)
+    contrastive = ContrastiveTask(pretrained=str(hf["clip"]))
+    _same_weights(contrastive.model, clip)
+
+
+def test_audio_classifier_from_an_ast_folder(hf):
+    task = ClassificationTask(pretrained=str(hf["ast"]), class_names=CLASSES)
+    assert isinstance(task.model, mm.AudioClassifier) and task.model.config.num_classes == 3
+    reference = mm.from_hf(hf["ast"])
+    _same_weights(task.model, reference, skip=("head", "head_dist"))
+    assert data_settings(hf["ast"]) == {"features": False}  # waveforms for its front end
+    with pytest.raises(ValueError, match="no part"):
+        ClassificationTask(pretrained=str(hf["vit"]), modality="audio", num_classes=3)
+
+
+def test_language_model_from_a_llama_folder_and_llama_is_no_classifier(hf):
+    task = LanguageModelTask(pretrained=str(hf["llama"]))
+    _same_weights(task.model, mm.from_hf(hf["llama"]))
+    with pytest.raises(ValueError, match=r"holds a TextDecoder.*no part ClassificationTask"):
+        ClassificationTask(pretrained=str(hf["llama"]), num_classes=3)
+    with pytest.raises(ValueError, match="needs a Captioner"):
+        CaptioningTask(pretrained=str(hf["llama"]))
+
+
+def test_bad_paths_are_named(tmp_path, hf):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ClassificationTask(pretrained=str(tmp_path / "nowhere"), num_classes=3)
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint")
+    with pytest.raises(ValueError, match="notes.ckpt is not a checkpoint file"):
+        ClassificationTask(pretrained=str(text), num_classes=3)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        ClassificationTask(pretrained=str(empty), num_classes=3)
+    with pytest.raises(ValueError, match="give model or pretrained, not both"):
+        ClassificationTask(mm.from_hf(hf["vit"]), pretrained=str(hf["vit"]))
+
+
+def _checkpoint(task, path):
+    """A checkpoint as Lightning writes it (state_dict + the task's own entries)."""
+    ckpt = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
+    task.on_save_checkpoint(ckpt)
+    torch.save(ckpt, path)
+    return path
+
+
+def test_a_checkpoint_of_another_task_is_refused(tmp_path, hf):
+    lm = _checkpoint(LanguageModelTask(pretrained=str(hf["llama"])), tmp_path / "lm.ckpt")
+    with pytest.raises(ValueError, match="lm.ckpt holds a TextDecoder"):
+        ClassificationTask(pretrained=str(lm), num_classes=3)
+
+
+def test_our_checkpoint_and_save_pretrained_folder_as_pretrained(tmp_path, hf):
+    first = ClassificationTask(pretrained=str(hf["vit"]), class_names=CLASSES)
+    ckpt = _checkpoint(first, tmp_path / "run.ckpt")
+    again = ClassificationTask(pretrained=str(ckpt))
+    assert again.class_names == CLASSES  # from the checkpoint
+    _same_weights(again.model, first.model)
+    folder = first.save_pretrained(tmp_path / "saved")
+    third = ClassificationTask(pretrained=str(folder), class_names=["a", "b"])
+    _same_weights(third.model, first.model, skip=("head",))
+    assert third.model.config.num_classes == 2
+
+
+def test_a_tokenizer_too_big_for_the_embedding_is_an_error(tmp_path, hf):
+    clip = mm.from_hf(hf["clip"])
+    folder = clip.save_pretrained(tmp_path / "clip")
+    folders.word_tokenizer(folder, folders.VOCAB + [f"extra{i}" for i in range(10)])
+    with pytest.raises(ValueError, match=r"tokenizer has 65 tokens but the model's embedding "
+                                         r"has 55 rows"):
+        ContrastiveTask(pretrained=str(folder))
+
+
+def test_reset_classifier_updates_the_config_and_round_trips(tmp_path):
+    vit = mm.ViT(mm.ViTConfig(image_size=16, patch_size=8, dim=32, depth=1, heads=2,
+                              num_classes=10, distill_token=True))
+    vit.reset_classifier(4)
+    assert vit.config.num_classes == 4 and vit.head.out_features == 4
+    assert vit.head_dist.out_features == 4
+    again = mm.from_pretrained(vit.save_pretrained(tmp_path / "v"))
+    _same_weights(again, vit)
+    vit.reset_classifier(0)
+    assert vit(torch.randn(1, 3, 16, 16)).shape == (1, 32)  # pooled features
+    assert head_names(vit) == []
