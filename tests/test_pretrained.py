@@ -21,7 +21,7 @@ from multimodal.tasks import (
 from multimodal.tasks.pretrained import data_settings, head_names
 
 pytest.importorskip("transformers")
-import pretrained_folders as folders  # noqa: E402  (tests/: needs transformers)
+import pretrained_folders as folders  # tests/: needs transformers
 
 CLASSES = ["cat", "dog", "fish"]
 
@@ -127,11 +127,11 @@ def test_bad_paths_are_named(tmp_path, hf):
         ClassificationTask(pretrained=str(tmp_path / "nowhere"), num_classes=3)
     text = tmp_path / "notes.ckpt"
     text.write_text("not a checkpoint")
-    with pytest.raises(ValueError, match="notes.ckpt is not a checkpoint file"):
+    with pytest.raises(ValueError, match=r"notes\.ckpt is not a checkpoint file"):
         ClassificationTask(pretrained=str(text), num_classes=3)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="has no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
         ClassificationTask(pretrained=str(empty), num_classes=3)
     with pytest.raises(ValueError, match="give model or pretrained, not both"):
         ClassificationTask(mm.from_hf(hf["vit"]), pretrained=str(hf["vit"]))
@@ -147,7 +147,7 @@ def _checkpoint(task, path):
 
 def test_a_checkpoint_of_another_task_is_refused(tmp_path, hf):
     lm = _checkpoint(LanguageModelTask(pretrained=str(hf["llama"])), tmp_path / "lm.ckpt")
-    with pytest.raises(ValueError, match="lm.ckpt holds a TextDecoder"):
+    with pytest.raises(ValueError, match=r"lm\.ckpt holds a TextDecoder"):
         ClassificationTask(pretrained=str(lm), num_classes=3)
 
 
