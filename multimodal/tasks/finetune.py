@@ -6,8 +6,9 @@ fine-tuning with one learning rate, as before.
 
 Layer-wise decay (BEiT, Bao et al. 2022; timm's ``param_groups_layer_decay``): with ``L``
 blocks in a tower, the embeddings (patch / token / position embeddings, class and register
-tokens) get layer id 0, block ``i`` id ``i + 1``, everything after the blocks (final norm,
-head) id ``L + 1``, and a parameter of layer id ``l`` learns at
+tokens) get layer id 0, block ``i`` id ``i + 1``, the blocks' final norm id ``L`` (with the
+last block, as timm groups it), everything else (the head) id ``L + 1``, and a parameter of
+layer id ``l`` learns at
 
     lr_l = lr * layer_decay ** (L + 1 - l)
 
@@ -110,7 +111,8 @@ def _towers(model: nn.Module) -> dict[str, int]:
 
 def layer_ids(model: nn.Module, heads: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     """name -> ``(layer id, L)`` of every parameter (module docstring): 0 for embeddings,
-    ``i + 1`` for block ``i``, ``L + 1`` for the rest; ``L`` is the depth of its tower."""
+    ``i + 1`` for block ``i``, ``L`` for the final norm, ``L + 1`` for the rest; ``L`` is the
+    depth of its tower."""
     towers = _towers(model)
     out = {}
     for name, _ in model.named_parameters():
@@ -121,7 +123,9 @@ def layer_ids(model: nn.Module, heads: tuple[str, ...]) -> dict[str, tuple[int, 
         prefixes = [p for p in towers if name.startswith(p)]
         depth = towers[max(prefixes, key=len)] if prefixes else max(towers.values(), default=0)
         emb = _is_embedding(name) and not _is_head(name, heads)
-        out[name] = (0 if emb else depth + 1, depth)
+        last = name[len(max(prefixes, key=len)) if prefixes else 0:].startswith(
+            "transformer.norm.")  # the blocks' final norm goes with the last block (timm)
+        out[name] = (0 if emb else depth if last else depth + 1, depth)
     return out
 
 
