@@ -217,6 +217,11 @@ class MultimodalCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         place_run_outputs(config)
+        ckpt_path, init = config.get("ckpt_path"), config.get("model.init_args")
+        if ckpt_path and Path(str(ckpt_path)).is_file() and isinstance(init, Namespace) \
+                and init.get("pretrained") is not None:
+            # the checkpoint holds the whole model: no need for the folder it started from
+            init["pretrained"] = str(ckpt_path)
         follow_pretrained(config)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:

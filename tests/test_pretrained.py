@@ -183,3 +183,20 @@ def test_reset_classifier_updates_the_config_and_round_trips(tmp_path):
     vit.reset_classifier(0)
     assert vit(torch.randn(1, 3, 16, 16)).shape == (1, 32)  # pooled features
     assert head_names(vit) == []
+
+
+def test_model_summary_counts_the_vit_flops():
+    """Lightning's summary runs the task on ``example_input_array``: its count is the ViT's
+    matrix products written out (patch projection, per block qkv, attention, projection,
+    MLP, then the head); attention's two products may or may not be counted by torch's flop
+    counter on this device, so both sums are accepted."""
+    from lightning.pytorch.utilities.model_summary import ModelSummary
+
+    cfg = dict(image_size=16, patch_size=8, dim=32, depth=2, heads=2, num_classes=3)
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**cfg)))
+    patches, d, m, classes = 4, 32, 4 * 32, 3
+    n = patches + 1
+    linear = 2 * patches * (3 * 8 * 8) * d + 2 * 32 * classes + 2 * (
+        2 * n * d * 3 * d + 2 * n * d * d + 2 * 2 * n * d * m)
+    attention = 2 * (2 * 2 * n * n * d)
+    assert ModelSummary(task).total_flops in (linear, linear + attention)

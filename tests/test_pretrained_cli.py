@@ -1,0 +1,117 @@
+"""The pretrained path through the ``multimodal`` command: ``fit`` from a Hugging Face ViT
+folder on a folder of 3 classes with no num_classes anywhere (the count and the names come
+from the data, the image size and normalisation from the folder's preprocessor_config.json),
+then ``predict`` with only ``--ckpt_path`` and ``--data.init_args.predict_dir``; predict on a
+folder after training on shards; the model summary counts the ViT's FLOPs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from jsonargparse import Namespace
+from PIL import Image
+
+from multimodal.cli import follow_pretrained
+from multimodal.cli import main as cli_main
+
+pytest.importorskip("transformers")
+import pretrained_folders as folders  # tests/: needs transformers
+
+CLASSES = ("ant", "bee", "cat")
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def _images(root, per_class=6, size=40):
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(CLASSES):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 80, (size, size, 3)) + 80 * c
+            Image.fromarray(pixels.astype(np.uint8)).save(root / name / f"{i}.png")
+    return root
+
+
+def _config(tmp_path, vit, train, **data):
+    cfg = {
+        "seed_everything": 0,
+        "model": {"class_path": "multimodal.tasks.ClassificationTask",
+                  "init_args": {"pretrained": str(vit), "lr": 0.001}},
+        "data": {"class_path": "multimodal.data.vision.ImageClassificationDataModule",
+                 "init_args": {"train": str(train), "batch_size": 6, "val_size": 3,
+                               "test_size": 3, "augment": False, **data}},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "logger": False,
+                    "default_root_dir": str(tmp_path / "run"),
+                    "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                                   "init_args": {"save_last": True}}]},
+    }
+    path = tmp_path / "finetune.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_fit_from_a_folder_then_predict_with_only_the_checkpoint(tmp_path, capsys):
+    vit = folders.vit_folder(tmp_path / "vit")
+    train = _images(tmp_path / "photos")
+    cli_main(["fit", "--config", str(_config(tmp_path, vit, train)), "--test_after_fit",
+              "false"])
+    out = capsys.readouterr()
+    assert "Total FLOPs: 0" not in out.out + out.err
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["class_names"] == list(CLASSES)
+    assert ckpt["multimodal_model"]["model_config"]["num_classes"] == 3
+    data = ckpt["datamodule_hyper_parameters"]  # the data followed the model's folder
+    assert data["image_size"] == 32 and data["mean"] == MEAN and data["std"] == STD
+    # predict: nothing but the checkpoint and the folder
+    pngs = tmp_path / "pngs"
+    pngs.mkdir()
+    for i, name in enumerate(CLASSES):
+        src = train / name / "0.png"
+        (pngs / f"img{i}.png").write_bytes(src.read_bytes())
+    cli_main(["predict", "--ckpt_path", str(last), "--data.init_args.predict_dir", str(pngs),
+              "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "p")])
+    lines = [ln.split("\t") for ln in capsys.readouterr().out.splitlines()
+             if ln.startswith("img")]
+    assert [ln[0] for ln in lines] == ["img0.png", "img1.png", "img2.png"]
+    assert all(ln[1] in CLASSES for ln in lines)
+
+
+def test_overriding_the_model_preprocessing_warns_with_both_values(tmp_path):
+    vit = folders.vit_folder(tmp_path / "vit")
+    cfg = Namespace(model=Namespace(class_path="multimodal.tasks.ClassificationTask",
+                                    init_args=Namespace(pretrained=str(vit), modality=None)),
+                    data=Namespace(class_path="multimodal.data.vision."
+                                              "ImageClassificationDataModule",
+                                   init_args=Namespace(train="x", image_size=64,
+                                                       mean=None, std=None)))
+    warnings = follow_pretrained(cfg)
+    assert len(warnings) == 1 and "image_size=64" in warnings[0] \
+        and "image_size=32" in warnings[0]
+    assert cfg.data.init_args.mean == MEAN and cfg.data.init_args.image_size == 64
+    assert cfg.model.init_args.modality == "image"  # picks a CLIP folder's tower
+    pre = json.loads((vit / "preprocessor_config.json").read_text())
+    assert pre["size"]["height"] == 32
+
+
+def test_predict_dir_after_training_on_shards_uses_a_plain_loader(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from multimodal.data.vision import ImageClassificationDataModule
+    from multimodal.prepare import main as prepare
+
+    _images(tmp_path / "in", per_class=4, size=8)
+    prepare(["images", str(tmp_path / "in"), str(tmp_path / "out"), "--val-size", "3",
+             "--test-size", "3"])
+    pngs = tmp_path / "pngs"
+    pngs.mkdir()
+    (pngs / "a.png").write_bytes((tmp_path / "in" / "ant" / "0.png").read_bytes())
+    dm = ImageClassificationDataModule(shards=str(tmp_path / "out"), image_size=8, mean=0.5,
+                                       std=0.25, predict_dir=str(pngs), batch_size=2)
+    loader = dm.predict_dataloader()
+    assert type(loader) is DataLoader
+    images, names = next(iter(loader))
+    assert images.shape == (1, 3, 8, 8) and list(names) == ["a.png"]
