@@ -192,6 +192,9 @@ def task_model(model: nn.Module | None, pretrained: str | Path | None,
         if overrides:
             raise ValueError(f"{task}: overrides apply to a pretrained model; set the fields "
                              "in the model's config instead")
+        if not isinstance(model, accept):
+            wanted = " or ".join(c.__name__ for c in accept)
+            raise ValueError(f"{task}: model must be a {wanted}, got {type(model).__name__}")
         return model, None
     if model is not None:
         raise ValueError(f"{task}: give model or pretrained, not both (the architecture "
