@@ -200,3 +200,31 @@ def test_model_summary_counts_the_vit_flops():
         2 * n * d * 3 * d + 2 * n * d * d + 2 * 2 * n * d * m)
     attention = 2 * (2 * 2 * n * n * d)
     assert ModelSummary(task).total_flops in (linear, linear + attention)
+
+
+def test_audio_fine_tuning_feeds_waveforms_and_keeps_the_folder_normalisation(hf, tmp_path):
+    """With an AST folder the data module yields waveforms (data_settings) and the model's
+    own front end, with the folder's feature extractor statistics, makes the features: the
+    data's statistics are not adopted."""
+    import lightning as L
+    import numpy as np
+    import soundfile as sf
+
+    from multimodal.data.audio import AudioClassificationDataModule
+
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "clips" / c).mkdir(parents=True)
+        for i in range(4):
+            sf.write(tmp_path / "clips" / c / f"{i}.wav",
+                     rng.normal(0, 0.1 * (1 + 3 * (c == "b")), 8000).astype("float32"), 16000)
+    dm = AudioClassificationDataModule(train=str(tmp_path / "clips"), batch_size=2,
+                                       val_fraction=2, test_fraction=2,
+                                       **data_settings(hf["ast"]))
+    task = ClassificationTask(pretrained=str(hf["ast"]), class_names=dm.class_names)
+    stats = task.model.tokenizer.to_dict()
+    reference = mm.from_hf(hf["ast"]).tokenizer.to_dict()
+    assert stats == reference
+    L.Trainer(fast_dev_run=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+              enable_model_summary=False, default_root_dir=tmp_path).fit(task, dm)
+    assert task.model.tokenizer.to_dict() == reference
