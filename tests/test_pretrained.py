@@ -16,6 +16,7 @@ from multimodal.tasks import (
     ClassificationTask,
     ContrastiveTask,
     LanguageModelTask,
+    MaskedLMTask,
     SequenceClassificationTask,
 )
 from multimodal.tasks.pretrained import data_settings, head_names
@@ -228,3 +229,16 @@ def test_audio_fine_tuning_feeds_waveforms_and_keeps_the_folder_normalisation(hf
     L.Trainer(fast_dev_run=1, accelerator="cpu", logger=False, enable_progress_bar=False,
               enable_model_summary=False, default_root_dir=tmp_path).fit(task, dm)
     assert task.model.tokenizer.to_dict() == reference
+
+
+def test_masked_lm_continues_pretraining_a_bert_folder(hf):
+    """A BERT folder has no MLM head: MaskedLMTask adds one, its decoder tied to the
+    folder's token embedding."""
+    task = MaskedLMTask(pretrained=str(hf["bert"]))
+    model = task.model
+    assert model.mlm is not None and model.mlm.decoder.weight is model.tok_embed.weight
+    _same_weights(model.transformer, mm.from_hf(hf["bert"]).transformer)
+    ids = torch.randint(5, 50, (2, 9))
+    loss, logits, _ = task.step({"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                                torch.Generator().manual_seed(0))
+    assert logits.shape == (2, 9, len(folders.VOCAB)) and torch.isfinite(loss)

@@ -35,11 +35,11 @@ def _images(root, per_class=6, size=40):
     return root
 
 
-def _config(tmp_path, vit, train, **data):
+def _config(tmp_path, train, **data):
     cfg = {
         "seed_everything": 0,
         "model": {"class_path": "multimodal.tasks.ClassificationTask",
-                  "init_args": {"pretrained": str(vit), "lr": 0.001}},
+                  "init_args": {"lr": 0.001}},
         "data": {"class_path": "multimodal.data.vision.ImageClassificationDataModule",
                  "init_args": {"train": str(train), "batch_size": 6, "val_size": 3,
                                "test_size": 3, "augment": False, **data}},
@@ -56,8 +56,8 @@ def _config(tmp_path, vit, train, **data):
 def test_fit_from_a_folder_then_predict_with_only_the_checkpoint(tmp_path, capsys):
     vit = folders.vit_folder(tmp_path / "vit")
     train = _images(tmp_path / "photos")
-    cli_main(["fit", "--config", str(_config(tmp_path, vit, train)), "--test_after_fit",
-              "false"])
+    cli_main(["fit", "--config", str(_config(tmp_path, train)), "--model.init_args.pretrained",
+              str(vit), "--test_after_fit", "false"])
     out = capsys.readouterr()
     assert "Total FLOPs: 0" not in out.out + out.err
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"

@@ -142,6 +142,16 @@ class ClassificationTask(ModelTask):
         if kind is not None and ours is not None and kind != ours:
             raise ValueError(f"the model reads {ours} ({type(self.model).__name__}) but the "
                              f"data module {type(dm).__name__} gives {kind}")
+        if isinstance(self.model, TextEncoder):  # the data's tokens must fit the model
+            vocab, length = getattr(dm, "vocab_size", None), getattr(dm, "max_length", None)
+            cfg = self.model.config
+            if isinstance(vocab, int) and vocab > cfg.vocab_size:
+                raise ValueError(f"the data's tokenizer has {vocab} tokens but the model's "
+                                 f"embedding has {cfg.vocab_size} rows (vocab_size): use the "
+                                 "model's own tokenizer (data tokenizer: the model folder)")
+            if isinstance(length, int) and length > cfg.max_len:
+                raise ValueError(f"data max_length {length} exceeds the model's max_len "
+                                 f"{cfg.max_len}")
         n = getattr(dm, "num_classes", None)
         if n is not None and n != self.num_classes:
             if self._explicit or self._trainer_has_state():

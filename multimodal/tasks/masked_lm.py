@@ -22,6 +22,7 @@ from multimodal.models.text import TextEncoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask
 from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.text import MASK_ID, SPECIAL_TOKENS
 
 __all__ = ["MaskedLMTask", "SequenceClassificationTask", "load_encoder_weights",
@@ -92,7 +93,7 @@ class MaskedLMTask(ModelTask):
 
     def __init__(
         self,
-        model: TextEncoder,
+        model: TextEncoder | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.05,
@@ -100,11 +101,18 @@ class MaskedLMTask(ModelTask):
         mask_prob: float = 0.15,
         save_dir: str | None = None,
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        if not isinstance(model, TextEncoder) or model.mlm is None:
+        if pretrained is not None:  # continued pre-training: a folder without an MLM head
+            overrides = {"mlm_head": True, **(overrides or {})}  # gets one (tied decoder)
+        model, _ = task_model(model, pretrained, overrides, task="MaskedLMTask",
+                              accept=(TextEncoder,), modality="text")
+        if model.mlm is None:
             raise ValueError("model must be a TextEncoder built with mlm_head=True, got "
-                             f"{type(model).__name__}")
-        super().__init__(model, compile=compile)
+                             f"{type(model).__name__} without one")
+        super().__init__(model, compile=compile, finetune=finetune)
         self.save_hyperparameters(ignore=["model"])
 
     def step(self, batch: dict[str, Tensor],

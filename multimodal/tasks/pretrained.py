@@ -44,7 +44,7 @@ __all__ = ["Pretrained", "head_names", "load_pretrained", "rebuild_with", "selec
 
 # Top-level modules that make a model's head: re-initialised when their shape changes,
 # trained by a linear probe, given ``head_lr``.
-HEAD_MODULES = ("head", "head_dist", "head_norm", "attn_pool", "visual_projection",
+HEAD_MODULES = ("head", "head_dist", "head_norm", "attn_pool", "mlm", "visual_projection",
                 "text_projection", "logit_scale", "logit_bias")
 
 
