@@ -115,3 +115,38 @@ def test_predict_dir_after_training_on_shards_uses_a_plain_loader(tmp_path):
     assert type(loader) is DataLoader
     images, names = next(iter(loader))
     assert images.shape == (1, 3, 8, 8) and list(names) == ["a.png"]
+
+
+def test_image_data_follows_a_clip_style_processor(tmp_path):
+    """shortest_edge resize + centre crop + bicubic + CLIP's mean/std, as data module
+    arguments (data_settings), give the inputs of the repo's transformers-parity
+    ImagePreprocessor for the same preprocessor_config.json, on a non-square image."""
+    from multimodal.convert.hf_preprocess import ImagePreprocessor
+    from multimodal.data.vision import ImageClassificationDataModule
+    from multimodal.tasks.pretrained import data_settings
+
+    pre = {"image_processor_type": "CLIPImageProcessor", "do_resize": True,
+           "size": {"shortest_edge": 36}, "resample": 3, "do_center_crop": True,
+           "crop_size": {"height": 32, "width": 32}, "do_rescale": True,
+           "rescale_factor": 1 / 255, "do_normalize": True,
+           "image_mean": [0.48145466, 0.4578275, 0.40821073],
+           "image_std": [0.26862954, 0.26130258, 0.27577711]}
+    folder = tmp_path / "clip"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "preprocessor_config.json").write_text(json.dumps(pre))
+    settings = data_settings(folder)
+    assert settings["image_size"] == 32 and settings["resize"] == 36
+    assert settings["interpolation"] == "bicubic"
+    _images(tmp_path / "photos", per_class=2, size=40)
+    pngs = tmp_path / "pngs"
+    pngs.mkdir()
+    pixels = np.random.default_rng(1).integers(0, 256, (30, 50, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(pngs / "wide.png")
+    dm = ImageClassificationDataModule(train=str(tmp_path / "photos"), **settings)
+    dm.predict_dir = str(pngs)
+    ours, names = next(iter(dm.predict_dataloader()))
+    assert list(names) == ["wide.png"]
+    theirs = ImagePreprocessor.from_dict(pre)([str(pngs / "wide.png")])
+    assert ours.shape == theirs.shape == (1, 3, 32, 32)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

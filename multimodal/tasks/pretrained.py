@@ -250,19 +250,39 @@ def check_vocab(tokenizer: Any, vocab_size: int, where: str) -> None:
 # the data follows the model: preprocessing settings from PATH
 # ======================================================================================
 
-PREPROCESSING_KEYS = ("image_size", "in_channels", "mean", "std", "features", "n_mels",
-                      "tokenizer", "max_length")
+PREPROCESSING_KEYS = ("image_size", "resize", "interpolation", "in_channels", "mean", "std",
+                      "features", "n_mels", "tokenizer", "max_length")
+
+
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+def _side(size: Any) -> tuple[str, int] | None:
+    if isinstance(size, int):
+        return "square", size
+    if isinstance(size, dict):
+        if isinstance(size.get("shortest_edge"), int):
+            return "shortest", size["shortest_edge"]
+        if isinstance(size.get("height"), int):
+            return "square", size["height"]
+    return None
 
 
 def _image_settings(pre: dict[str, Any]) -> dict[str, Any]:
+    """An image processor's settings as image data module arguments: ``image_size`` (the
+    crop, or the resized square), ``resize`` (the shorter side before a centre crop),
+    ``interpolation``, ``mean`` / ``std``."""
     out: dict[str, Any] = {}
-    size = pre.get("crop_size") if pre.get("do_center_crop") else pre.get("size")
-    if isinstance(size, int):
-        out["image_size"] = size
-    elif isinstance(size, dict):
-        side = size.get("height", size.get("shortest_edge"))
-        if isinstance(side, int):
-            out["image_size"] = side
+    resized = _side(pre.get("size")) if pre.get("do_resize", True) else None
+    crop = _side(pre.get("crop_size")) if pre.get("do_center_crop") else None
+    if crop is not None:
+        out["image_size"] = crop[1]
+        if resized is not None and resized[0] == "shortest":
+            out["resize"] = resized[1]
+    elif resized is not None:
+        out["image_size"] = resized[1]
+    if pre.get("resample") in _RESAMPLE:
+        out["interpolation"] = _RESAMPLE[pre["resample"]]
     if pre.get("do_normalize", True) and pre.get("image_mean") is not None:
         out["mean"] = [float(v) for v in pre["image_mean"]]
         out["std"] = [float(v) for v in pre["image_std"]]
