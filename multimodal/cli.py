@@ -4,6 +4,7 @@
     multimodal validate --config ... --ckpt_path best
     multimodal test     --config ... --ckpt_path last
     multimodal predict  --config ... --ckpt_path best --data.predict_dir my_images/
+    multimodal predict  --ckpt_path run/checkpoints/last.ckpt --data.init_args.predict_dir D
     multimodal speak    --ckpt tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
 
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
@@ -301,14 +302,15 @@ def _option(argv: list[str], name: str) -> str | None:
 
 
 def predict_from_checkpoint(argv: list[str]) -> list[str]:
-    """``multimodal predict --ckpt_path X --data.init_args.predict_dir D`` without a config:
+    """``multimodal predict --ckpt_path X --data.init_args.predict_dir D`` without a config
+    (``test`` / ``validate`` likewise):
     the checkpoint knows the task (its class and arguments), the model and class names
     (``pretrained: X``) and the data module's arguments, so they become a config written
     next to nothing the user keeps (a temporary file), prepended to ``argv``. Any other
     argument still overrides it. ``argv`` is returned unchanged when a config is given or
     there is no ``--ckpt_path``."""
-    if not argv or argv[0] != "predict" or any(a in ("--config", "-c") or a.startswith(
-            "--config=") for a in argv):
+    if not argv or argv[0] not in ("predict", "test", "validate") or any(
+            a in ("--config", "-c") or a.startswith("--config=") for a in argv):
         return argv
     ckpt_path = _option(argv, "--ckpt_path")
     if ckpt_path is None:
@@ -337,8 +339,8 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="predict-",
                                      delete=False) as f:
         yaml.safe_dump(config, f)
-    rank_zero_info(f"predict: task, model, class names and data arguments from {ckpt_path}")
-    return ["predict", "--config", f.name, *argv[1:]]
+    rank_zero_info(f"{argv[0]}: task, model, class names and data arguments from {ckpt_path}")
+    return [argv[0], "--config", f.name, *argv[1:]]
 
 
 def main(args: list[str] | None = None) -> None:

@@ -242,3 +242,26 @@ def test_masked_lm_continues_pretraining_a_bert_folder(hf):
     loss, logits, _ = task.step({"input_ids": ids, "attention_mask": torch.ones_like(ids)},
                                 torch.Generator().manual_seed(0))
     assert logits.shape == (2, 9, len(folders.VOCAB)) and torch.isfinite(loss)
+
+
+def test_contrastive_fine_tuning_tokenises_with_the_folder_tokenizer(hf, tmp_path):
+    """A CLIP folder with its tokenizer.json: captions are tokenised by it (its [CLS] /
+    [SEP]), cut to the text tower's context, and a training step runs."""
+    from multimodal.tokenizers.hf_json import HFTokenizer
+
+    folder = tmp_path / "clip"
+    folder.mkdir()
+    for file in hf["clip"].iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    folders.word_tokenizer(folder)
+    task = ContrastiveTask(pretrained=str(folder))
+    assert isinstance(task.tokenizer, HFTokenizer)
+    long = " ".join(["red circle"] * 20)
+    batch = task.tokenize(["a red circle", "the big blue square", long])
+    ids = batch["input_ids"]
+    assert ids.shape == (3, task.model.config.text.max_len)  # the long one is cut
+    assert ids[0, 0].item() == 2 and ids[0, 4].item() == 3  # [CLS] a red circle [SEP]
+    images = torch.randn(3, 3, 32, 32)
+    loss = task.training_step({"images": images, "captions": ["a red circle",
+                                                              "the big blue square", long]}, 0)
+    assert torch.isfinite(loss)

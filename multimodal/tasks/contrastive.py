@@ -40,6 +40,7 @@ from multimodal.tasks.base import ModelTask
 from multimodal.tasks.captioning import caption_tokenizer_of
 from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.pretrained import check_vocab, folder_tokenizer, task_model
+from multimodal.tokenizers.hf_json import HFTokenizer
 from multimodal.tokenizers.text import TextTokenizer
 
 __all__ = ["ContrastiveTask", "clip_loss", "gather_with_grad", "recall_at_k", "siglip_loss",
@@ -187,7 +188,13 @@ class ContrastiveTask(ModelTask):
         if self.tokenizer is None:
             raise ValueError("the tokenizer is not trained yet: call setup() (fit/test do)")
         self.model.check_tokenizer(self.tokenizer)
-        batch = tokenize_texts(self.tokenizer, captions, self.model.config.text_pool)
+        if isinstance(self.tokenizer, HFTokenizer):  # a pretrained folder's: its own specials
+            pool, context = self.model.config.text_pool, self.model.config.text.max_len
+            batch = self.tokenizer.encode_batch(  # "last" pooling (SigLIP): full context
+                list(captions), max_length=context,
+                padding="max_length" if pool == "last" else True)
+        else:
+            batch = tokenize_texts(self.tokenizer, captions, self.model.config.text_pool)
         return {k: v.to(self.device) for k, v in batch.items()}
 
     # -- loss ------------------------------------------------------------------------------
