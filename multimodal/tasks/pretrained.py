@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
@@ -87,12 +86,7 @@ def load_pretrained(path: str | Path) -> Pretrained:
     if _is_hf_folder(p):
         from multimodal.convert import from_hf_folder
 
-        model = from_hf_folder(p)
-        # the folder's tensors may be shared with the file map: own them before training
-        with torch.no_grad():
-            for param in model.parameters():
-                param.data = param.data.clone()
-        return Pretrained(model.train(), p, "hf")
+        return Pretrained(from_hf_folder(p).train(), p, "hf")
     return Pretrained(from_pretrained(p).train(), p, "save_pretrained")
 
 
@@ -102,9 +96,10 @@ def _parts(model: nn.Module) -> dict[str, nn.Module]:
     modality = getattr(model, "modality", None)
     if modality in ("image", "text", "audio"):
         parts[modality] = model
-    for attr, kind in (("vision_model", "image"), ("text_model", "text"), ("encoder", "image")):
-        sub = getattr(model, attr, None)
-        if sub is not None and getattr(sub, "modality", None) == kind and kind not in parts:
+    for attr in ("vision_model", "text_model", "encoder"):  # CLIP's towers, an encoder-
+        sub = getattr(model, attr, None)                     # decoder's encoder
+        kind = getattr(sub, "modality", None)
+        if kind in ("image", "text", "audio") and kind not in parts:
             parts[kind] = sub
     return parts
 
