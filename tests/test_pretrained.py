@@ -265,3 +265,18 @@ def test_contrastive_fine_tuning_tokenises_with_the_folder_tokenizer(hf, tmp_pat
     loss = task.training_step({"images": images, "captions": ["a red circle",
                                                               "the big blue square", long]}, 0)
     assert torch.isfinite(loss)
+
+
+def test_captioning_and_seq2seq_tasks_start_from_save_pretrained_folders(tmp_path):
+    from multimodal.models.seq2seq import Seq2Seq, Seq2SeqConfig
+    from multimodal.tasks import Seq2SeqTask
+
+    captioner = mm.create_model("captioner_scenes")
+    task = CaptioningTask(pretrained=str(captioner.save_pretrained(tmp_path / "cap")))
+    _same_weights(task.model, captioner)
+    seq = Seq2Seq(Seq2SeqConfig(source_vocab_size=20, target_vocab_size=20, dim=16, heads=2))
+    task = Seq2SeqTask(pretrained=str(seq.save_pretrained(tmp_path / "seq")))
+    _same_weights(task.model, seq)
+    # the seq2seq encoder is a text part a classifier can take
+    text = SequenceClassificationTask(pretrained=str(tmp_path / "seq"), num_classes=2)
+    _same_weights(text.model, seq.encoder, skip=("head",))
