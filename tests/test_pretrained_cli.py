@@ -150,3 +150,50 @@ def test_image_data_follows_a_clip_style_processor(tmp_path):
     theirs = ImagePreprocessor.from_dict(pre)([str(pngs / "wide.png")])
     assert ours.shape == theirs.shape == (1, 3, 32, 32)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+class OwnTexts:
+    """Stands for a text data module with the ``tokenizer`` argument (textdata's modules)."""
+
+    def __init__(self, train: str | None = None, tokenizer: str | None = None,
+                 max_length: int = 128) -> None:
+        self.train, self.tokenizer, self.max_length = train, tokenizer, max_length
+
+
+def test_text_data_takes_the_folder_tokenizer_unless_set(tmp_path):
+    bert = folders.bert_folder(tmp_path / "bert")
+
+    def config(**data):
+        return Namespace(
+            model=Namespace(class_path="multimodal.tasks.SequenceClassificationTask",
+                            init_args=Namespace(pretrained=str(bert))),
+            data=Namespace(class_path=f"{__name__}.OwnTexts",
+                           init_args=Namespace(train="t.csv", **data)))
+
+    cfg = config(tokenizer=None)
+    assert follow_pretrained(cfg) == [] and cfg.data.init_args.tokenizer == str(bert)
+    cfg = config(tokenizer="other/tokenizer.json")
+    (warning,) = follow_pretrained(cfg)
+    assert "other/tokenizer.json" in warning and str(bert) in warning
+    assert cfg.data.init_args.tokenizer == "other/tokenizer.json"
+
+
+def test_a_text_classifier_refuses_data_whose_tokenizer_is_too_big(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from multimodal.tasks import SequenceClassificationTask
+
+    bert = folders.bert_folder(tmp_path / "bert")
+    task = SequenceClassificationTask(pretrained=str(bert), num_classes=2)
+    data = SimpleNamespace(vocab_size=30522, max_length=32, num_classes=2,
+                           class_names=["a", "b"])
+    monkeypatch.setattr(SequenceClassificationTask, "datamodule", property(lambda self: data))
+    with pytest.raises(ValueError, match=r"tokenizer has 30522 tokens but the model's "
+                                         r"embedding has 55 rows"):
+        task.setup("fit")
+    data.vocab_size, data.max_length = 55, 100
+    with pytest.raises(ValueError, match="max_length 100 exceeds the model's max_len 64"):
+        task.setup("fit")
+    data.max_length = 64
+    task.setup("fit")
+    assert task.class_names == ["a", "b"]
