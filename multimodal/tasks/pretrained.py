@@ -193,7 +193,8 @@ def task_model(model: nn.Module | None, pretrained: str | Path | None,
         return model, None
     if model is not None:
         raise ValueError(f"{task}: give model or pretrained, not both (the architecture "
-                         "comes from pretrained; put changed fields in overrides)")
+                         "comes from pretrained; put changed fields in overrides; on the "
+                         "command line, --model.init_args.model null drops a config's model)")
     source = load_pretrained(pretrained)
     whole = source.model
     part = select_part(whole, modality, accept, source.path, task)
