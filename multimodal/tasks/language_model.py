@@ -93,7 +93,7 @@ class LanguageModelTask(ModelTask):
         finetune: FinetuneConfig | None = None,
     ) -> None:
         model, _ = task_model(model, pretrained, overrides, task="LanguageModelTask",
-                                   accept=(TextDecoder,))
+                              accept=(TextDecoder,))
         super().__init__(model, compile=compile, finetune=finetune)
         if model.config.cross_attention:
             raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "

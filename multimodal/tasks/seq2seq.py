@@ -64,7 +64,7 @@ class Seq2SeqTask(ModelTask):
         finetune: FinetuneConfig | None = None,
     ) -> None:
         model, _ = task_model(model, pretrained, overrides, task="Seq2SeqTask",
-                                   accept=(Seq2Seq, RNNSeq2Seq))
+                              accept=(Seq2Seq, RNNSeq2Seq))
         super().__init__(model, compile=compile, finetune=finetune)
         self.save_hyperparameters(ignore=["model"])
 
