@@ -336,6 +336,10 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
     if data_path is not None:
         data_args = {k: v for k, v in data_hp.items() if not k.startswith("_")}
         config["data"] = {"class_path": data_path, "init_args": data_args}
+    elif not any(a == "--data" or a.startswith(("--data=", "--data.class_path")) for a in argv):
+        raise SystemExit(f"error: {ckpt_path} holds no data module arguments (its data module "
+                         "does not call save_hyperparameters): name the data with --config "
+                         "or --data CLASS --data.init_args...")
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="predict-",
                                      delete=False) as f:
         yaml.safe_dump(config, f)

@@ -197,3 +197,13 @@ def test_a_text_classifier_refuses_data_whose_tokenizer_is_too_big(tmp_path, mon
     data.max_length = 64
     task.setup("fit")
     assert task.class_names == ["a", "b"]
+
+
+def test_predict_from_a_checkpoint_without_data_arguments_says_so(tmp_path):
+    ckpt = {"state_dict": {}, "hyper_parameters": {
+        "_class_path": "multimodal.tasks.ClassificationTask"},
+        "multimodal_model": {"model_type": "ViT", "model_config": {}}}
+    torch.save(ckpt, tmp_path / "x.ckpt")
+    with pytest.raises(SystemExit, match="holds no data module arguments"):
+        cli_main(["predict", "--ckpt_path", str(tmp_path / "x.ckpt"),
+                  "--data.init_args.predict", "texts.txt"])
