@@ -280,3 +280,15 @@ def test_captioning_and_seq2seq_tasks_start_from_save_pretrained_folders(tmp_pat
     # the seq2seq encoder is a text part a classifier can take
     text = SequenceClassificationTask(pretrained=str(tmp_path / "seq"), num_classes=2)
     _same_weights(text.model, seq.encoder, skip=("head",))
+
+
+def test_audio_waveforms_at_another_rate_than_the_model_are_refused(hf, monkeypatch):
+    from types import SimpleNamespace
+
+    task = ClassificationTask(pretrained=str(hf["ast"]), num_classes=2)
+    data = SimpleNamespace(features=False, sample_rate=8000, num_classes=2,
+                           class_names=["a", "b"])
+    monkeypatch.setattr(ClassificationTask, "datamodule", property(lambda self: data))
+    with pytest.raises(ValueError, match="waveforms are at 8000 Hz but the model's front "
+                                         "end expects 16000 Hz"):
+        task.setup("fit")

@@ -152,6 +152,12 @@ class ClassificationTask(ModelTask):
             if isinstance(length, int) and length > cfg.max_len:
                 raise ValueError(f"data max_length {length} exceeds the model's max_len "
                                  f"{cfg.max_len}")
+        rate, wants = getattr(dm, "sample_rate", None), getattr(self.model.config,
+                                                               "sample_rate", None)
+        if getattr(dm, "features", True) is False and isinstance(rate, int) \
+                and isinstance(wants, int) and rate != wants:
+            raise ValueError(f"the data's waveforms are at {rate} Hz but the model's front end "
+                             f"expects {wants} Hz (its sample_rate)")
         n = getattr(dm, "num_classes", None)
         if n is not None and n != self.num_classes:
             if self._explicit or self._trainer_has_state():
