@@ -292,3 +292,9 @@ def test_audio_waveforms_at_another_rate_than_the_model_are_refused(hf, monkeypa
     with pytest.raises(ValueError, match="waveforms are at 8000 Hz but the model's front "
                                          "end expects 16000 Hz"):
         task.setup("fit")
+
+
+def test_a_llama_folder_for_image_classification_is_named(hf):
+    with pytest.raises(ValueError, match=r"llama holds a TextDecoder \(text model\): it has no "
+                                         r"part ClassificationTask can train as an image model"):
+        ClassificationTask(pretrained=str(hf["llama"]), modality="image", num_classes=3)

@@ -127,9 +127,10 @@ def select_part(model: nn.Module, modality: str | None, accept: tuple[type, ...]
     held = type(model).__name__
     kind = getattr(model, "modality", "?")
     wanted = " or ".join(c.__name__ for c in accept)
-    what = f"a {modality} " if modality else ""
+    what = f" as {'an' if modality in ('image', 'audio') else 'a'} {modality} model" \
+        if modality else ""
     raise ValueError(f"pretrained: {path} holds a {held} ({kind} model): it has no part "
-                     f"{task} can train as {what}model (needs a {wanted})")
+                     f"{task} can train{what} (needs a {wanted})")
 
 
 def head_names(model: nn.Module) -> list[str]:
