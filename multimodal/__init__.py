@@ -61,7 +61,7 @@ _EXPORTS: dict[str, str] = {
     "from_hf": "multimodal.convert",
     "HFTokenizer": "multimodal.tokenizers.hf_json",  # a Hugging Face tokenizer.json
     "ImagePreprocessor": "multimodal.convert.hf_preprocess",  # preprocessor_config.json (images)
-    "mean_pool": "multimodal.embeddings",
+    "mean_pool": "multimodal.nn.pool",  # the one masked mean pooling
     # CPU precision by hardware and model size (issue 20)
     "choose_precision": "multimodal.precision",
     "native_bf16": "multimodal.precision",
