@@ -487,7 +487,7 @@ def _load_any_tokenizer(path: Path) -> Any:
     return HFTokenizer.from_file(path) if is_hf_tokenizer_file(path) else load_tokenizer(path)
 
 
-def _tokenizer_from_json(text: str) -> Any:
+def tokenizer_from_json(text: str) -> Any:
     """A tokenizer saved as a JSON string (task checkpoints keep it that way)."""
     with tempfile.TemporaryDirectory() as tmp:
         file = Path(tmp) / TOKENIZER_NAME
@@ -543,7 +543,7 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
             ckpt = read_checkpoint(path)
             model = model_from_checkpoint(ckpt, path)
             if tokenizer is None and isinstance(ckpt.get("tokenizer"), str):
-                tokenizer = _tokenizer_from_json(ckpt["tokenizer"])
+                tokenizer = tokenizer_from_json(ckpt["tokenizer"])
             if getattr(model, "modality", None) in ("image", "image+text"):
                 preprocessor = checkpoint_image_preprocessor(ckpt, model)
         else:
@@ -612,5 +612,5 @@ __all__ = [  # the weight-format names are re-exported for code that imported th
     "checkpoint_image_preprocessor", "config_from_dict", "config_to_dict",
     "create_model", "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
     "load_encoder", "load_safetensors", "load_state_dict_checked", "model_from_checkpoint",
-    "read_checkpoint", "read_config",
+    "read_checkpoint", "read_config", "tokenizer_from_json",
 ]
