@@ -424,6 +424,8 @@ class Encoder(nn.Module):
                 texts, max_length=max_length or cfg.text.max_len, add_cls=pool == "cls",
                 add_eos=pool in ("eot", "mean"),
                 padding="max_length" if pool == "last" else True)
+            if pool == "last":  # SigLIP was trained attending to the padding: no mask
+                batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
         else:
             bidirectional = not self.backbone.config.backbone.causal  # BERT: [CLS] .. [SEP]
             limit = self.backbone.config.max_len

@@ -471,11 +471,14 @@ def class_embeddings(encoder: Encoder, labels: Sequence[str],
 
 def zero_shot(model: Any, inputs: Any, labels: Sequence[str],
               templates: Sequence[str] = DEFAULT_TEMPLATES, *, batch_size: int = 32,
-              skip_corrupt: bool = False, stream: IO[str] | None = None) -> list[ZeroShotRow]:
-    """Zero-shot classify images with a CLIP / SigLIP model: probabilities
-    ``softmax(s · I Cᵀ (+ b))`` over ``labels`` (``I`` the unit image embeddings, ``C``
-    :func:`class_embeddings`, ``s = exp(logit_scale)``, ``b`` SigLIP's bias; the softmax
-    ranks as the logits do, as :meth:`multimodal.CLIP.zero_shot`)."""
+              skip_corrupt: bool = False, activation: str | None = None,
+              stream: IO[str] | None = None) -> list[ZeroShotRow]:
+    """Zero-shot classify images with a CLIP / SigLIP model. The logits are
+    ``s · I Cᵀ (+ b)`` (``I`` the unit image embeddings, ``C`` :func:`class_embeddings`,
+    ``s = exp(logit_scale)``, ``b`` SigLIP's bias); the probabilities their softmax over the
+    labels for CLIP, and for SigLIP (trained with the sigmoid loss) each label's own
+    ``sigmoid``, as transformers' zero-shot pipeline gives them (``activation`` =
+    ``"softmax"`` / ``"sigmoid"`` overrides)."""
     labels = [str(x).strip() for x in labels if str(x).strip()]
     if len(labels) < 2:
         raise ValueError(f"give at least two labels, got {labels}")
@@ -487,6 +490,9 @@ def zero_shot(model: Any, inputs: Any, labels: Sequence[str],
                          f"{model if isinstance(model, (str, Path)) else 'the model'} is a "
                          f"{type(encoder.backbone).__name__} (modality {encoder.modality})")
     clip = encoder.backbone
+    activation = activation or ("sigmoid" if clip.config.loss == "sigmoid" else "softmax")
+    if activation not in ("softmax", "sigmoid"):
+        raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}")
     stream = stream if stream is not None else sys.stderr
     with torch.no_grad():
         classes = class_embeddings(encoder, labels, templates)
@@ -503,8 +509,9 @@ def zero_shot(model: Any, inputs: Any, labels: Sequence[str],
                 kept, emb = _encode_batch(encoder, "image", kept, values, skip_corrupt,
                                           skipped)
                 if kept:
-                    probs = (scale * F.normalize(emb.float(), dim=-1) @ classes.cpu().T
-                             + bias).softmax(dim=-1)
+                    logits = scale * F.normalize(emb.float(), dim=-1) @ classes.cpu().T + bias
+                    probs = logits.softmax(dim=-1) if activation == "softmax" \
+                        else logits.sigmoid()
                     for item, p in zip(kept, probs, strict=True):
                         top = int(p.argmax())
                         rows.append(ZeroShotRow(item.id, labels[top], float(p[top]),

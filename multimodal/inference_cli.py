@@ -79,6 +79,9 @@ def zero_shot_main(args: list[str]) -> int:
     parser.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES),
                         help="prompt templates with {} for the label (their embeddings are "
                              "averaged); default: 'a photo of a {}.'")
+    parser.add_argument("--activation", choices=("softmax", "sigmoid"), default=None,
+                        help="default: softmax over the labels for CLIP, each label's sigmoid "
+                             "for SigLIP")
     parser.add_argument("--out", default=None,
                         help="CSV file: file, label, probability and one column per label")
     _common(parser, 32)
@@ -87,7 +90,7 @@ def zero_shot_main(args: list[str]) -> int:
     encoder = load_encoder(ns.model)
     encoder.to(_device(ns.device))
     rows = zero_shot(encoder, ns.inputs, labels, ns.templates, batch_size=ns.batch_size,
-                     skip_corrupt=ns.skip_corrupt)
+                     skip_corrupt=ns.skip_corrupt, activation=ns.activation)
     for row in rows:
         print(f"{row.id}\t{row.label}\t{row.probability:.4f}")
     if ns.out:

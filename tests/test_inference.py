@@ -280,6 +280,43 @@ def test_zero_shot_probabilities_match_transformers_clip(tmp_path, clip_folder, 
     assert len(set(r["label"] for r in rows)) > 1 or want.max(1).values.min() > 0.34
 
 
+def test_zero_shot_siglip_probabilities_match_transformers(tmp_path, capsys):
+    """SigLIP: texts padded to the full context and read without a mask (as its processor
+    gives them), each label's probability its own sigmoid, as transformers' pipeline."""
+    folder = tmp_path / "siglip"
+    torch.manual_seed(0)
+    small = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4)
+    model = transformers.SiglipModel(transformers.SiglipConfig(
+        text_config=dict(vocab_size=len(WORDS), max_position_embeddings=16,
+                         projection_size=32, pad_token_id=0, **small),
+        vision_config=dict(image_size=32, patch_size=8, **small))).eval()
+    with torch.no_grad():
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-1.0)
+    model.save_pretrained(folder)
+    transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    _word_tokenizer_json(folder, "plain")
+    files = _images(tmp_path / "photos")
+    labels = ["cat", "dog", "bird"]
+    assert _run(["zero-shot", "--model", str(folder), "--labels", ",".join(labels),
+                 "--inputs", str(tmp_path / "photos"), "--out", str(tmp_path / "p.csv")]) == 0
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = torch.zeros(len(labels), 16, dtype=torch.long)  # pad id 0 to the full context
+    for i, label in enumerate(labels):
+        row = tok.encode(f"a photo of a {label}.").ids
+        ids[i, :len(row)] = torch.tensor(row)
+    proc = transformers.SiglipImageProcessor.from_pretrained(folder)
+    with torch.no_grad():
+        pixels = proc([PIL.Image.open(f).convert("RGB") for f in files],
+                      return_tensors="pt")["pixel_values"]
+        want = model(input_ids=ids, pixel_values=pixels).logits_per_image.sigmoid()
+    with open(tmp_path / "p.csv", newline="") as f:
+        got = torch.tensor([[float(r[label]) for label in labels] for r in csv.DictReader(f)])
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert float((want - 0.5).abs().max()) > 0.05  # not a flat answer
+
+
 def test_zero_shot_with_templates_is_clips_prompt_ensemble(tmp_path, clip_folder):
     _images(tmp_path / "photos")
     templates = ["a photo of a {}.", "the {}", "a red {}"]
