@@ -505,7 +505,7 @@ def checkpoint_image_preprocessor(ckpt: dict[str, Any], model: nn.Module) -> Any
     config = getattr(model, "config", None)
     vision = getattr(config, "vision", None) or getattr(config, "encoder", None) or config
     size = args.get("image_size") or getattr(vision, "image_size", None)
-    if "mean" not in args or "std" not in args or not isinstance(size, int):
+    if args.get("mean") is None or args.get("std") is None or not isinstance(size, int):
         return None
     channels = int(getattr(vision, "in_channels", 3))
 

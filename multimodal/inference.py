@@ -53,7 +53,8 @@ from multimodal.tokenizers.audio import load_audio
 
 __all__ = [
     "DEFAULT_TEMPLATES", "CaptionerBundle", "InputItem", "UnreadableInput", "caption",
-    "collect_inputs", "embed", "load_captioner", "read_embeddings", "zero_shot",
+    "collect_inputs", "embed", "load_captioner", "load_model_encoder", "read_embeddings",
+    "zero_shot",
 ]
 
 TEXT_EXTENSIONS = (".txt",)
@@ -309,8 +310,22 @@ def _kinds_of(encoder: Encoder) -> tuple[str, ...]:
     return ("image", "text") if encoder.modality == "image+text" else (encoder.modality,)
 
 
-def _as_encoder(model: Any) -> Encoder:
-    return model if isinstance(model, Encoder) else load_encoder(model)
+def load_model_encoder(model: Any) -> Encoder:
+    """:func:`~multimodal.hub.load_encoder` of ``model``, and for a task checkpoint that
+    did not record its image normalisation, the normalisation measured again by its data
+    module (an :class:`~multimodal.hub.Encoder` is returned as it is)."""
+    if isinstance(model, Encoder):
+        return model
+    encoder = load_encoder(model)
+    path = Path(model) if isinstance(model, (str, os.PathLike)) else None
+    if encoder.preprocessor is None and encoder.modality in ("image", "image+text") \
+            and path is not None and path.is_file():
+        config = encoder.backbone.config
+        vision = getattr(config, "vision", config)
+        encoder.preprocessor = _data_image_preprocessor(
+            read_checkpoint(path), path, int(getattr(vision, "in_channels", 3)),
+            getattr(vision, "image_size", None))
+    return encoder
 
 
 def _ids_file(out: Path) -> Path:
@@ -386,7 +401,7 @@ def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size:
     ``.npy``) the result is also written, batch by batch, and an interrupted run resumes;
     ``model_name`` (default: the model's path, else its class) is recorded with them and
     must match on resume. ``on_batch(n)`` is called after each batch."""
-    encoder = _as_encoder(model)
+    encoder = load_model_encoder(model)
     if model_name is None:
         model_name = str(model) if isinstance(model, (str, os.PathLike)) \
             else type(encoder.backbone).__name__
@@ -484,7 +499,7 @@ def zero_shot(model: Any, inputs: Any, labels: Sequence[str],
         raise ValueError(f"give at least two labels, got {labels}")
     if not templates:
         raise ValueError("give at least one template")
-    encoder = _as_encoder(model)
+    encoder = load_model_encoder(model)
     if encoder.modality != "image+text":
         raise ValueError(f"zero-shot needs a CLIP / SigLIP (image+text) model; "
                          f"{model if isinstance(model, (str, Path)) else 'the model'} is a "
@@ -534,11 +549,11 @@ class CaptionerBundle:
     preprocessor: ImagePreprocessor
 
 
-def _data_image_preprocessor(ckpt: dict[str, Any], path: Path, channels: int
-                             ) -> ImagePreprocessor:
-    """Image size and normalisation of the run that wrote ``ckpt``: recorded in the
-    checkpoint, else measured again by its data module (caption data measure their mean
-    and std on the training images)."""
+def _data_image_preprocessor(ckpt: dict[str, Any], path: Path, channels: int,
+                             image_size: int | None = None) -> ImagePreprocessor:
+    """Image size and normalisation of the run that wrote ``ckpt``, measured again by its
+    data module (data modules measure their mean and std on the training images when the
+    configuration gives none); ``image_size`` when the data keep the native size."""
     import importlib
 
     args = datamodule_arguments(ckpt)
@@ -553,8 +568,14 @@ def _data_image_preprocessor(ckpt: dict[str, Any], path: Path, channels: int
         raise ValueError(f"{path}: the image normalisation is not in the checkpoint and its "
                          f"data module ({class_path}) could not measure it again ({err}); "
                          "give --image_size, --mean and --std") from None
-    return ImagePreprocessor(size=int(dm.image_size), image_mean=[float(v) for v in mean],
-                             image_std=[float(v) for v in std], channels=channels)
+    size = getattr(dm, "image_size", None) or image_size
+    if not isinstance(size, int):
+        raise ValueError(f"{path}: the image size is recorded neither by the data module nor "
+                         "by the model; give --image_size")
+    mean, std = [float(v) for v in mean], [float(v) for v in std]
+    return ImagePreprocessor(size=size, image_mean=mean * channels if len(mean) == 1 else mean,
+                             image_std=std * channels if len(std) == 1 else std,
+                             channels=channels)
 
 
 def load_captioner(path: str | Path, *, image_size: int | None = None,

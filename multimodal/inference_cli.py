@@ -45,8 +45,7 @@ def _floats(text: str | None) -> list[float] | None:
 
 
 def embed_main(args: list[str]) -> int:
-    from multimodal.hub import load_encoder
-    from multimodal.inference import embed
+    from multimodal.inference import embed, load_model_encoder
 
     parser = argparse.ArgumentParser(
         prog="multimodal embed",
@@ -58,7 +57,7 @@ def embed_main(args: list[str]) -> int:
     parser.add_argument("--out", required=True, help="output file, .safetensors or .npy")
     _common(parser, 32)
     ns = parser.parse_args(args)
-    encoder = load_encoder(ns.model)
+    encoder = load_model_encoder(ns.model)
     encoder.to(_device(ns.device))
     ids, emb = embed(encoder, ns.inputs, ns.out, batch_size=ns.batch_size,
                      skip_corrupt=ns.skip_corrupt, model_name=str(ns.model))
@@ -67,8 +66,7 @@ def embed_main(args: list[str]) -> int:
 
 
 def zero_shot_main(args: list[str]) -> int:
-    from multimodal.hub import load_encoder
-    from multimodal.inference import DEFAULT_TEMPLATES, zero_shot
+    from multimodal.inference import DEFAULT_TEMPLATES, load_model_encoder, zero_shot
 
     parser = argparse.ArgumentParser(
         prog="multimodal zero-shot",
@@ -87,7 +85,7 @@ def zero_shot_main(args: list[str]) -> int:
     _common(parser, 32)
     ns = parser.parse_args(args)
     labels = [x.strip() for x in ns.labels.split(",") if x.strip()]
-    encoder = load_encoder(ns.model)
+    encoder = load_model_encoder(ns.model)
     encoder.to(_device(ns.device))
     rows = zero_shot(encoder, ns.inputs, labels, ns.templates, batch_size=ns.batch_size,
                      skip_corrupt=ns.skip_corrupt, activation=ns.activation)

@@ -424,3 +424,44 @@ def _vit_ckpt(tmp_path: Path) -> Path:
 
 def test_mm_embed_is_exported():
     assert mm.embed is embed and mm.zero_shot is zero_shot and mm.caption is caption
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["mean-std-in-ckpt", "measured-again"])
+def test_embed_with_an_image_task_checkpoint_uses_its_data_normalisation(tmp_path, recorded):
+    """A grey ViT's checkpoint: the image size, channels and normalisation come from the
+    run's data arguments, or from its data module measuring the training images again."""
+    from multimodal.data.vision import ImageClassificationDataModule
+
+    gen = np.random.default_rng(0)
+    for cls in ("a", "b"):
+        (tmp_path / "train" / cls).mkdir(parents=True)
+        for i in range(3):
+            PIL.Image.fromarray(gen.integers(0, 256, (20, 24), dtype=np.uint8)).save(
+                tmp_path / "train" / cls / f"{i}.png")
+    args = {"train": str(tmp_path / "train"), "image_size": 16, "in_channels": 1}
+    if recorded:
+        args |= {"mean": 0.4, "std": 0.2}
+    dm = ImageClassificationDataModule(**args)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    vit = mm.ViT(mm.ViTConfig(image_size=16, patch_size=4, in_channels=1, num_classes=2,
+                              dim=32, depth=1, heads=2, mlp_dim=32)).eval()
+    ckpt = {"state_dict": {f"model.{k}": v for k, v in vit.state_dict().items()},
+            "multimodal_model": {"model_type": "ViT",
+                                 "model_config": dataclasses.asdict(vit.config)},
+            "datamodule_hyper_parameters": {
+                **args, "_class_path": "multimodal.data.vision.ImageClassificationDataModule"}}
+    torch.save(ckpt, tmp_path / "vit.ckpt")
+    ids, emb = embed(str(tmp_path / "vit.ckpt"), tmp_path / "train")
+    assert ids == ["a/0.png", "a/1.png", "a/2.png", "b/0.png", "b/1.png", "b/2.png"]
+    from torchvision.transforms.v2 import functional as tvf
+
+    mean, std = torch.tensor(dm.mean), torch.tensor(dm.std)
+    if recorded:
+        assert torch.allclose(mean, torch.tensor([0.4]))
+    for i, name in enumerate(ids):
+        grey = tvf.pil_to_tensor(PIL.Image.open(tmp_path / "train" / name).convert("L"))
+        x = (tvf.resize(grey, [16, 16], antialias=True).float() / 255 - mean) / std
+        with torch.no_grad():
+            want = vit.forward_features(x[None])[:, 0]
+        torch.testing.assert_close(emb[i], want[0], atol=1e-5, rtol=1e-5)
