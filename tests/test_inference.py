@@ -465,3 +465,40 @@ def test_embed_with_an_image_task_checkpoint_uses_its_data_normalisation(tmp_pat
         with torch.no_grad():
             want = vit.forward_features(x[None])[:, 0]
         torch.testing.assert_close(emb[i], want[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_killed_embed_process_resumes(tmp_path, vit_folder):
+    """``multimodal embed`` killed (SIGKILL) after some batches were written: the same
+    command again embeds only the rest, and the file equals an uninterrupted run's."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    _images(tmp_path / "photos", sizes=[(32, 32)] * 150)
+    out = tmp_path / "emb.safetensors"
+    parts = tmp_path / "emb.safetensors.parts"
+    cmd = [sys.executable, "-c", "from multimodal.cli import main; main()", "embed",
+           "--model", str(vit_folder), "--inputs", str(tmp_path / "photos"), "--out", str(out),
+           "--batch_size", "2"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if parts.is_dir() and len(list(parts.glob("part-*.safetensors"))) >= 3:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert not out.exists(), "the run finished before it could be interrupted"
+    written = len(list(parts.glob("part-*.safetensors")))
+    assert written >= 3
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    resumed = int(again.stderr.split("resuming: ")[1].split(" of ")[0])
+    assert resumed >= 2 * (written - 1)  # a part being written when killed may be lost
+    ids, emb, _ = read_embeddings(out)
+    want_ids, want = embed(str(vit_folder), tmp_path / "photos")
+    assert ids == want_ids
+    torch.testing.assert_close(emb, want)
