@@ -374,6 +374,8 @@ class Encoder(nn.Module):
 
     def _as_items(self, kind: str, inputs: Any) -> list[Any]:
         """The inputs as a list of single items (a batched tensor is split into rows)."""
+        if type(inputs).__module__ == "numpy" and hasattr(inputs, "shape"):
+            inputs = torch.as_tensor(inputs)  # a numpy waveform / batch / image
         if isinstance(inputs, torch.Tensor):
             if kind == "audio":
                 return [inputs] if inputs.dim() == 1 else list(inputs)

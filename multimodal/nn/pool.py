@@ -70,6 +70,16 @@ def mean_pool(features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     return (features * m).sum(dim=1) / count
 
 
+def last_token(features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """``features[b, last real token of b]`` ``(B, dim)`` for right or left padding
+    (``attention_mask`` 1 at tokens); the last position when there is no mask."""
+    if attention_mask is None:
+        return features[:, -1]
+    positions = torch.arange(features.shape[1], device=features.device)
+    last = (attention_mask.bool() * positions).argmax(dim=1)
+    return features[torch.arange(features.shape[0], device=features.device), last]
+
+
 TOKEN_POOLING = ("cls", "mean", "max", "mean_sqrt_len", "lasttoken")
 
 
@@ -94,9 +104,7 @@ def pool_tokens(features: Tensor, attention_mask: Tensor | None, mode: str) -> T
     if mode == "mean_sqrt_len":
         m = mask.to(features.dtype)[..., None]
         return (features * m).sum(dim=1) / m.sum(dim=1).sqrt()
-    positions = torch.arange(features.shape[1], device=features.device)
-    last = (mask * positions).argmax(dim=1)
-    return features[torch.arange(features.shape[0], device=features.device), last]
+    return last_token(features, mask)
 
 
-__all__ = ["TOKEN_POOLING", "AttentionPool", "mean_pool", "pool_tokens"]
+__all__ = ["TOKEN_POOLING", "AttentionPool", "last_token", "mean_pool", "pool_tokens"]
