@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 from pathlib import Path
 
@@ -206,8 +207,14 @@ def test_embed_clips_of_different_lengths(tmp_path):
     sf.write(str(tmp_path / "clips" / "stereo_8k.wav"),
              stereo[::2].numpy(), 8000)  # another rate, two channels
     (tmp_path / "clips" / "tiny.wav").write_bytes(b"RIFF....WAVEfmt ")  # not audio
-    ids, emb = embed(str(tmp_path / "audio_model"), tmp_path / "clips", skip_corrupt=True)
+    sf.write(str(tmp_path / "clips" / "blip.wav"), np.zeros(50, np.float32), 16000)  # < 1 window
+    log = io.StringIO()
+    ids, emb = embed(str(tmp_path / "audio_model"), tmp_path / "clips", skip_corrupt=True,
+                     stream=log)
     assert ids == ["long.flac", "short.wav", "stereo_8k.wav"]
+    assert "skipped 2 unreadable input(s)" in log.getvalue()
+    assert "blip.wav: clip(s) [0] too short" in log.getvalue()
+    assert "embed: 5/5 inputs (100%)" in log.getvalue()  # plain progress lines off a terminal
     encoder = Encoder(model)
     for i, name in enumerate(["long.flac", "short.wav"]):
         wave, _ = sf.read(str(tmp_path / "clips" / name), dtype="float32")
@@ -327,6 +334,12 @@ def test_zero_shot_with_templates_is_clips_prompt_ensemble(tmp_path, clip_folder
                                       tokenizer=encoder.tokenizer)
     torch.testing.assert_close(torch.tensor([r.probabilities for r in rows]), want,
                                atol=1e-5, rtol=1e-5)
+    (tmp_path / "photos" / "empty.jpg").write_bytes(b"")
+    with pytest.raises(UnreadableInput, match=r"empty\.jpg: cannot read .* as an image"):
+        zero_shot(str(clip_folder), tmp_path / "photos", ["cat", "dog"], templates)
+    kept = zero_shot(str(clip_folder), tmp_path / "photos", ["cat", "dog"], templates,
+                     skip_corrupt=True)
+    assert [r.id for r in kept] == [r.id for r in rows]
 
 
 def test_zero_shot_refuses_a_model_that_is_not_clip(tmp_path, vit_folder, capsys):
