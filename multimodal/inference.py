@@ -409,6 +409,10 @@ def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size:
         model_name = str(Path(model_name).resolve())
     items = collect_inputs(inputs, _kinds_of(encoder))
     kind = _item_kind(items[0])
+    if kind not in _kinds_of(encoder):
+        raise ValueError(f"{items[0].where} is {'a text' if kind == 'text' else kind} but the "
+                         f"model ({type(encoder.backbone).__name__}) reads "
+                         f"{' and '.join(_kinds_of(encoder))}")
     stream = stream if stream is not None else sys.stderr
     done: dict[str, torch.Tensor] = {}
     out_path = parts = None

@@ -239,6 +239,13 @@ def test_manifest_errors_name_the_line(tmp_path):
         collect_inputs(tmp_path / "empty", ("image",))
 
 
+def test_inputs_of_another_modality_are_named(tmp_path, vit_folder):
+    (tmp_path / "texts.txt").write_text("a cat\na dog\n")
+    with pytest.raises(ValueError, match=r"texts\.txt line 1 is a text but the model \(ViT\) "
+                                         "reads image"):
+        embed(str(vit_folder), tmp_path / "texts.txt")
+
+
 # -- zero-shot ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def clip_folder(tmp_path_factory) -> Path:
