@@ -249,8 +249,10 @@ class Encoder(nn.Module):
             self.backbone.requires_grad_(False)
         self.eval()
         if compile or quantize:
-            # the compiled / int8 forwards (multimodal.optimize) plug in here: every
-            # encode() runs the backbone through self._tokens / self._embeddings
+            # the compiled / int8 forwards (multimodal.optimize) plug in here, e.g.
+            # self.backbone = optimize.encoder(self.backbone, compile=..., quantize=...):
+            # every encode() reaches the model only through self.backbone's verbs
+            # (forward_features, pool, encode_image / encode_text) in _tokens / _embeddings
             raise NotImplementedError("Encoder(compile=..., quantize=...) is not available "
                                       "in this version")
 
