@@ -136,11 +136,105 @@ class PretrainedMixin:
                    if p.requires_grad or not trainable_only)
 
 
+#: safetensors' dtype names -> torch's (the dtypes a header may declare)
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
+}
+#: a header larger than this is refused before it is read (safetensors' own limit)
+MAX_HEADER_BYTES = 100_000_000
+
+
+def name_list(names: typing.Iterable[str], limit: int = 20, sep: str = ", ") -> str:
+    """``"a, b, c"``, or the first ``limit`` names and ``"... and 1 599 980 more"``: an
+    error message stays readable however many names a hostile file produces."""
+    names = list(names)
+    shown = sep.join(names[:limit])
+    if len(names) <= limit:
+        return shown
+    more = f"{len(names) - limit:,}".replace(",", " ")
+    return f"{shown}{sep}... and {more} more"
+
+
+def read_safetensors_header(file: str | Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The ``{name: (dtype, shape)}`` that a safetensors file declares, read from its header
+    alone (no tensor is read, whatever the sizes), and checked as the format requires:
+    the 8-byte length, a JSON object, known dtypes, byte ranges that match each shape and
+    dtype and tile the data exactly. A truncated file, a pickle or any other file renamed
+    ``.safetensors`` is refused with a :class:`ValueError` naming the file.
+
+    The layout: ``u64 n`` (little-endian), ``n`` bytes of JSON ``{name: {"dtype", "shape",
+    "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the data."""
+    file = Path(file)
+    if not file.is_file():
+        raise FileNotFoundError(f"weights file {file} not found")
+    size = file.stat().st_size
+    refused = (f"{file} is not a safetensors file" + " ({}); pickled checkpoints are refused "
+               "because loading them can execute code")
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(refused.format(f"{size} bytes, shorter than the 8-byte header "
+                                            "length"))
+        n = int.from_bytes(head, "little")
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise ValueError(refused.format(f"its first 8 bytes declare a {n:,}-byte header; "
+                                            f"the file has {size:,} bytes"))
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(refused.format(f"its header is not JSON: {err}")) from None
+    if not isinstance(header, dict):
+        raise ValueError(refused.format("its header is not a JSON object"))
+    header.pop("__metadata__", None)
+    out: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+    spans = []
+    for name, entry in header.items():
+        try:
+            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{file}: tensor {name} has a malformed header entry {entry!r}"
+                             ) from None
+        if any(d < 0 for d in shape):
+            raise ValueError(f"{file}: tensor {name} declares a negative size {shape}")
+        nbytes = dtype.itemsize * _prod(shape)
+        if end - begin != nbytes or begin < 0:
+            raise ValueError(f"{file}: tensor {name} ({entry['dtype']}, {shape}) needs "
+                             f"{nbytes:,} bytes but its data_offsets span {begin}..{end}")
+        out[name] = (dtype, shape)
+        spans.append((begin, end, name))
+    data = size - 8 - n
+    at = 0
+    for begin, end, name in sorted(spans):
+        if begin != at:
+            raise ValueError(f"{file}: tensor {name} starts at data byte {begin:,}, expected "
+                             f"{at:,} (overlapping or gapped tensors)")
+        at = end
+    if at != data:
+        what = "truncated" if at > data else "has trailing bytes"
+        raise ValueError(f"{file} is {what}: its header declares {at:,} bytes of tensor data, "
+                         f"the file holds {data:,}")
+    return out
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def load_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
     """Read a safetensors file; anything else (a pickle, say) is refused, never executed."""
     file = Path(file)
     if not file.is_file():
         raise FileNotFoundError(f"weights file {file} not found")
+    read_safetensors_header(file)
     try:
         return load_file(str(file))
     except (SafetensorError, OSError, ValueError) as err:
@@ -161,11 +255,11 @@ def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor],
     missing = [k for k in missing if not _is_tied_alias(model, k, state)]
     problems = []
     if shape_errors:
-        problems.append("mis-shaped: " + "; ".join(shape_errors))
+        problems.append("mis-shaped: " + name_list(shape_errors, sep="; "))
     if strict and missing:
-        problems.append("missing: " + ", ".join(missing))
+        problems.append("missing: " + name_list(missing))
     if strict and unexpected:
-        problems.append("unexpected: " + ", ".join(unexpected))
+        problems.append("unexpected: " + name_list(unexpected))
     if problems:
         raise ValueError(f"state dict does not fit {type(model).__name__}: " + " | ".join(problems))
     model.load_state_dict(state, strict=False, assign=assign)
@@ -180,4 +274,5 @@ def _is_tied_alias(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -
 
 __all__ = ["CONFIG_NAME", "FORMAT_VERSION", "MODEL_CLASSES", "WEIGHTS_NAME", "PretrainedMixin",
            "build_model", "config_from_dict", "config_to_dict", "load_safetensors",
-           "load_state_dict_checked", "read_meta", "register_model"]
+           "load_state_dict_checked", "name_list", "read_meta", "read_safetensors_header",
+           "register_model"]
