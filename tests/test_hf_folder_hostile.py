@@ -125,6 +125,23 @@ def test_integer_weights_are_refused_by_dtype(tmp_path):
         mm.from_hf(folder)
 
 
+@pytest.mark.parametrize("changes", [{"num_attention_heads": 0}, {"hidden_size": -32},
+                                     {"hidden_size": "32"}, {"intermediate_size": 1.5e300}])
+def test_sizes_that_are_no_sizes_are_refused_naming_config_json(tmp_path, changes,
+                                                                 no_tensor_read):
+    folder = _bert(tmp_path)
+    _edit_config(folder, **changes)
+    with pytest.raises(ValueError, match=r"config\.json"):
+        mm.from_hf(folder)
+
+
+def test_load_encoder_refuses_a_hostile_folder_the_same_way(tmp_path, no_tensor_read):
+    folder = _bert(tmp_path)
+    _edit_config(folder, num_hidden_layers=100_000)
+    with pytest.raises(ValueError, match=r"num_hidden_layers = 100,000"):
+        mm.load_encoder(folder)
+
+
 @pytest.mark.parametrize("cut", [8, 100, -1])
 def test_truncated_safetensors_is_named(tmp_path, cut, no_tensor_read):
     folder = _bert(tmp_path)

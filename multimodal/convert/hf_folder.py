@@ -151,8 +151,13 @@ def dry_convert(converter: Callable[[Any], nn.Module], arch: str, config: HFConf
     state = rename({name: traced(file.name, name, dt, shape)
                     for name, (file, dt, shape) in header.items()})
     snapshot = type(arch, (_FolderModel,), {})(config, state)
-    with dry_run(config_file, data):
-        converter(snapshot)
+    try:
+        with dry_run(config_file, data):
+            converter(snapshot)
+    except (TypeError, ZeroDivisionError, RuntimeError, AttributeError, KeyError,
+            IndexError, OverflowError) as err:  # sizes that are no sizes: 0 heads, -5, "32"
+        raise ValueError(f"{config_file} describes no model that can be built: "
+                         f"{type(err).__name__}: {err}") from None
 
 
 def from_hf_folder(folder: str | Path) -> nn.Module:
