@@ -279,7 +279,9 @@ def synthesize(
 
     ``model_or_ckpt``: a TTSTask checkpoint path, a :class:`~multimodal.tasks.tts.TTSTask`
     or a :class:`TTSBundle`. ``prompt``: a waveform tensor (rate ``prompt_sample_rate``,
-    default the codec's) or an audio file. ``temperature`` (``0``: greedy), ``top_k``,
+    default the codec's; any dtype, integer PCM rescaled; (channels, samples) or
+    (samples, channels); or a NumPy array) or an audio file. ``temperature`` (``0``: greedy;
+    negative: ``ValueError``), ``top_k``,
     ``top_p`` and ``seed`` set the AR sampling (the default, temperature 1 with top-k 5,
     was the most intelligible of greedy, temperature 0.7, 1.0 and top-k 5 on 40 words
     after 4 epochs of configs/tts_voices.yaml; greedy decoding repeats itself). ``stats``,
