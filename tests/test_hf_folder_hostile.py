@@ -242,3 +242,36 @@ def test_refusing_a_hostile_folder_costs_no_more_memory_than_loading_a_valid_one
         got, hostile_rss, _ = _peak(hostile, limit=int(1.2 * vm))
         assert got.startswith("refused:") and "config.json" in got, (changes, got)
         assert hostile_rss <= 1.2 * rss, (changes, hostile_rss, rss)
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama"])
+def test_folder_models_are_built_on_meta_no_parameter_allocated_on_cpu(tmp_path, monkeypatch,
+                                                                       arch):
+    """Every parameter of a folder's model is created on ``meta`` (the registration hook
+    sees no real tensor to move), and the loaded model equals transformers'."""
+    from multimodal.convert import common
+
+    cfg = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+               intermediate_size=64, max_position_embeddings=16)
+    if arch == "bert":
+        source = transformers.BertModel(transformers.BertConfig(**cfg))
+    elif arch == "gpt2":
+        source = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=16))
+    else:
+        source = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
+    source.eval().save_pretrained(tmp_path)
+    real = []
+    hook = common._to_meta
+    monkeypatch.setattr(common, "_to_meta", lambda m, n, p: real.append(n) if (
+        p is not None and not p.is_meta and common._ON_META.get()
+        and not common._ASSIGNING.get()) else hook(m, n, p))
+    ours = mm.from_hf(tmp_path)
+    assert real == []
+    assert all(not t.is_meta for t in [*ours.parameters(), *ours.buffers()])
+    ids = torch.randint(0, 50, (1, 6))
+    with torch.no_grad():
+        ref = source(ids)
+        ref = ref.logits if arch != "bert" else ref.last_hidden_state
+        got = ours(ids) if arch != "bert" else ours.forward_features(ids)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)

@@ -343,6 +343,18 @@ def _check_dry(model: nn.Module, state: Mapping[str, Tensor], dry: DryRun) -> No
     load_state_dict_checked(model, meta_state, assign=True)
 
 
+def build(model_cls: Callable[..., nn.Module], *args: Any, **kwargs: Any) -> nn.Module:
+    """``model_cls(*args, **kwargs)``; inside :func:`meta_parameters` (a folder's
+    conversion) built under ``torch.device("meta")``, so no parameter is ever allocated on
+    the CPU (the registration hook alone would move each one to ``meta`` only after torch
+    created it). Buffers computed from the config (filter banks, position tables) stay real:
+    the modules that hold them compute them off ``meta`` (``nn.init.off_meta``)."""
+    if not _ON_META.get() or _DRY_RUN.get() is not None:
+        return model_cls(*args, **kwargs)
+    with torch.device("meta"):
+        return model_cls(*args, **kwargs)
+
+
 def load_converted(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
     """Load ``state`` into ``model`` (checked: missing, unexpected, mis-shaped keys listed).
     A model built under :func:`meta_parameters` takes the tensors themselves (cast to the
