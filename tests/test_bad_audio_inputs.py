@@ -131,6 +131,12 @@ def test_stereo_in_soundfile_layout_is_averaged_like_channels_first():
     torch.testing.assert_close(tok([last.numpy()], SR)[0], tok([first], SR)[0])
     with pytest.raises(ValueError, match=r"\(samples, channels\).*\(2, 3, 4\)"):
         as_mono(torch.zeros(2, 3, 4))
+    # a 2-D tensor is a batch (B, T) for the front end: soundfile's layout is named
+    with pytest.raises(ValueError, match=r"\[0, 1, .*, 19, \.\.\. and 15980 more\] too short"
+                                         r".*\(samples, channels\) layout, \(16000, 2\), "
+                                         r"pass waveform\.T"):
+        tok(torch.randn(16000, 2) * 0.1, SR)
+    torch.testing.assert_close(tok(last.T, SR)[0], tok(first, SR)[0])
 
 
 _CODEC: list[MelRVQCodec] = []

@@ -278,7 +278,9 @@ class AudioFrameTokenizer(nn.Module):
     def _check_finite(self, batch: Tensor) -> None:
         if not torch.isfinite(batch).all():
             bad = (~torch.isfinite(batch)).any(dim=-1).nonzero().flatten().tolist()
-            raise ValueError(f"waveform has NaN or inf samples (clips {bad}); clean the input")
+            more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
+            raise ValueError(f"waveform has NaN or inf samples (clips {bad[:20]}{more}); clean "
+                             "the input")
 
     # ------------------------------------------------------------------ features
     def resample(self, batch: Tensor, lengths: Tensor, sample_rate: int) -> tuple[Tensor, Tensor]:
@@ -326,9 +328,18 @@ class AudioFrameTokenizer(nn.Module):
         too_short = (lens < c.win_length).nonzero().flatten().tolist()
         if too_short:
             got = lens[too_short[0]].item()
+            shown = ", ".join(map(str, too_short[:20])) + (
+                f", ... and {len(too_short) - 20} more" if len(too_short) > 20 else "")
+            layout = ""
+            if isinstance(waveform, (Tensor, np.ndarray)) and waveform.ndim == 2 and \
+                    waveform.shape[1] <= 8 < waveform.shape[0]:
+                layout = (f"; a 2-D waveform is a batch (B, T): for one clip in soundfile's "
+                          f"(samples, channels) layout, {tuple(waveform.shape)}, pass "
+                          "waveform.T or [waveform]")
             raise ValueError(
-                f"clip(s) {too_short} too short: need at least {c.win_length} samples at "
-                f"{c.sample_rate} Hz (one {c.win_ms:g} ms window), clip {too_short[0]} has {got}"
+                f"clip(s) [{shown}] too short: need at least {c.win_length} samples at "
+                f"{c.sample_rate} Hz (one {c.win_ms:g} ms window), clip {too_short[0]} has "
+                f"{got}{layout}"
             )
         frame_lens = self.frame_lengths(lens)
         if c.frontend == "kaldi_fbank":
