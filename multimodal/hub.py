@@ -39,6 +39,7 @@ from multimodal.weights import (
     WEIGHTS_NAME,
     PretrainedMixin,
     build_model,
+    check_against_header,
     config_from_dict,
     config_to_dict,
     load_safetensors,
@@ -67,8 +68,14 @@ def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
     if Path(path).suffix == ".ckpt" and Path(path).is_file():
         return load_checkpoint(path)
     model_cls, config = read_config(path)
+    cfg_file, meta = read_meta(path)
+    weights = cfg_file.parent / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"weights file {weights} not found")
+    # config.json against the safetensors header before anything is allocated
+    check_against_header(model_cls, meta["config"], cfg_file, weights, strict=strict)
     model = model_cls(config)
-    load_state_dict_checked(model, load_safetensors(Path(path) / WEIGHTS_NAME), strict=strict)
+    load_state_dict_checked(model, load_safetensors(weights), strict=strict)
     return model.eval()
 
 

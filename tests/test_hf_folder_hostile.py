@@ -196,6 +196,50 @@ def test_lists_of_names_are_capped():
     assert len(str(err.value)) < 1200
 
 
+def _ours(folder):
+    model = mm.TextEncoder(mm.TextEncoderConfig(vocab_size=60, max_len=24, dim=32, depth=2,
+                                                heads=2, mlp_dim=64))
+    model.save_pretrained(folder)
+    return folder
+
+
+def _edit_backbone(folder, **changes):
+    file = folder / "config.json"
+    meta = json.loads(file.read_text())
+    meta["config"]["backbone"].update(changes)
+    file.write_text(json.dumps(meta))
+
+
+def test_our_format_is_checked_against_the_header_too(tmp_path, no_tensor_read):
+    """``from_pretrained`` / ``load_encoder`` of a ``save_pretrained`` folder: the same
+    checks from config.json and the header, in our names (they are the file's)."""
+    folder = _ours(tmp_path)
+    _edit_backbone(folder, dim=10_000_000, depth=100_000)
+    with pytest.raises(ValueError, match=r"config\.json: backbone\.depth = 100,000, "
+                                         r"but model\.safetensors holds 2 layers"):
+        mm.load_encoder(folder)
+    _edit_backbone(folder, depth=2)
+    with pytest.raises(ValueError) as err:
+        mm.from_pretrained(folder)
+    msg = str(err.value)
+    assert "pos_embed.weight: expected (24, 10000000), got (24, 32)" in msg
+    assert "backbone.dim=10000000" in msg and re.search(r"and \d+ more$", msg)
+
+
+def test_our_format_truncated_or_mis_shaped(tmp_path):
+    folder = _ours(tmp_path)
+    _edit_backbone(folder, mlp_dim=48)
+    with pytest.raises(ValueError, match=r"transformer\.blocks\.0\.mlp\.fc1\.weight: "
+                                         r"expected \(48, 32\), got \(64, 32\) "
+                                         r"\(config\.json: backbone\.mlp_dim=48\)"):
+        mm.from_pretrained(folder)
+    _edit_backbone(folder, mlp_dim=64)
+    file = folder / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=r"model\.safetensors is truncated"):
+        mm.from_pretrained(folder)
+
+
 _PEAK = textwrap.dedent("""
     import resource, sys
     import multimodal as mm
@@ -207,7 +251,7 @@ _PEAK = textwrap.dedent("""
     if limit:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
-        mm.from_hf(sys.argv[1])
+        getattr(mm, sys.argv[3])(sys.argv[1])
         outcome = "loaded"
     except ValueError as err:
         outcome = "refused:" + str(err)[:300].replace(chr(10), " ")
@@ -218,8 +262,8 @@ _PEAK = textwrap.dedent("""
 """)
 
 
-def _peak(folder, limit=0):
-    run = subprocess.run([sys.executable, "-c", _PEAK, str(folder), str(limit)],
+def _peak(folder, limit=0, loader="from_hf"):
+    run = subprocess.run([sys.executable, "-c", _PEAK, str(folder), str(limit), loader],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     outcome, sizes = run.stdout.strip().splitlines()[-2:]
@@ -240,6 +284,15 @@ def test_refusing_a_hostile_folder_costs_no_more_memory_than_loading_a_valid_one
                     {"intermediate_size": 10_000_000, "vocab_size": 10_000_000_000}):
         _edit_config(hostile, **changes)
         got, hostile_rss, _ = _peak(hostile, limit=int(1.2 * vm))
+        assert got.startswith("refused:") and "config.json" in got, (changes, got)
+        assert hostile_rss <= 1.2 * rss, (changes, hostile_rss, rss)
+    # our own save_pretrained format, through load_encoder's from_pretrained
+    outcome, rss, vm = _peak(_ours(tmp_path / "ours_valid"), loader="load_encoder")
+    assert outcome == "loaded"
+    hostile = _ours(tmp_path / "ours_hostile")
+    for changes in ({"dim": 10_000_000}, {"dim": 10_000_000, "depth": 100_000}):
+        _edit_backbone(hostile, **changes)
+        got, hostile_rss, _ = _peak(hostile, limit=int(1.2 * vm), loader="load_encoder")
         assert got.startswith("refused:") and "config.json" in got, (changes, got)
         assert hostile_rss <= 1.2 * rss, (changes, hostile_rss, rss)
 

@@ -14,7 +14,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from multimodal.weights import load_state_dict_checked, name_list
+from multimodal.weights import (
+    config_int_fields,
+    fields_hint,
+    load_state_dict_checked,
+    meta_build,
+    name_list,
+)
 
 SUPPORTED = {
     "torchvision": "torchvision.models.VisionTransformer (vit_b_16, vit_b_32, vit_l_16, "
@@ -243,73 +249,22 @@ def _check_fusable(tensors: Any, dim: int) -> None:
 
 
 def _fields_hint(expected: Any, got: Any) -> str:
-    """``" (config.json: hidden_size=32)"``: the config fields whose values are the
-    expected sizes that the file's tensor does not have."""
     dry = _DRY_RUN.get()
-    if dry is None:
-        return ""
-    expected, got = tuple(expected), tuple(got)
-    differing = {e for i, e in enumerate(expected) if i >= len(got) or got[i] != e} or \
-        set(expected)
-    fields = [f"{k}={v}" for k, v in dry.fields.items() if v in differing and v > 1]
-    return f" ({dry.config_file.name}: {', '.join(fields[:6])})" if fields else ""
+    return "" if dry is None else fields_hint(dry.config_file.name, dry.fields, expected, got)
 
 
 @contextmanager
 def dry_run(config_file: Path, config: Mapping[str, Any]) -> Iterator[None]:
     """Inside, models are built on the ``meta`` device (nothing allocated, whatever the
-    config declares) and :func:`load_converted` checks shapes and dtypes against the
-    :class:`Traced` tensors of the file instead of loading them."""
-    fields: dict[str, int] = {}
-
-    def walk(data: Mapping[str, Any], prefix: str) -> None:
-        for k, v in data.items():
-            if isinstance(v, bool):
-                continue
-            if isinstance(v, int):
-                fields[prefix + k] = v
-            elif isinstance(v, Mapping):
-                walk(v, f"{prefix}{k}.")
-
-    walk(config, "")
-    token = _DRY_RUN.set(DryRun(Path(config_file), fields))
+    config declares: :func:`multimodal.weights.meta_build`) and :func:`load_converted`
+    checks shapes and dtypes against the :class:`Traced` tensors of the file instead of
+    loading them."""
+    token = _DRY_RUN.set(DryRun(Path(config_file), config_int_fields(config)))
     try:
-        with torch.device("meta"), _AllOnMeta():
+        with meta_build():
             yield
     finally:
         _DRY_RUN.reset(token)
-
-
-_VALUE_READS = {torch.Tensor.item: 0, torch.Tensor.__bool__: False, torch.Tensor.__int__: 0,
-                torch.Tensor.__float__: 0.0, torch.Tensor.__index__: 0}
-
-
-class _AllOnMeta(torch.overrides.TorchFunctionMode):
-    """Factory calls that name a device (``device="cpu"``) still land on ``meta``; a
-    constructor that reads a value of a meta tensor (torchaudio's filter-bank sanity
-    check, say) reads 0 / False: the dry run builds shapes, the real run computes values."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = kwargs or {}
-        if func in _VALUE_READS and args and isinstance(args[0], Tensor) and args[0].is_meta:
-            return _VALUE_READS[func]
-        if func is torch.Tensor.tolist and args[0].is_meta:
-            return torch.zeros(args[0].shape, dtype=args[0].dtype, device="cpu").tolist()
-        if kwargs.get("device") is not None:
-            kwargs["device"] = "meta"
-        flat = [*args, *kwargs.values()]
-        if any(isinstance(a, Tensor) and a.is_meta for a in flat):  # no cpu / meta mixes
-            args = tuple(_meta(a) for a in args)
-            kwargs = {k: _meta(v) for k, v in kwargs.items()}
-        return func(*args, **kwargs)
-
-
-def _meta(x: Any) -> Any:
-    if isinstance(x, Tensor) and not x.is_meta and not isinstance(x, nn.Parameter):
-        return x.to("meta")
-    if isinstance(x, (list, tuple)) and any(isinstance(t, Tensor) for t in x):
-        return type(x)(_meta(t) for t in x)
-    return x
 
 
 def _check_dry(model: nn.Module, state: Mapping[str, Tensor], dry: DryRun) -> None:

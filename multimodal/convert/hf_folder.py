@@ -4,7 +4,6 @@ without transformers."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,7 @@ from multimodal.convert.common import (
     meta_parameters,
     traced,
 )
-from multimodal.weights import name_list, read_safetensors_header
-
-#: config.json fields that count layers (checked against the layers the file holds)
-DEPTH_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers",
-                "decoder_layers")
-_LAYER_KEY = re.compile(r"^(.*?(?:^|\.)(?:layers?|h|blocks|block|resblocks))\.(\d+)\.")
+from multimodal.weights import check_depth, name_list, read_safetensors_header
 
 
 class _FolderModel:
@@ -113,34 +107,6 @@ def read_hf_weights(folder: str | Path) -> dict[str, Tensor]:
     return state
 
 
-def check_depth(config_file: Path, config: Mapping[str, Any],
-                header: Mapping[str, tuple[Path, dtype, tuple[int, ...]]]) -> None:
-    """No layer-count field of ``config.json`` (nested ones included) exceeds the layers
-    that the weights hold (``encoder.layer.0`` ... ``encoder.layer.11``): a converter
-    loops over the declared depth, so a hostile ``num_hidden_layers: 100000`` is refused
-    here, before a million missing names are produced."""
-    groups: dict[str, set[int]] = {}
-    for name in header:
-        match = _LAYER_KEY.match(name)
-        if match:
-            groups.setdefault(match.group(1), set()).add(int(match.group(2)))
-    most = max(groups.items(), key=lambda g: len(g[1]), default=("", set()))
-
-    def walk(data: Mapping[str, Any], prefix: str) -> None:
-        for key, value in data.items():
-            if isinstance(value, Mapping):
-                walk(value, f"{prefix}{key}.")
-            elif key in DEPTH_FIELDS and isinstance(value, int) and not isinstance(
-                    value, bool) and value > len(most[1]):
-                file = header[next(iter(header))][0].name if header else "the weights"
-                held = (f"{len(most[1])} layers ({most[0]}.{min(most[1])} ... {most[0]}."
-                        f"{max(most[1])})") if most[1] else "no numbered layers"
-                raise ValueError(f"{config_file}: {prefix}{key} = {value:,}, but {file} "
-                                 f"holds {held}")
-
-    walk(config, "")
-
-
 def dry_convert(converter: Callable[[Any], nn.Module], arch: str, config: HFConfig,
                 config_file: Path, data: Mapping[str, Any],
                 header: Mapping[str, tuple[Path, dtype, tuple[int, ...]]],
@@ -192,7 +158,8 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
             f"{data.get('architectures')}); supported model_type: {sorted(HF_MODEL_TYPES)}, "
             f"architectures: {sorted(HF_CONVERTERS)}")
     header = read_hf_header(folder)
-    check_depth(config_file, data, header)
+    check_depth(config_file, data, header, next(iter(header.values()))[0].name
+                if header else "the weights")
     prefix = known.prefix if known else ""
     config = HFConfig(data, config_file)
 
