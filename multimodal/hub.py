@@ -40,10 +40,13 @@ from multimodal.weights import (
     PretrainedMixin,
     build_model,
     check_against_header,
+    check_depth,
+    compare_shapes,
     config_from_dict,
     config_to_dict,
     load_safetensors,
     load_state_dict_checked,
+    meta_model,
     read_meta,
 )
 
@@ -173,7 +176,15 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path = "checkpoint")
     if not isinstance(kind, str) or not isinstance(cfg, dict):
         raise ValueError(f"{path}: no model_type/model_config recorded "
                          f"(top-level keys {sorted(ckpt)}); {CHECKPOINT_HINT}")
-    model = build_model(_model_class(kind, Path(path)), cfg)
+    model_cls = _model_class(kind, Path(path))
+    # the recorded config against the tensors' shapes, before anything is allocated
+    shapes = {k: (v.dtype, tuple(v.shape)) for k, v in ckpt["state_dict"].items()
+              if isinstance(v, torch.Tensor)}
+    where = f"{path}: model_config"
+    check_depth(Path(where), cfg, shapes, Path(path).name)
+    shadow = meta_model(model_cls, cfg, where)
+    compare_shapes(shadow, _submodule_state(shapes, shadow), cfg, where, path)
+    model = build_model(model_cls, cfg)
     load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
     return model.eval()
 

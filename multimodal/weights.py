@@ -337,23 +337,49 @@ def check_against_header(model_cls: type[M], config: dict[str, Any], cfg_file: P
     ``weights_file`` (:func:`read_safetensors_header`): every size error names the tensor,
     both shapes and the config fields behind the expected one; missing / unexpected
     tensors are listed (capped). Nothing is allocated and no tensor read."""
-    header = read_safetensors_header(weights_file)
+    check_against_shapes(model_cls, config, read_safetensors_header(weights_file), cfg_file,
+                         weights_file, strict)
+
+
+def check_against_shapes(model_cls: type[M], config: dict[str, Any],
+                         header: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
+                         cfg_file: Path | str, weights_file: Path | str,
+                         strict: bool = True) -> None:
+    """:func:`check_against_header` for ``{name: (dtype, shape)}`` from anywhere."""
+    cfg_file, weights_file = Path(cfg_file), Path(weights_file)
     check_depth(cfg_file, config, header, weights_file.name)
+    compare_shapes(meta_model(model_cls, config, cfg_file), header, config, cfg_file,
+                   weights_file, strict)
+
+
+def meta_model(model_cls: type[M], config: dict[str, Any], cfg_file: Path | str) -> M:
+    """``model_cls(config)`` with every tensor on ``meta`` (:func:`meta_build`); a config
+    that builds nothing (0 heads, a negative or non-integer size) is a ``ValueError``
+    naming ``cfg_file``. Run :func:`check_depth` first: the layers are Python objects."""
     try:
         with meta_build():
-            shadow = build_model(model_cls, config)
+            return build_model(model_cls, config)
     except (TypeError, ZeroDivisionError, RuntimeError, AttributeError, KeyError,
             IndexError, OverflowError) as err:
         raise ValueError(f"{cfg_file} describes no model that can be built: "
                          f"{type(err).__name__}: {err}") from None
+
+
+def compare_shapes(shadow: nn.Module, header: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
+                   config: Mapping[str, Any], cfg_file: Path | str, weights_file: Path | str,
+                   strict: bool = True) -> None:
+    """The tensors of a model built on ``meta`` against ``{name: (dtype, shape)}`` of a
+    file: mis-shaped (with the config fields behind the expected size), non-float,
+    missing and unexpected tensors, each list capped."""
+    cfg_file = Path(cfg_file)
     own = shadow.state_dict()
     fields = config_int_fields(config)
     shapes, dtypes = [], []
     for name in [k for k in own if k in header]:  # in the model's order
         dtype, shape = header[name]
         need = tuple(own[name].shape)
-        if need != shape:
-            shapes.append(f"{name}: expected {need}, got {shape}"
+        if need != tuple(shape):
+            shapes.append(f"{name}: expected {need}, got {tuple(shape)}"
                           f"{fields_hint(cfg_file.name, fields, need, shape)}")
         elif own[name].is_floating_point() and not dtype.is_floating_point:
             dtypes.append(f"{name} ({dtype})")

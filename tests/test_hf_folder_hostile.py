@@ -328,3 +328,27 @@ def test_folder_models_are_built_on_meta_no_parameter_allocated_on_cpu(tmp_path,
         ref = ref.logits if arch != "bert" else ref.last_hidden_state
         got = ours(ids) if arch != "bert" else ours.forward_features(ids)
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_checkpoint_with_a_hostile_model_config_is_refused_before_building(tmp_path):
+    from multimodal.weights import config_to_dict
+
+    model = mm.TextEncoder(mm.TextEncoderConfig(vocab_size=60, max_len=24, dim=32, depth=2,
+                                                heads=2, mlp_dim=64))
+    cfg = config_to_dict(model.config)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    path = tmp_path / "task.ckpt"
+    torch.save({"state_dict": state, "multimodal_model": {"model_type": "TextEncoder",
+                                                          "model_config": cfg}}, path)
+    torch.testing.assert_close(mm.load_checkpoint(path).state_dict(), model.state_dict())
+    for changes, pattern in (
+            ({"depth": 100_000}, r"model_config: backbone\.depth = 100,000, but task\.ckpt "
+                                 r"holds 2 layers"),
+            ({"dim": 10_000_000}, r"pos_embed\.weight: expected \(24, 10000000\), got "
+                                  r"\(24, 32\) \(task\.ckpt: model_config: backbone\.dim=")):
+        hostile = json.loads(json.dumps(cfg))
+        hostile["backbone"].update(changes)
+        torch.save({"state_dict": state, "multimodal_model": {"model_type": "TextEncoder",
+                                                              "model_config": hostile}}, path)
+        with pytest.raises(ValueError, match=pattern):
+            mm.load_checkpoint(path)
