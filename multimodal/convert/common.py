@@ -243,7 +243,7 @@ def _check_fusable(tensors: Any, dim: int) -> None:
         others = [s for s in sources if s is not odd]
         raise ValueError(f"{file}: {odd[1]} has shape {tuple(odd[2])}, unlike "
                          f"{_describe(tuple(others))} that it is fused with"
-                         + _fields_hint([d for d in others[0][2]], odd[2]))
+                         + _fields_hint(others[0][2], odd[2]))
     raise ValueError(f"{file}: cannot fuse tensors of different shapes: "
                      f"{_describe(tuple(sources))}")
 
