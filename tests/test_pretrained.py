@@ -298,3 +298,16 @@ def test_a_llama_folder_for_image_classification_is_named(hf):
     with pytest.raises(ValueError, match=r"llama holds a TextDecoder \(text model\): it has no "
                                          r"part ClassificationTask can train as an image model"):
         ClassificationTask(pretrained=str(hf["llama"]), modality="image", num_classes=3)
+
+
+def test_num_classes_rules_for_a_model_from_the_config():
+    """A config model whose num_classes is left at its default takes the task's / data's;
+    one set away from its default is the user's choice: a different data count is an
+    error (the head is never silently replaced)."""
+    base = dict(image_size=16, patch_size=8, dim=32, depth=1, heads=2)
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**base)), num_classes=4)
+    assert task.model.config.num_classes == 4 and task.model.head.out_features == 4
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**base)), class_names=CLASSES)
+    assert task.model.head.out_features == 3 and task.class_names == CLASSES
+    with pytest.raises(ValueError, match="the data has 3 classes but the model's head has 7"):
+        ClassificationTask(mm.ViT(mm.ViTConfig(**base, num_classes=7)), class_names=CLASSES)

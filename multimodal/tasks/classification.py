@@ -86,10 +86,11 @@ class ClassificationTask(ModelTask):
                                    task=type(self).__name__, accept=CLASSIFIERS,
                                    modality=modality)
         # the model's own count is the user's choice when set away from its default
-        explicit = num_classes is not None or (
-            source is None and model.config.num_classes != _default_num_classes(model))
+        model_explicit = source is None and \
+            model.config.num_classes != _default_num_classes(model)
+        explicit = num_classes is not None or model_explicit
         if want is not None and want != model.config.num_classes:
-            if explicit:
+            if model_explicit:
                 raise ValueError(f"the data has {want} classes but the model's head has "
                                  f"{model.config.num_classes}: set model num_classes to "
                                  f"{want} (or leave it out to take the data's)")
