@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,11 +102,16 @@ def assert_same_run(a: L.LightningModule, b: L.LightningModule) -> None:
             f"{key} differs by {(sa[key].float() - sb[key].float()).abs().max():.3g}"
 
 
-def assert_each_once_per_epoch(seen: list[tuple[int, int, list[str]]], n: int) -> None:
-    """Every epoch trains on ``n`` distinct examples, none twice."""
+def assert_each_once_per_epoch(seen: list[tuple[int, int, list[str]]],
+                               expected: int | Counter[str]) -> None:
+    """Every epoch trains on each example once: ``expected`` distinct ids, or exactly the
+    ids (with their multiplicity) of the training split (data with repeated examples)."""
     by_epoch: dict[int, list[str]] = {}
     for epoch, _, ids in seen:
         by_epoch.setdefault(epoch, []).extend(ids)
     for epoch, ids in by_epoch.items():
-        assert len(ids) == n, f"epoch {epoch}: {len(ids)} examples trained on, not {n}"
-        assert len(set(ids)) == n, f"epoch {epoch}: {n - len(set(ids))} examples twice"
+        if isinstance(expected, Counter):
+            assert Counter(ids) == expected, f"epoch {epoch}: not each example once"
+            continue
+        assert len(ids) == expected, f"epoch {epoch}: {len(ids)} examples, not {expected}"
+        assert len(set(ids)) == expected, f"epoch {epoch}: {expected - len(set(ids))} twice"

@@ -138,15 +138,15 @@ class LoaderPosition:
 
 
 class _SkipFirst(Sampler[Any]):
-    """The index sampler of a :class:`ResumableDataLoader`: the loader's own, less the
-    first ``skip`` entries (batches of indices) of the next pass."""
+    """The index sampler of a :class:`ResumableDataLoader`: the loader's own, less its
+    first ``skip`` entries (batches of indices). The loader sets ``skip`` only while it
+    makes a pass's iterator (torch's iterator calls ``iter`` on it more than once)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.skip = inner, 0
 
     def __iter__(self) -> Iterator[Any]:
-        skip, self.skip = self.skip, 0
-        return itertools.islice(iter(self.inner), skip, None)
+        return itertools.islice(iter(self.inner), self.skip, None)
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -197,7 +197,10 @@ class ResumableDataLoader(DataLoader):
             skip = int(pending["batches"])
         skipper = self._index_sampler
         skipper.skip = skip
-        iterator = DataLoader.__iter__(self)
+        try:
+            iterator = DataLoader.__iter__(self)
+        finally:
+            skipper.skip = 0
         if pending is not None:
             set_rng_state(pending["rng"])
         position.epoch, position.batches = epoch, skip
