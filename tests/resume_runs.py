@@ -115,3 +115,16 @@ def assert_each_once_per_epoch(seen: list[tuple[int, int, list[str]]],
             continue
         assert len(ids) == expected, f"epoch {epoch}: {len(ids)} examples, not {expected}"
         assert len(set(ids)) == expected, f"epoch {epoch}: {expected - len(set(ids))} twice"
+
+
+class Slow(L.Callback):
+    """Sleeps ``seconds`` after every training step (gives a kill from outside time to
+    land anywhere in a run); changes nothing else."""
+
+    def __init__(self, seconds: float = 0.05) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import time
+
+        time.sleep(self.seconds)
