@@ -166,3 +166,36 @@ def test_seq2seq_resume_mid_epoch_exactly(tmp_path):
     assert seen == record.seen
     assert_each_once_per_epoch(seen, 96)
     assert_same_run(whole, resumed)
+
+
+def test_a_loader_rebuilt_for_ddp_keeps_the_position():
+    """Lightning rebuilds the training loader around a DistributedSampler (from the
+    arguments it captured); the rebuilt one keeps the data module's position, and a rank
+    resumed mid-epoch continues its own share where it stopped."""
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from lightning.pytorch.utilities.data import _update_dataloader
+    from torch.utils.data import DataLoader
+
+    def rank_loader(data):
+        with _replace_dunder_methods(DataLoader, "dataset"):
+            loader = data.train_dataloader()
+        sampler = DistributedSamplerWrapper(loader.sampler, num_replicas=2, rank=1,
+                                            shuffle=False)
+        rebuilt = _update_dataloader(loader, sampler)
+        rebuilt.sampler.set_epoch(1)
+        return rebuilt
+
+    _, data = digits(augment=False)()
+    data.setup("fit")
+    loader = rank_loader(data)
+    assert loader.position is data.train_position
+    whole = [example_ids(b) for b in loader]
+    it = iter(loader)
+    first = [example_ids(next(it)) for _ in range(2)]
+    state = data.state_dict()
+    _, again = digits(augment=False)()
+    again.setup("fit")
+    again.load_state_dict(state)
+    rest = [example_ids(b) for b in rank_loader(again)]
+    assert first + rest == whole and len(whole) == 3  # 40 of the 80 images, 16 a batch
