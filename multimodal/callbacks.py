@@ -15,6 +15,7 @@ from types import FrameType
 from typing import IO, Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -156,18 +157,22 @@ class Preemption(L.Callback):
         rank_zero_info(f"{why}: saved {path} at step {trainer.global_step}")
         return str(path)
 
-    def _agreed(self, trainer: L.Trainer, flag: bool) -> bool:
-        if trainer.world_size > 1:
-            return bool(trainer.strategy.reduce_boolean_decision(flag, all=False))
-        return flag
+    def _agreed(self, trainer: L.Trainer, *flags: bool) -> list[bool]:
+        """Each flag OR-ed over the ranks (one all-reduce for all of them)."""
+        if trainer.world_size <= 1:
+            return list(flags)
+        votes = torch.tensor([float(f) for f in flags], device=trainer.strategy.root_device)
+        votes = trainer.strategy.reduce(votes, reduce_op="sum")
+        return [v > 0 for v in votes.tolist()]
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         due = self.every_minutes is not None and \
             time.monotonic() - self._last_save >= 60 * self.every_minutes
-        if self._agreed(trainer, self.received is not None):
+        stop, due = self._agreed(trainer, self.received is not None, due)
+        if stop:
             self._stop(trainer)
-        if self._agreed(trainer, due):
+        if due:
             self.save(trainer, f"every {self.every_minutes:g} minutes")
 
     def _stop(self, trainer: L.Trainer) -> None:
