@@ -193,3 +193,29 @@ def test_a_damaged_named_checkpoint_is_an_error_naming_it(checkpoints):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert resume_checkpoint(_trainer(checkpoints), "best") == "best"
+
+
+class SignalInValidation(L.Callback):
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx,
+                                  dataloader_idx=0) -> None:
+        if not trainer.sanity_checking and batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_validation_saves_and_exits_143(tmp_path):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path,
+                        enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=2,
+                        callbacks=[SignalInValidation(), Preemption()])
+    with pytest.raises(SystemExit) as stop:
+        trainer.fit(task, data)
+    assert stop.value.code == 143
+    # Lightning stops inside the first validation (end of epoch 0, step 5)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 5
+    whole, full = fit(digits(), tmp_path / "whole", epochs=2)
+    resumed, rest = fit(digits(), tmp_path / "resumed", epochs=2, ckpt_path=str(last))
+    assert rest.seen == full.seen[5:]
+    assert_same_run(whole, resumed)
