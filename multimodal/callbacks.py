@@ -79,7 +79,15 @@ class Preemption(L.Callback):
 
     Every checkpoint it writes is written to a temporary file first and renamed, so a kill
     while writing leaves the previous ``last.ckpt`` whole. On several processes the ranks
-    agree (a logical OR of their flags) at every step, so all save and stop together.
+    agree (a logical OR of their flags, one all-reduce) at the end of every step and of every
+    validation, so all save and stop together, also when only one rank got the signal.
+
+    The handlers replace Lightning's own for these signals once training starts: Lightning's
+    SIGTERM handler broadcasts from inside the handler, a collective call that the other
+    ranks are not making then (gloo aborts), and it stops a single process only at the end
+    of the epoch; its SLURM SIGUSR1 handler saves from inside the step in progress. A
+    launcher that started worker processes (``strategy: ddp`` on one machine) still passes
+    the signal on to them.
     """
 
     def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1"),
@@ -95,14 +103,19 @@ class Preemption(L.Callback):
         self.saved_path: str | None = None
         self._previous: dict[int, Any] = {}
         self._active = False  # between setup("fit") and the end of the fit
+        self._launcher: Any = None
         self._last_save = time.monotonic()
 
     # -- signals -------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         previous = self._previous.get(signum, signal.SIG_DFL)
         if self._active:
-            if self.received is None:
+            first = self.received is None
+            if first:
                 self.received = signum
+                kill = getattr(self._launcher, "kill", None)  # pass it on to worker processes
+                if callable(kill):
+                    kill(signum)
             if callable(previous):
                 previous(signum, frame)
             return
@@ -126,6 +139,13 @@ class Preemption(L.Callback):
                 continue
             if previous != self._handle:  # (still ours after an interrupted fit)
                 self._previous[signum] = previous
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning registered its handlers (see the class docstring): ours again
+        self._launcher = trainer.strategy.launcher
+        for signum in self._previous:
+            with contextlib.suppress(ValueError):
+                signal.signal(signum, self._handle)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._active = False
@@ -174,6 +194,13 @@ class Preemption(L.Callback):
             self._stop(trainer)
         if due:
             self.save(trainer, f"every {self.every_minutes:g} minutes")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._active or trainer.sanity_checking:
+            return
+        (stop,) = self._agreed(trainer, self.received is not None)
+        if stop:
+            self._stop(trainer)
 
     def _stop(self, trainer: L.Trainer) -> None:
         signum = self.received if self.received is not None else int(signal.SIGTERM)

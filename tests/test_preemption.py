@@ -219,3 +219,35 @@ def test_sigterm_during_validation_saves_and_exits_143(tmp_path):
     resumed, rest = fit(digits(), tmp_path / "resumed", epochs=2, ckpt_path=str(last))
     assert rest.seen == full.seen[5:]
     assert_same_run(whole, resumed)
+
+
+class SignalOnRank(L.Callback):
+    """SIGTERM to the process of ``rank`` at the start of step ``step``."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_ddp_ranks_stop_together_and_exit_143(tmp_path):
+    """2 gloo processes, SIGTERM to rank 1 only: both ranks save at the same step and exit
+    with 143 (ranks agree by an all-reduce of their flags every step)."""
+    from torch.multiprocessing import ProcessExitedException
+
+    L.seed_everything(0, verbose=False)
+    task, data = digits(augment=False)()
+    record = Record()
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2,
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, enable_checkpointing=False,
+                        num_sanity_val_steps=0, limit_val_batches=0,
+                        callbacks=[record, SignalOnRank(1, 1), Preemption()])
+    with pytest.raises(ProcessExitedException) as stop:
+        trainer.fit(task, data)
+    assert stop.value.exit_code == 143
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
+                      weights_only=True)["global_step"] == 2
