@@ -44,8 +44,9 @@ def test_images_resume_mid_epoch_exactly(tmp_path):
 
 def test_worker_processes_resume_mid_epoch_exactly(tmp_path):
     """num_workers > 0: workers read ahead of the training step; the position is the
-    batches trained on, not the indices read (no augmentation: workers' own draws)."""
-    make = digits(num_workers=2, augment=False)
+    batches trained on, not the indices read; the random shifts and flips drawn in the
+    workers are seeded per item and epoch, so they are replayed too."""
+    make = digits(num_workers=2, augment=True)
     whole, record = fit(make, tmp_path / "whole", epochs=2)
     resumed, seen = interrupted(make, tmp_path / "cut", epochs=2, kills=[3])
     assert seen == record.seen

@@ -11,9 +11,10 @@ What holds (tested in ``tests/test_resume.py``):
   sees every example of the interrupted epoch once, in the uninterrupted order, and on one
   process with one CPU thread ends with bit-identical weights. The restored random state
   covers what runs in the main process: dropout, masking, and augmentation when
-  ``num_workers == 0``. With ``num_workers > 0`` the order and the positions are still
-  exact, but worker processes draw their own random numbers, so random augmentation done
-  in workers differs after a resume (the weights are exact when the data have none).
+  ``num_workers == 0``. With ``num_workers > 0`` (and ``item_seed`` given, as
+  :class:`~multimodal.data.splits.SplitDataModule` does) each item is read in its worker
+  with the random generators seeded from ``(item_seed, epoch, index)``
+  (:class:`SeededItems`), so augmentation depends on neither the worker nor the resume.
 * On several processes (DDP) the position is the same on every rank (all step together),
   so the interrupted epoch is still covered once; the restored random state is rank 0's.
 * :class:`EvalShardSampler`: each of ``world`` processes takes every ``world``-th example
@@ -22,6 +23,7 @@ What holds (tested in ``tests/test_resume.py``):
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 from collections.abc import Iterator
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 
@@ -137,16 +139,57 @@ class LoaderPosition:
         self.pending = dict(state)
 
 
+def item_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed for item ``index`` of ``epoch`` (BLAKE2b of the three numbers)."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class SeededItems(Dataset):
+    """``dataset`` read with keys ``(epoch, index)``: before item ``index`` is read, torch's,
+    Python's and NumPy's global generators of the reading process are seeded with
+    :func:`item_seed` ``(seed, epoch, index)``. Random augmentation then depends only on the
+    item and the epoch: not on which worker process reads it, nor on where a run resumed.
+    :class:`ResumableDataLoader` reads through it in worker processes (their generators are
+    theirs alone). Other attributes are the dataset's."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        value = item_seed(self.seed, epoch, index)
+        torch.manual_seed(value)
+        random.seed(value)
+        np.random.seed(value % 2**32)
+        return self.dataset[index]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("dataset", "seed") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
 class _SkipFirst(Sampler[Any]):
     """The index sampler of a :class:`ResumableDataLoader`: the loader's own, less its
-    first ``skip`` entries (batches of indices). The loader sets ``skip`` only while it
-    makes a pass's iterator (torch's iterator calls ``iter`` on it more than once)."""
+    first ``skip`` entries (batches of indices); with ``epoch`` set, each index ``i``
+    becomes ``(epoch, i)`` (the keys of :class:`SeededItems`). The loader sets both only
+    while it makes a pass's iterator (torch's iterator calls ``iter`` more than once)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.skip = inner, 0
+        self.epoch: int | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.inner), self.skip, None)
+        entries = itertools.islice(iter(self.inner), self.skip, None)
+        epoch = self.epoch
+        if epoch is None:
+            return entries
+        return ([(epoch, i) for i in entry] if isinstance(entry, list) else (epoch, entry)
+                for entry in entries)
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -171,11 +214,20 @@ class ResumableDataLoader(DataLoader):
     first ``next``: Lightning makes the iterator before it calls ``set_epoch``.
 
     ``position``: the :class:`LoaderPosition` to keep the position in (default: its own).
+    ``item_seed``: with worker processes (``num_workers > 0``), read a map-style dataset
+    through :class:`SeededItems` with this seed, so that augmentation in the workers is
+    replayed exactly after a resume (None: the workers' own generators, as torch seeds them).
     """
 
-    def __init__(self, *args: Any, position: LoaderPosition | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, dataset: Dataset, *args: Any, position: LoaderPosition | None = None,
+                 item_seed: int | None = None, **kwargs: Any) -> None:
+        workers = kwargs.get("num_workers", args[4] if len(args) > 4 else 0)
+        if item_seed is not None and workers and not isinstance(dataset, SeededItems) \
+                and not isinstance(dataset, IterableDataset):
+            dataset = SeededItems(dataset, item_seed)
+        super().__init__(dataset, *args, **kwargs)
         self.position = position if position is not None else LoaderPosition()
+        self.item_seed = item_seed
         self._skipper: _SkipFirst | None = None
 
     @property
@@ -197,10 +249,11 @@ class ResumableDataLoader(DataLoader):
             skip = int(pending["batches"])
         skipper = self._index_sampler
         skipper.skip = skip
+        skipper.epoch = (epoch or 0) if isinstance(self.dataset, SeededItems) else None
         try:
             iterator = DataLoader.__iter__(self)
         finally:
-            skipper.skip = 0
+            skipper.skip, skipper.epoch = 0, None
         if pending is not None:
             set_rng_state(pending["rng"])
         position.epoch, position.batches = epoch, skip
@@ -230,4 +283,4 @@ class _CountingIterator(Iterator[Any]):
 
 
 __all__ = ["EpochShuffleSampler", "EvalShardSampler", "LoaderPosition", "ResumableDataLoader",
-           "rng_state", "set_rng_state"]
+           "SeededItems", "item_seed", "rng_state", "set_rng_state"]

@@ -29,8 +29,9 @@ class SplitDataModule(L.LightningDataModule):
     and in this module's ``state_dict``). A run resumed from a checkpoint taken at any step
     trains on the rest of the interrupted epoch, each example once, in the uninterrupted
     order; on one process and one CPU thread it ends with the weights of an uninterrupted
-    run, bit for bit (random augmentation in ``num_workers > 0`` worker processes is the
-    exception: see :mod:`multimodal.data.sampling`).
+    run, bit for bit, also with ``num_workers > 0``: worker processes read each item with
+    their random generators seeded from ``(seed, epoch, index)`` (see
+    :mod:`multimodal.data.sampling`).
 
     Evaluation: validation and test splits are read in order; on several processes each
     takes its own share without padding (:class:`EvalShardSampler`), so every example is
@@ -73,7 +74,8 @@ class SplitDataModule(L.LightningDataModule):
         n = len(dataset)  # type: ignore[arg-type]
         if shuffle:
             return ResumableDataLoader(dataset, sampler=EpochShuffleSampler(n, self.seed),
-                                       position=self.train_position, **options)
+                                       position=self.train_position, item_seed=self.seed,
+                                       **options)
         return DataLoader(dataset, sampler=EvalShardSampler(n), **options)
 
     def train_dataloader(self) -> DataLoader:
