@@ -146,8 +146,8 @@ def item_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class SeededItems(Dataset):
-    """``dataset`` read with keys ``(epoch, index)``: before item ``index`` is read, torch's,
-    Python's and NumPy's global generators of the reading process are seeded with
+    """``dataset`` read with keys ``(epoch, index)``: before item ``index`` is read, torch's
+    (CPU), Python's and NumPy's global generators of the reading process are seeded with
     :func:`item_seed` ``(seed, epoch, index)``. Random augmentation then depends only on the
     item and the epoch: not on which worker process reads it, nor on where a run resumed.
     :class:`ResumableDataLoader` reads through it in worker processes (their generators are
@@ -162,7 +162,8 @@ class SeededItems(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, index = key
         value = item_seed(self.seed, epoch, index)
-        torch.manual_seed(value)
+        # the CPU generator only (torch.manual_seed also seeds every accelerator: 100x slower)
+        torch.default_generator.manual_seed(value)
         random.seed(value)
         np.random.seed(value % 2**32)
         return self.dataset[index]
