@@ -22,6 +22,7 @@ from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
 from multimodal.convert import convert, from_hf_folder
+from multimodal.convert.gguf import is_gguf_file, load_gguf
 from multimodal.convert.hf_preprocess import (
     PREPROCESSOR_NAME,
     ImagePreprocessor,
@@ -315,6 +316,8 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     present, gives images their preprocessing and checks and sets an audio model's
     front end); a folder's ``tokenizer.json`` is loaded when present (a Hugging Face one
     through the ``tokenizers`` library: :class:`~multimodal.tokenizers.hf_json.HFTokenizer`);
+    or a Llama-family GGUF file (model and the tokenizer in its metadata, see
+    :mod:`multimodal.convert.gguf`),
     or a Lightning ``.ckpt`` of one of our tasks, one of our models,
     or a torchvision / timm / transformers model (converted with
     :func:`multimodal.convert.convert`). Classification heads are kept but unused.
@@ -325,6 +328,9 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
         path = Path(source)
         if path.is_file() and path.suffix == ".ckpt":
             model = load_checkpoint(path)
+        elif path.suffix.lower() == ".gguf" or is_gguf_file(path):  # model + tokenizer
+            model, own_tokenizer = load_gguf(path)
+            tokenizer = own_tokenizer if tokenizer is None else tokenizer
         else:
             if _is_hf_folder(path):
                 model, preprocessor = _load_hf_folder(path)
