@@ -129,10 +129,8 @@ def write_gguf(path, model, tok=None, qtype=Q.F32, arch="llama", tensor_types=No
             w.add_tensor(name, value)
         elif kind == Q.F16:
             w.add_tensor(name, value.astype(np.float16))
-        elif kind == Q.IQ4_NL:  # no quantiser in gguf: any bytes of the right size
-            block, size = gguf.GGML_QUANT_SIZES[kind]
-            raw = np.zeros((value.shape[0], value.shape[1] // block * size), np.uint8)
-            w.add_tensor(name, raw, raw_dtype=kind)
+        elif kind in K_SCALES or kind == Q.IQ4_NL:  # gguf has no quantiser for these
+            w.add_tensor(name, random_blocks(value.shape, kind), raw_dtype=kind)
         else:
             w.add_tensor(name, gguf.quants.quantize(value, kind), raw_dtype=kind)
     w.write_header_to_file()
@@ -140,6 +138,22 @@ def write_gguf(path, model, tok=None, qtype=Q.F32, arch="llama", tensor_types=No
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# where the fp16 super-block scales (d, dmin) of each K-type block lie
+K_SCALES = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def random_blocks(shape, kind) -> np.ndarray:
+    """Random bytes laid out as ``kind`` blocks of a (rows, cols) tensor, with small
+    finite fp16 scales (random bytes there could be inf / NaN)."""
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(int(kind))
+    raw = rng.integers(0, 256, (shape[0] * shape[1] // block, size), dtype=np.uint8)
+    for at in K_SCALES.get(kind, ()):
+        scale = rng.uniform(1e-3, 4e-3, raw.shape[0]).astype(np.float16)
+        raw[:, at:at + 2] = scale.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(shape[0], -1)
 
 
 def hf_from_gguf(path):
@@ -192,6 +206,26 @@ def test_quantised_file_matches_transformers_gguf_loader(tmp_path, qtype):
     assert torch.equal(ours.generate(ids, max_new_tokens=8),
                        ref.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0,
                                     eos_token_id=None))
+
+
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_file_matches_transformers_gguf_loader(tmp_path, qtype):
+    """K types (super-blocks of 256): rows of 256, random blocks (no quantiser in gguf),
+    the embedding as Q6_K as in Q4_K_M files; transformers dequantises with its own code."""
+    pytest.importorskip("accelerate")
+    source = llama(64, hidden_size=256, intermediate_size=256)
+    types = {f"blk.{i}.{p}.weight": Q[qtype] for i in range(2)
+             for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")}
+    path = write_gguf(tmp_path / f"tiny-{qtype}.gguf", source, qtype=Q.Q8_0,
+                      tensor_types={**types, "token_embd.weight": Q.Q6_K})
+    ours, ref = mm_gguf.from_gguf(path), hf_from_gguf(path)
+    ids = torch.randint(0, 64, (2, 9))
+    with torch.no_grad():
+        want = ref(ids).logits
+        torch.testing.assert_close(ours(ids), want, atol=1e-4 * float(want.abs().max()),
+                                   rtol=1e-4)
+    q = ours.transformer.blocks[1].attn.qkv.weight[:256]
+    assert torch.equal(q, ref.model.layers[1].self_attn.q_proj.weight)
 
 
 def _blocks(raw: np.ndarray, size: int) -> np.ndarray:

@@ -60,7 +60,8 @@ from multimodal.convert.torchvision_vit import from_torchvision
 SUPPORTED["open_clip"] = ("CLIP, CustomTextCLIP with open_clip's own VisionTransformer and "
                          "TextTransformer (from_open_clip)")
 SUPPORTED["gguf"] = ("a llama.cpp GGUF file of the Llama family (F32 / F16 / BF16 / Q4_0 / "
-                     "Q4_1 / Q5_0 / Q5_1 / Q8_0 tensors; from_gguf, or from_hf(path))")
+                     "Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K-Q6_K tensors; from_gguf, or "
+                     "from_hf(path))")
 SUPPORTED["transformers"] = (", ".join(sorted(HF_CONVERTERS)) + "; or a Hugging Face layout "
                              "folder of one of them (from_hf_folder)")
 

@@ -12,9 +12,11 @@ What llama.cpp changed on the way in, and is undone here:
 - **quantisation.** Each weight row is stored in blocks of 32 values. ``Q8_0``: an fp16
   scale ``d`` and 32 int8 ``q``, ``x = d q``. ``Q4_0``: ``d`` and 32 4-bit ``q``,
   ``x = d (q - 8)``. ``Q4_1``: ``d``, an fp16 minimum ``m`` and 32 4-bit ``q``,
-  ``x = d q + m``. ``Q5_0`` / ``Q5_1``: the same with a fifth bit stored apart. ``F16``,
-  ``BF16``, ``F32`` are plain. Dequantised with ``gguf.quants.dequantize`` to float32;
-  any other type is refused by name (see :data:`SUPPORTED_TYPES`).
+  ``x = d q + m``. ``Q5_0`` / ``Q5_1``: the same with a fifth bit stored apart. The "K"
+  types (``Q2_K`` ... ``Q6_K``, as in ``Q4_K_M`` files) use super-blocks of 256 values
+  with 4- to 8-bit sub-block scales. ``F16``, ``BF16``, ``F32`` are plain. Dequantised
+  with ``gguf.quants.dequantize`` to float32; any other type is refused by name (see
+  :data:`SUPPORTED_TYPES`).
 - **shapes.** GGUF lists dimensions fastest first (``[in, out]``); numpy's order
   (``(out, in)``, ``nn.Linear``'s) is the reverse.
 - **the Q/K row permutation.** llama.cpp rotates adjacent pairs ``(x_{2i}, x_{2i+1})``
@@ -54,7 +56,8 @@ MAGIC = b"GGUF"
 #: ``general.architecture`` values converted (all through transformers' Llama names)
 ARCHITECTURES = ("llama",)
 #: tensor types dequantised (``gguf.GGMLQuantizationType`` names)
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 # GGUF tensor name (after ``blk.N.``) -> transformers LlamaForCausalLM name (after
 # ``model.layers.N.``)
