@@ -329,7 +329,7 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
         if path.is_file() and path.suffix == ".ckpt":
             model = load_checkpoint(path)
         elif path.suffix.lower() == ".gguf" or is_gguf_file(path):  # model + tokenizer
-            model, own_tokenizer = load_gguf(path)
+            model, own_tokenizer = load_gguf(path, tokenizer=tokenizer is None)
             tokenizer = own_tokenizer if tokenizer is None else tokenizer
         else:
             if _is_hf_folder(path):

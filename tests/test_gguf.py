@@ -293,6 +293,9 @@ def test_not_a_gguf_file(tmp_path):
         mm.from_hf(path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         mm_gguf.from_gguf(tmp_path / "absent.gguf")
+    (tmp_path / "folder.gguf").mkdir()
+    with pytest.raises(ValueError, match="is a folder, not a GGUF file"):
+        mm.from_hf(tmp_path / "folder.gguf")
 
 
 def test_sentencepiece_vocabulary_is_refused_by_name(tmp_path, bpe):
@@ -300,6 +303,9 @@ def test_sentencepiece_vocabulary_is_refused_by_name(tmp_path, bpe):
                       tokenizer_model="llama")
     with pytest.raises(ValueError, match=r"tokenizer\.ggml\.model = 'llama'"):
         mm_gguf.gguf_tokenizer(path)
+    own = mm_gguf.gguf_tokenizer(write_gguf(tmp_path / "bpe.gguf", llama(8), bpe))
+    enc = mm.load_encoder(path, tokenizer=own)  # the model still loads, with your tokenizer
+    assert enc.tokenizer is own and isinstance(enc.backbone, mm.TextDecoder)
 
 
 # -- tokenizer and chat template --------------------------------------------------------

@@ -160,6 +160,8 @@ def _open(path: str | os.PathLike) -> Any:
         raise ImportError("reading a GGUF file needs the gguf package "
                           "(pip install gguf)") from err
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a GGUF file")
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
     with path.open("rb") as f:
@@ -473,11 +475,13 @@ def gguf_tokenizer(path: str | os.PathLike) -> HFTokenizer:
     return _tokenizer(_open(path), path)
 
 
-def load_gguf(path: str | os.PathLike) -> tuple[TextDecoder, HFTokenizer | None]:
+def load_gguf(path: str | os.PathLike,
+              tokenizer: bool = True) -> tuple[TextDecoder, HFTokenizer | None]:
     """``(model, tokenizer)`` of a GGUF file read once; the tokenizer is ``None`` when the
-    file holds none."""
+    file holds none or ``tokenizer=False`` (then its metadata is not read, so a file whose
+    tokenizer is not rebuilt still gives its model)."""
     path = Path(path)
     reader = _open(path)
     model = _model(reader, path)
-    has_tokenizer = "tokenizer.ggml.model" in reader.fields
+    has_tokenizer = tokenizer and "tokenizer.ggml.model" in reader.fields
     return model, _tokenizer(reader, path) if has_tokenizer else None
