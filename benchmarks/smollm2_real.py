@@ -107,7 +107,8 @@ def speed(ours, ref, ref_tok, threads: list[int], new_tokens: int, repeats: int)
             print(f"| {n_threads} | {name} | {rate[name]:.1f} | {step[name]:.1f} | {ratio} |")
 
 
-def perplexity(ours, window: int, context: int, max_docs: int | None) -> None:
+def perplexity(ours, window: int, context: int, max_docs: int | None,
+               verbose: bool = False) -> None:
     from multimodal.data.text import TextCorpusDataModule
 
     docs = TextCorpusDataModule(sources=["bible"], seed=0)._load_splits()["test"]
@@ -128,6 +129,9 @@ def perplexity(ours, window: int, context: int, max_docs: int | None) -> None:
             target = chunk[0, begin - lo:]
             nll += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
             count += target.numel()
+        if verbose:  # running totals: a run cut short still reports the chapters done
+            print(f"  after {doc.title}: {count:,} tokens, {math.exp(nll / count):.2f} per "
+                  f"token, {math.exp(nll / words):.2f} per word", flush=True)
     print(f"perplexity, KJV test chapters of benchmarks/text_lm.py's split: {len(docs)} "
           f"chapters, {count:,} SmolLM2 tokens, {words:,} words, {nbytes:,} bytes "
           f"({time.perf_counter() - start:.0f} s)")
@@ -143,6 +147,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--ppl-docs", type=int, default=0, help="first N test chapters (0: all)")
+    parser.add_argument("--verbose", action="store_true", help="running perplexity per chapter")
     parser.add_argument("--skip", nargs="*", default=[], choices=["parity", "speed", "ppl"])
     args = parser.parse_args()
     import transformers
@@ -164,7 +169,7 @@ def main() -> None:
     if "speed" not in args.skip:
         speed(ours, ref, ref_tok, args.threads, args.new_tokens, args.repeats)
     if "ppl" not in args.skip:
-        perplexity(ours, args.window, args.context, args.ppl_docs or None)
+        perplexity(ours, args.window, args.context, args.ppl_docs or None, args.verbose)
 
 
 if __name__ == "__main__":
