@@ -276,6 +276,24 @@ def test_other_architecture_is_refused(tmp_path):
         mm.from_hf(path)
 
 
+def test_metadata_disagreeing_with_the_tensors_is_refused(tmp_path):
+    source = llama(64)
+    path = write_gguf(tmp_path / "deep.gguf", source)
+    reader = gguf.GGUFReader(path, "r+")  # edit the header in place
+    reader.fields["llama.block_count"].parts[-1][0] = 1_000_000
+    reader.fields["llama.embedding_length"].parts[-1][0] = 64
+    del reader
+    with pytest.raises(ValueError, match=r"block_count = 1000000, but the file holds tensors "
+                                         r"of 2 blocks"):
+        mm_gguf.from_gguf(path)
+    path = write_gguf(tmp_path / "wide.gguf", source)
+    reader = gguf.GGUFReader(path, "r+")
+    reader.fields["llama.vocab_size"].parts[-1][0] = 65
+    del reader
+    with pytest.raises(ValueError, match=r"token_embd\.weight is \(64, 64\).*\(65, 64\)"):
+        mm_gguf.from_gguf(path)
+
+
 @pytest.mark.parametrize("keep", [0.5, 0.999, 0.01])
 def test_truncated_file_is_reported(tmp_path, bpe, keep):
     full = write_gguf(tmp_path / "full.gguf", llama(bpe.get_vocab_size()), bpe)

@@ -278,6 +278,7 @@ def _hf_config(reader: Any, path: Path) -> dict[str, Any]:
     if vocab is None:
         raise ValueError(f"{path}: cannot tell the vocabulary size (no {arch}.vocab_size, "
                          "tokenizer.ggml.tokens or token_embd.weight)")
+    _check_against_tensors(reader, path, arch, int(need("block_count")), dim, int(vocab))
     return {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"],
         "vocab_size": int(vocab), "hidden_size": dim,
@@ -291,6 +292,26 @@ def _hf_config(reader: Any, path: Path) -> dict[str, Any]:
         "mlp_bias": "blk.0.ffn_up.bias" in names,
         "tie_word_embeddings": "output.weight" not in names,
     }
+
+
+def _check_against_tensors(reader: Any, path: Path, arch: str, depth: int, dim: int,
+                           vocab: int) -> None:
+    """The metadata's depth, width and vocabulary agree with the tensors actually in the
+    file, before any model is built (a corrupt or hostile header cannot make us build a
+    million layers or mis-size everything)."""
+    layers = {int(m.group(1)) for t in reader.tensors if (m := _BLOCK_RE.match(t.name))}
+    if layers != set(range(depth)):
+        raise ValueError(f"{path}: {arch}.block_count = {depth}, but the file holds tensors "
+                         f"of {len(layers)} blocks (blk.{min(layers, default='-')} .. "
+                         f"blk.{max(layers, default='-')})")
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise ValueError(f"{path}: no token_embd.weight tensor")
+    shape = tuple(int(n) for n in reversed(embed.shape.tolist()))
+    if shape != (vocab, dim):
+        raise ValueError(f"{path}: token_embd.weight is {shape} (vocabulary, width), the "
+                         f"metadata says ({vocab}, {dim}) ({arch}.vocab_size / "
+                         f"{arch}.embedding_length)")
 
 
 def _hf_name(name: str, path: Path) -> str:
