@@ -311,3 +311,16 @@ def test_num_classes_rules_for_a_model_from_the_config():
     assert task.model.head.out_features == 3 and task.class_names == CLASSES
     with pytest.raises(ValueError, match="the data has 3 classes but the model's head has 7"):
         ClassificationTask(mm.ViT(mm.ViTConfig(**base, num_classes=7)), class_names=CLASSES)
+
+
+def test_language_model_from_a_gguf_file(tmp_path):
+    """A llama.cpp GGUF file (anything mm.from_hf reads) starts a LanguageModelTask, and a
+    classifier is refused it by name."""
+    pytest.importorskip("gguf")
+    from test_gguf import llama, write_gguf  # tests/: the tiny-file writer
+
+    path = write_gguf(tmp_path / "tiny.gguf", llama(97, tie_word_embeddings=False))
+    task = LanguageModelTask(pretrained=str(path))
+    _same_weights(task.model, mm.from_hf(path))
+    with pytest.raises(ValueError, match=r"tiny\.gguf holds a TextDecoder"):
+        ClassificationTask(pretrained=str(path), num_classes=2)
