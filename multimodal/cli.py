@@ -5,6 +5,7 @@
     multimodal test     --config ... --ckpt_path last
     multimodal predict  --config ... --ckpt_path best --data.predict_dir my_images/
     multimodal speak    --ckpt tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
+    multimodal transcribe --model WHISPER_DIR --inputs clips/ [--out transcripts.csv]
 
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
 interrupted run with ``--ckpt_path last`` and, unless ``--test_after_fit false``,
@@ -203,6 +204,13 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] == "speak":
         code = speak(argv[1:])
+        if code:
+            raise SystemExit(code)
+        return
+    if argv and argv[0] == "transcribe":
+        from multimodal.transcribe import main as transcribe_main
+
+        code = transcribe_main(argv[1:])
         if code:
             raise SystemExit(code)
         return

@@ -5,7 +5,7 @@ The directory holds ``model.bin`` (or ``model.bin.part1``, ``model.bin.part2``, 
 file cut in pieces, joined in order), ``config.json`` (``suppress_ids``,
 ``suppress_ids_begin``, ``lang_ids``, ``alignment_heads``) and the vocabulary,
 ``tokenizer.json`` (a Hugging Face byte-level BPE) and / or ``vocabulary.txt`` (one token
-per line, line ``i`` = id ``i``).
+per line, line ``i`` = id ``i``; current converters write ``vocabulary.json``, a list).
 
 ``model.bin`` (binary version 6, little-endian)::
 
@@ -149,7 +149,7 @@ def read_ctranslate2(path: str | Path | list[Path], dtype: torch.dtype = torch.f
         data += p.read_bytes()
     where = str(parts[0]) if len(parts) == 1 else \
         f"{parts[0]} (+ {len(parts) - 1} more part(s), joined)"
-    r = _Reader(data, where, split=len(parts) > 1)
+    r = _Reader(data, where, split=len(parts) > 1 or ".part" in parts[0].name)
     (version,) = r.unpack("I", "the binary version")
     if version != BINARY_VERSION:
         raise ValueError(f"{where}: unsupported CTranslate2 binary version {version}; this "
@@ -351,14 +351,20 @@ def _check_folder(folder: str | Path) -> Path:
 
 
 def _vocabulary(folder: Path) -> list[str]:
-    """Token strings by id: ``vocabulary.txt``, else ``tokenizer.json``'s model vocabulary
-    and added tokens."""
-    text = folder / "vocabulary.txt"
+    """Token strings by id: ``vocabulary.txt`` (older converters) or ``vocabulary.json``
+    (a JSON list, current ones), else ``tokenizer.json``'s vocabulary and added tokens."""
+    text, listed = folder / "vocabulary.txt", folder / "vocabulary.json"
     if text.is_file():
         return text.read_text(encoding="utf-8").split("\n")[: _count_lines(text)]
+    if listed.is_file():
+        pieces = json.loads(listed.read_text(encoding="utf-8"))
+        if not isinstance(pieces, list) or not all(isinstance(p, str) for p in pieces):
+            raise ValueError(f"{listed}: expected a JSON list of token strings")
+        return pieces
     tok = folder / "tokenizer.json"
     if not tok.is_file():
-        raise FileNotFoundError(f"{folder} has neither vocabulary.txt nor tokenizer.json")
+        raise FileNotFoundError(f"{folder} has no vocabulary.txt, vocabulary.json or "
+                                "tokenizer.json")
     data = json.loads(tok.read_text(encoding="utf-8"))
     ids = dict(data["model"]["vocab"])
     ids.update({t["content"]: t["id"] for t in data.get("added_tokens", [])})

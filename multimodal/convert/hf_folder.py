@@ -15,6 +15,7 @@ from multimodal.convert.common import (
     HFConfig,
     meta_parameters,
 )
+from multimodal.convert.ctranslate2 import from_ctranslate2, is_ctranslate2_dir
 
 
 class _FolderModel:
@@ -68,7 +69,9 @@ def read_hf_weights(folder: str | Path) -> dict[str, Tensor]:
 
 
 def from_hf_folder(folder: str | Path) -> nn.Module:
-    """A folder in the Hugging Face layout -> our model, without transformers.
+    """A folder in the Hugging Face layout -> our model, without transformers. (A
+    CTranslate2 Whisper directory, ``model.bin`` + ``config.json``, is recognised too:
+    :func:`multimodal.convert.ctranslate2.from_ctranslate2`.)
 
     Reads ``config.json`` (its ``architectures``, else its ``model_type``) and the
     safetensors weights (one file or shards), then runs the same converter as for a live
@@ -79,6 +82,8 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
+    if is_ctranslate2_dir(folder):  # faster-whisper's layout: model.bin, no safetensors
+        return from_ctranslate2(folder)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json (a Hugging Face layout folder "
