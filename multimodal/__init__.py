@@ -70,7 +70,7 @@ _EXPORTS: dict[str, str] = {
     # speech recognition with a real Whisper (issue 34)
     "Whisper": "multimodal.models.whisper",
     "WhisperConfig": "multimodal.models.whisper",
-    "transcribe": "multimodal.transcribe",
+    "transcribe": "multimodal.asr",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",

@@ -208,7 +208,7 @@ def main(args: list[str] | None = None) -> None:
             raise SystemExit(code)
         return
     if argv and argv[0] == "transcribe":
-        from multimodal.transcribe import main as transcribe_main
+        from multimodal.asr import main as transcribe_main
 
         code = transcribe_main(argv[1:])
         if code:

@@ -53,11 +53,11 @@ ALLOWED: dict[str, set[str]] = {
     "convert": _ZOO,
     "embeddings": {"tokenizers"},
     "synthesis": {*_MODELS, "hub"},  # text-to-speech from a CodecLM checkpoint
-    "transcribe": {*_ZOO},  # speech to text with a Whisper (issue 34)
+    "asr": {*_ZOO},  # speech to text with a Whisper (issue 34)
     "tasks": {*_ZOO, "tasks"},
     "data": {*_LAYERS, "data"},
     "callbacks": {"progress"},
-    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli", "transcribe"},
+    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli", "asr"},
     "prepare": {*_LAYERS, "data"},  # multimodal-prepare: sources -> shards
     "plots_pixels": {*_ZOO, "tasks", "data"},
     "plots_attention": {*_ZOO, "tasks", "data"},

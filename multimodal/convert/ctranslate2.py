@@ -42,8 +42,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["CT2Model", "ctranslate2_to_hf", "find_model_parts", "from_ctranslate2",
-           "is_ctranslate2_dir", "read_ctranslate2", "whisper_tokenizer"]
+__all__ = ["CT2Model", "ctranslate2_to_hf", "ctranslate2_to_transformers", "find_model_parts",
+           "from_ctranslate2", "is_ctranslate2_dir", "read_ctranslate2", "whisper_tokenizer"]
 
 BINARY_VERSION = 6
 DTYPES: dict[int, tuple[str, torch.dtype]] = {
@@ -466,3 +466,28 @@ class ByteLevelVocabulary:
 
     def decode_batch(self, rows: list[list[int]]) -> list[str]:
         return [self.decode(r) for r in rows]
+
+
+def ctranslate2_to_transformers(folder: str | Path) -> nn.Module:
+    """The same weights as a transformers ``WhisperForConditionalGeneration`` (needs
+    transformers), its generation config set up for ``generate(features, language=...,
+    task=..., return_timestamps=False)``: language and task tokens, ``<|notimestamps|>``,
+    the suppression lists. For parity tests and benchmarks against transformers."""
+    import transformers
+
+    folder = _check_folder(folder)
+    config, state = ctranslate2_to_hf(folder)
+    model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**config))
+    model.load_state_dict(state, strict=True)
+    vocab = _vocabulary(folder)
+    sot = config["decoder_start_token_id"]
+    gen = model.generation_config
+    gen.is_multilingual = config["vocab_size"] >= 51865
+    gen.lang_to_id = {f"<|{c}|>": sot + 1 + i for i, c in enumerate(_languages(vocab, sot))}
+    gen.task_to_id = {t: _token_id(vocab, f"<|{t}|>", folder) for t in ("transcribe",
+                                                                       "translate")}
+    gen.no_timestamps_token_id = _token_id(vocab, "<|notimestamps|>", folder)
+    gen.suppress_tokens = config["suppress_tokens"]
+    gen.begin_suppress_tokens = config["begin_suppress_tokens"]
+    gen.forced_decoder_ids = None
+    return model.eval()

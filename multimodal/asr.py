@@ -40,7 +40,6 @@ __all__ = ["AUDIO_SUFFIXES", "Transcript", "load_transcriber", "read_speech", "t
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".raw")
 SAMPLE_RATE = 16000
-WINDOW_SECONDS = 30
 SILENCE_PEAK = 1e-4
 
 
@@ -181,7 +180,8 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
         raise ValueError("give the tokenizer of the Whisper model (or a model directory)")
     files = _files(inputs)
     waves = [read_speech(f, resample=resample, mix=mix) for f in files]  # all checked first
-    window = WINDOW_SECONDS * SAMPLE_RATE
+    enc = model.config.encoder
+    window = int(enc.max_frames) * round(enc.sample_rate * enc.hop_ms / 1000)  # 30 s
     jobs = [(i, w[s : s + window]) for i, w in enumerate(waves)
             for s in range(0, w.numel(), window)]
     texts: list[list[str]] = [[] for _ in files]
