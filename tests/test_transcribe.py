@@ -15,11 +15,12 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 
-import multimodal as mm  # noqa: E402
-from multimodal.cli import main as cli_main  # noqa: E402
-from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer  # noqa: E402
-from multimodal.asr import read_speech  # noqa: E402
-from test_whisper import hf_whisper, write_ct2  # noqa: E402
+from test_whisper import hf_whisper, write_ct2
+
+import multimodal as mm
+from multimodal.asr import read_speech
+from multimodal.cli import main as cli_main
+from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,8 @@ def test_cli_writes_one_line_per_file_and_csv_jsonl(model_dir, tmp_path, capsys)
               "--out", str(tmp_path / "out.csv")])
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split("\t")[0] for line in lines] == files
-    rows = list(csv.DictReader(open(tmp_path / "out.csv")))
+    with open(tmp_path / "out.csv") as fh:
+        rows = list(csv.DictReader(fh))
     assert [r["file"] for r in rows] == files
     assert [r["text"] for r in rows] == [line.split("\t", 1)[1] for line in lines]
     cli_main(["transcribe", "--model", str(model_dir), "--inputs", files[0],
