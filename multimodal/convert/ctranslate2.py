@@ -483,9 +483,12 @@ def ctranslate2_to_transformers(folder: str | Path) -> nn.Module:
     sot = config["decoder_start_token_id"]
     gen = model.generation_config
     gen.is_multilingual = config["vocab_size"] >= 51865
-    gen.lang_to_id = {f"<|{c}|>": sot + 1 + i for i, c in enumerate(_languages(vocab, sot))}
-    gen.task_to_id = {t: _token_id(vocab, f"<|{t}|>", folder) for t in ("transcribe",
-                                                                       "translate")}
+    if gen.is_multilingual:  # English-only models take no language / task token (OpenAI's)
+        gen.lang_to_id = {f"<|{c}|>": sot + 1 + i
+                          for i, c in enumerate(_languages(vocab, sot))}
+        gen.task_to_id = {t: _token_id(vocab, f"<|{t}|>", folder)
+                          for t in ("transcribe", "translate")}
+    gen.max_length = config["max_target_positions"]  # not transformers' default of 20
     gen.no_timestamps_token_id = _token_id(vocab, "<|notimestamps|>", folder)
     gen.suppress_tokens = config["suppress_tokens"]
     gen.begin_suppress_tokens = config["begin_suppress_tokens"]
