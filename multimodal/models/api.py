@@ -43,7 +43,8 @@ from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
 __all__ = ["MODALITIES", "DecoderHeadMixin", "Model"]
 
 # what a model reads: one modality, or the two of an encoder-decoder ("source-target")
-MODALITIES = ("image", "text", "audio", "image-text", "text-text", "text-audio")
+MODALITIES = ("image", "text", "audio", "image-text", "text-text", "text-audio",
+              "audio-text")
 
 
 @runtime_checkable

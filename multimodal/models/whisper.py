@@ -51,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.generation import generate
+from multimodal.models.api import DecoderHeadMixin
 from multimodal.models.audio import AudioClassifier, AudioClassifierConfig
 from multimodal.models.text import TextDecoder, TextDecoderConfig
 from multimodal.registry import register_model
@@ -162,9 +163,11 @@ class WhisperLogitsProcessor:
 
 
 @register_model
-class Whisper(PretrainedMixin, nn.Module):
+class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
     """Log-mel features (B, 3000, n_mels) + token ids (B, T) -> next-token logits
-    (B, T, vocab); ``generate`` transcribes (module docstring)."""
+    (B, T, vocab); ``generate`` transcribes (module docstring). The model API's features
+    are the decoder's hidden states (``pool``: the last token's, ``forward_head``: the
+    logits)."""
 
     config_class = WhisperConfig
     modality = "audio-text"
@@ -179,10 +182,6 @@ class Whisper(PretrainedMixin, nn.Module):
     def max_len(self) -> int:
         """Longest token sequence (prompt included) the decoder reads (448)."""
         return self.decoder.max_len
-
-    @property
-    def num_features(self) -> int:
-        return self.decoder.num_features
 
     # -- encoder ----------------------------------------------------------------------
     def features(self, waveform: Any, sample_rate: int | None = None) -> Tensor:
@@ -208,7 +207,16 @@ class Whisper(PretrainedMixin, nn.Module):
     # -- teacher forcing --------------------------------------------------------------
     def forward(self, features: Tensor, input_ids: Tensor) -> Tensor:
         """Next-token logits (B, T, vocab)."""
-        return self.decoder(input_ids, memory=self.encode(features))
+        return self.forward_head(self.forward_features(features, input_ids))
+
+    def forward_features(self, features: Tensor, input_ids: Tensor) -> Tensor:
+        """The decoder's hidden states (B, T, dim) after its final norm."""
+        return self.decoder.forward_features(input_ids, memory=self.encode(features))
+
+    def decoding_inputs(self, features: Tensor, source_mask: Tensor | None = None
+                        ) -> dict[str, Any]:
+        """The encoder output the decoder cross-attends to."""
+        return {"memory": self.encode(features)}
 
     def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
         """Random features of one 30 s window and the English prompt."""
