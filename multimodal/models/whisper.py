@@ -202,7 +202,21 @@ class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
             raise ValueError(f"Whisper reads windows of exactly {frames} frames (30 s), got "
                              f"features of shape {tuple(features.shape)}; pad with zeros "
                              "or pass waveform=")
+        # the front end computes in float32; the layers may run in another dtype (bf16)
+        weight = self.encoder.embed.conv1.weight
+        if weight.is_floating_point() and features.is_floating_point():
+            features = features.to(weight.dtype)
         return self.encoder.forward_features(features)
+
+    def to_compute_dtype(self, dtype: torch.dtype) -> Whisper:
+        """Cast the layers (not the log-mel front end, which stays float32) to ``dtype``,
+        e.g. ``torch.bfloat16`` on a CPU with native bf16; returns ``self``."""
+        self.encoder.embed.to(dtype)
+        self.encoder.transformer.to(dtype)
+        if self.encoder.pos_table is not None:
+            self.encoder.pos_table.data = self.encoder.pos_table.data.to(dtype)
+        self.decoder.to(dtype)
+        return self
 
     # -- teacher forcing --------------------------------------------------------------
     def forward(self, features: Tensor, input_ids: Tensor) -> Tensor:
