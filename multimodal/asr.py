@@ -77,14 +77,19 @@ def load_transcriber(path: str | Path) -> tuple[Any, Any]:
     tokenizer_file = path / "tokenizer.json"
     if "WhisperForConditionalGeneration" in (meta.get("architectures") or []):
         from multimodal.convert.common import HFConfig
+        from multimodal.convert.ctranslate2 import whisper_special_tokens
         from multimodal.convert.hf_audio import whisper_from_hf
         from multimodal.convert.hf_folder import read_hf_weights
 
+        if not tokenizer_file.is_file():
+            raise FileNotFoundError(f"{path} has no tokenizer.json: transcripts cannot be "
+                                    "turned into text")
         state = read_hf_weights(path)
         state.setdefault("proj_out.weight", state.get("model.decoder.embed_tokens.weight"))
         snapshot = type("WhisperForConditionalGeneration", (), {
             "config": HFConfig(meta, config), "state_dict": lambda self: state})()
-        model = whisper_from_hf(snapshot)
+        tokens = whisper_special_tokens(path, meta["decoder_start_token_id"])
+        model = whisper_from_hf(snapshot, **tokens)
     elif meta.get("model_type") == "Whisper":
         from multimodal.hub import from_pretrained
 

@@ -133,3 +133,21 @@ def test_transcribe_batches_give_the_same_text_as_one_by_one(model_dir, tmp_path
     many = mm.transcribe(str(model_dir), tmp_path, batch_size=3, show_progress=False)
     assert [r.text for r in one] == [r.text for r in many]
     assert torch.is_tensor(read_speech(tmp_path / "b0.wav"))
+
+
+def test_a_transformers_whisper_folder_transcribes_like_its_ctranslate2_copy(model_dir,
+                                                                            tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    folder = tmp_path / "hf"
+    hf_whisper().save_pretrained(folder)  # the weights model_dir was converted from
+    vocab = json.loads((model_dir / "vocabulary.json").read_text())
+    Tokenizer(WordLevel({t: i for i, t in enumerate(vocab)}, unk_token=vocab[0])).save(
+        str(folder / "tokenizer.json"))
+    sf.write(tmp_path / "a.wav", _tone(0.9, seed=5), 16000)
+    (ours,) = mm.transcribe(str(folder), tmp_path / "a.wav", show_progress=False)
+    model = from_ctranslate2(model_dir)
+    ids = model.generate(waveform=read_speech(tmp_path / "a.wav"))
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert ours.text == tok.decode(model.text_tokens(ids)[0]).strip()

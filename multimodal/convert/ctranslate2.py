@@ -43,7 +43,8 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["CT2Model", "ctranslate2_to_hf", "ctranslate2_to_transformers", "find_model_parts",
-           "from_ctranslate2", "is_ctranslate2_dir", "read_ctranslate2", "whisper_tokenizer"]
+           "from_ctranslate2", "is_ctranslate2_dir", "read_ctranslate2",
+           "whisper_special_tokens", "whisper_tokenizer"]
 
 BINARY_VERSION = 6
 DTYPES: dict[int, tuple[str, torch.dtype]] = {
@@ -406,16 +407,23 @@ def from_ctranslate2(folder: str | Path, dtype: torch.dtype = torch.float32) -> 
 
     folder = _check_folder(folder)
     config, state = ctranslate2_to_hf(folder, dtype)
-    vocab = _vocabulary(folder)
-    sot = config["decoder_start_token_id"]
     snapshot = type("WhisperForConditionalGeneration", (), {
         "config": HFConfig(config, folder / "config.json"), "state_dict": lambda self: state})()
-    tokens = {"first_language_token_id": sot + 1, "languages": _languages(vocab, sot),
-              "translate_token_id": _token_id(vocab, "<|translate|>", folder),
-              "transcribe_token_id": _token_id(vocab, "<|transcribe|>", folder),
-              "no_timestamps_token_id": _token_id(vocab, "<|notimestamps|>", folder)}
+    tokens = whisper_special_tokens(folder, config["decoder_start_token_id"])
     with meta_parameters():  # the file's tensors become the parameters: no random init
         return whisper_from_hf(snapshot, **tokens)
+
+
+def whisper_special_tokens(folder: str | Path, sot: int) -> dict[str, Any]:
+    """:class:`~multimodal.models.whisper.WhisperConfig` token fields read from a folder's
+    vocabulary (``vocabulary.txt`` / ``.json`` / ``tokenizer.json``): the languages after
+    ``<|startoftranscript|>`` (id ``sot``), the task and ``<|notimestamps|>`` tokens."""
+    folder = Path(folder)
+    vocab = _vocabulary(folder)
+    return {"first_language_token_id": sot + 1, "languages": _languages(vocab, sot),
+            "translate_token_id": _token_id(vocab, "<|translate|>", folder),
+            "transcribe_token_id": _token_id(vocab, "<|transcribe|>", folder),
+            "no_timestamps_token_id": _token_id(vocab, "<|notimestamps|>", folder)}
 
 
 def whisper_tokenizer(folder: str | Path) -> Any:
