@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from multimodal.convert.common import (
     StateReader,
+    build,
     cfg_get,
     hf_activation,
     load_converted,
@@ -77,7 +78,7 @@ def _hf_ast(model: nn.Module) -> AudioClassifier:
         norm_eps=cfg_get(cfg, "layer_norm_eps"), activation=hf_activation(cfg, "hidden_act"),
         qkv_bias=bool(cfg_get(cfg, "qkv_bias", True)),
     )
-    ours = AudioClassifier(config)
+    ours = build(AudioClassifier, config)
     set_normalisation(ours, AST_MEAN, 2 * AST_STD)
     fp, tp = ours.embed.freq_patches, ours._time_tokens(config.pos_frames)
     src = StateReader(model.state_dict(), kind,
@@ -182,7 +183,7 @@ def _hf_whisper(model: nn.Module) -> AudioClassifier:
     """``WhisperModel`` / ``WhisperForConditionalGeneration`` -> its encoder as an
     AudioClassifier without head (:func:`whisper_from_hf` converts the whole model)."""
     config, out = _whisper_encoder(model)
-    ours = AudioClassifier(config)
+    ours = build(AudioClassifier, config)
     set_normalisation(ours, -4.0, 4.0)  # Whisper's (L + 4) / 4
     _keep_tokenizer_state(ours, out)
     return load_converted(ours, out)
@@ -237,7 +238,7 @@ def whisper_from_hf(model: Any, **tokens: Any) -> Whisper:
                   begin_suppress_tokens=tuple(getattr(cfg, "begin_suppress_tokens", None)
                                               or ()))
     fields.update(tokens)
-    ours = Whisper(WhisperConfig(encoder=enc_config, decoder=dec_config, **fields))
+    ours = build(Whisper, WhisperConfig(encoder=enc_config, decoder=dec_config, **fields))
     set_normalisation(ours.encoder, -4.0, 4.0)
     for key, value in ours.state_dict().items():
         if key.startswith("encoder.tokenizer."):
