@@ -21,6 +21,7 @@ from multimodal.convert.common import (
     traced,
 )
 from multimodal.convert.ctranslate2 import from_ctranslate2, is_ctranslate2_dir
+from multimodal.convert.gguf import from_gguf, is_gguf_file
 from multimodal.weights import check_depth, name_list, read_safetensors_header
 
 
@@ -137,8 +138,13 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
     transformers model, so the result is identical. Errors name what is wrong: no
     ``config.json``, an unsupported architecture (with the supported ones), missing or
     unconverted keys, mis-shaped tensors, a missing shard, pickle-only weights.
+
+    A GGUF file (``*.gguf``, or any file starting with the GGUF magic) is read by
+    :func:`multimodal.convert.gguf.from_gguf` instead.
     """
     folder = Path(folder)
+    if folder.suffix.lower() == ".gguf" or is_gguf_file(folder):  # llama.cpp's one file
+        return from_gguf(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
     if is_ctranslate2_dir(folder):  # faster-whisper's layout: model.bin, no safetensors
