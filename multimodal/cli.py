@@ -9,6 +9,7 @@
     multimodal embed    --model FOLDER --inputs DIR|MANIFEST --out emb.safetensors
     multimodal zero-shot --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
     multimodal caption  --model captioner.ckpt|FOLDER --inputs DIR
+    multimodal transcribe --model WHISPER_DIR --inputs clips/ [--out transcripts.csv]
 
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
 interrupted run with ``--ckpt_path last`` (the newest whole checkpoint: a truncated or
@@ -383,6 +384,13 @@ def main(args: list[str] | None = None) -> None:
         from multimodal.inference_cli import run_verb
 
         code = run_verb(argv[0], argv[1:])
+        if code:
+            raise SystemExit(code)
+        return
+    if argv and argv[0] == "transcribe":
+        from multimodal.asr import main as transcribe_main
+
+        code = transcribe_main(argv[1:])
         if code:
             raise SystemExit(code)
         return

@@ -24,6 +24,7 @@ from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
 from multimodal.convert import convert, from_hf_folder
+from multimodal.convert.ctranslate2 import is_ctranslate2_dir
 from multimodal.convert.gguf import is_gguf_file, load_gguf
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling, write_folder_pooling
 from multimodal.convert.hf_preprocess import (
@@ -624,7 +625,7 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
             if not path.exists():
                 raise FileNotFoundError(f"{path} does not exist: load_encoder expects a "
                                         "model folder or a .ckpt file")
-            if _is_hf_folder(path):
+            if _is_hf_folder(path) or is_ctranslate2_dir(path):
                 model, preprocessor = _load_hf_folder(path)
             else:
                 model = from_pretrained(path)
@@ -660,6 +661,8 @@ def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
     present), the image preprocessor (images) or the front end's settings (audio, applied
     to the model)."""
     model = from_hf_folder(path)
+    if getattr(model, "modality", None) == "audio-text":  # a whole Whisper: its encoder
+        model = model.encoder
     pre = read_preprocessor_config(path)
     if pre is None:
         return model, None
