@@ -324,3 +324,22 @@ def test_language_model_from_a_gguf_file(tmp_path):
     _same_weights(task.model, mm.from_hf(path))
     with pytest.raises(ValueError, match=r"tiny\.gguf holds a TextDecoder"):
         ClassificationTask(pretrained=str(path), num_classes=2)
+
+
+def test_audio_classifier_from_a_whisper_folder(tmp_path):
+    """A Whisper folder: its encoder is the part an audio classifier trains."""
+    import transformers as t
+
+    torch.manual_seed(0)
+    args = dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=48,
+                decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=48,
+                num_mel_bins=16, max_source_positions=30, vocab_size=100, pad_token_id=0,
+                bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    t.WhisperForConditionalGeneration(t.WhisperConfig(**args)).save_pretrained(
+        tmp_path / "whisper")
+    task = ClassificationTask(pretrained=str(tmp_path / "whisper"), modality="audio",
+                              class_names=CLASSES)
+    assert isinstance(task.model, mm.AudioClassifier) and task.model.config.num_classes == 3
+    whole = mm.from_hf(tmp_path / "whisper")
+    encoder = whole if isinstance(whole, mm.AudioClassifier) else whole.encoder
+    _same_weights(task.model, encoder, skip=("head", "head_dist"))
