@@ -43,6 +43,7 @@ from multimodal.data.text_tokenizer import (
     specials_from_dict,
     tokenizer_file,
     tokenizer_from_text,
+    tokenizer_text,
 )
 from multimodal.tokenizers.text import WordPieceTokenizer
 
@@ -339,6 +340,29 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
 
     def collate_fn(self) -> Callable[[list[Any]], dict[str, torch.Tensor]]:
         return PadCollate(self.pad_token_id)
+
+    # --- checkpoints keep a trained tokenizer ---------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """A WordPiece trained here travels in the checkpoint: ``tokenizers`` does not train
+        the same ids twice (ties are broken in hash order), so a run resumed, tested or
+        predicting from the checkpoint must not train its own again."""
+        state = dict(super().state_dict())
+        if self._tokenizer is not None and self.tokenizer_spec is None and self._meta is None:
+            state["tokenizer"] = tokenizer_text(self._tokenizer)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a trained tokenizer; texts already encoded with another are encoded
+        again when next asked for."""
+        super().load_state_dict(state_dict)
+        text = state_dict.get("tokenizer")
+        if text is None or self.tokenizer_spec is not None or self._meta is not None:
+            return
+        if self._tokenizer is not None and tokenizer_text(self._tokenizer) == text:
+            return
+        self._tokenizer = tokenizer_from_text(text)
+        self._specials = special_ids(self._tokenizer)
+        self.datasets = {}
 
     def predict_dataloader(self) -> DataLoader:
         if self.predict is None:

@@ -42,6 +42,7 @@ from multimodal.data.text_tokenizer import (
     specials_from_dict,
     tokenizer_file,
     tokenizer_from_text,
+    tokenizer_text,
 )
 from multimodal.tokenizers.hf_json import HFTokenizer
 from multimodal.tokenizers.text import WordPieceTokenizer
@@ -351,3 +352,38 @@ class TextPairsDataModule(ShardLoaderMixin, SplitDataModule):
 
     def collate_fn(self) -> Callable[[list[Any]], dict[str, torch.Tensor]]:
         return PairCollate(self.specials("source").pad, self.pad_token_id)
+
+    # --- checkpoints keep trained tokenizers ----------------------------------------------------
+    def _trained_sides(self) -> list[str]:
+        if self._meta is not None:
+            return []
+        return [side for side in ("source", "target") if self.tokenizer_specs[side] is None]
+
+    def state_dict(self) -> dict[str, Any]:
+        """WordPieces trained here travel in the checkpoint (``tokenizers`` does not train
+        the same ids twice: ties are broken in hash order)."""
+        state = dict(super().state_dict())
+        if self._tokenizers:
+            for side in self._trained_sides():
+                state[f"{side}_tokenizer"] = tokenizer_text(self._tokenizers[side])
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores trained tokenizers; pairs already encoded with others are encoded again
+        when next asked for."""
+        super().load_state_dict(state_dict)
+        restored = {side: text for side in self._trained_sides()
+                    if (text := state_dict.get(f"{side}_tokenizer")) is not None}
+        if not restored:
+            return
+        if self._tokenizers and all(tokenizer_text(self._tokenizers[side]) == text
+                                    for side, text in restored.items()):
+            return
+        self._load_tokenizers()  # the sides given as files
+        shared = restored.get("source") == restored.get("target")
+        for side, text in restored.items():
+            tok = self._tokenizers["source"] if shared and side == "target" \
+                else tokenizer_from_text(text)
+            self._tokenizers[side] = tok
+            self._specials[side] = special_ids(tok)
+        self.datasets = {}
