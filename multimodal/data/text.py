@@ -283,6 +283,10 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
     splits' blocks as token ids, and the ``tokenizer.json`` they were encoded with), streamed
     with ``litdata.StreamingDataset`` (:mod:`multimodal.data.shards`); ``block_size`` must
     be the one they were written with.
+
+    ``tokenizer``: a ``tokenizer.json`` (Hugging Face or the package's own) or a folder
+    holding one, used instead of training a WordPiece; documents are then joined with its
+    end-of-text token (BERT ``[SEP]``; :mod:`multimodal.data.text_tokenizer`).
     """
 
     def __init__(
@@ -368,7 +372,11 @@ class SourceClassificationDataModule(_TextDataModule):
 
     Passages are 1..``max_sentences`` consecutive sentences of one document, balanced across
     sources within each split; batches are ``{"input_ids", "attention_mask", "label"}`` with
-    ``[CLS]`` first and at most ``max_length`` tokens.
+    ``[CLS]`` first and at most ``max_length`` tokens. ``class_names`` are the sources.
+
+    ``tokenizer``: a ``tokenizer.json`` (Hugging Face or the package's own) or a folder
+    holding one, used instead of training a WordPiece; a Hugging Face one frames a passage
+    as its post-processor does (BERT ``[CLS] .. [SEP]``) and pads with its own pad id.
     """
 
     def __init__(
