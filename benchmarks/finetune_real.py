@@ -162,10 +162,10 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
         list[str], list[str], Path]:
     """``multimodal fit`` and ``multimodal test`` argument lists of one run, and its folder."""
     train = data / ("train_all.jsonl" if k == "all" else f"train_k{k}_seed{seed}.jsonl")
-    n = sum(1 for _ in open(train, encoding="utf-8"))
+    n = len(train.read_text(encoding="utf-8").splitlines())
     run = out / regime / f"k{k}" / f"seed{seed}"
-    model, data_side, max_length = regime_args(regime, out, seed, opts.own_encoder, opts.own_tokenizer,
-                                    opts.lora_rank)
+    model, data_side, max_length = regime_args(regime, out, seed, opts.own_encoder,
+                                               opts.own_tokenizer, opts.lora_rank)
     lr = {"linear_probe": opts.lr_probe, "scratch": opts.lr_scratch}.get(regime, opts.lr)
     if k == "all":
         epochs = opts.epochs_all
@@ -197,9 +197,10 @@ def test_accuracy(run: Path) -> float | None:
     path = run / "test" / "0" / "metrics.csv"
     if not path.is_file():
         return None
-    for row in csv.DictReader(open(path, encoding="utf-8")):
-        if row.get("test/acc"):
-            return float(row["test/acc"])
+    with open(path, encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            if row.get("test/acc"):
+                return float(row["test/acc"])
     return None
 
 
@@ -237,7 +238,8 @@ def run_all(opts) -> None:
 def read_results(path: Path) -> list[dict]:
     if not path.is_file():
         return []
-    return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
 
 
 def report(out: Path) -> str:
