@@ -140,6 +140,17 @@ def test_predict_texts_are_named_by_file_and_line(tmp_path):
     assert batch["filename"] == [f"{lines}:1", f"{lines}:3"]
     assert batch["input_ids"][1, :batch["attention_mask"][1].sum()].tolist() == \
         dm.tokenizer.encode("the dog digs", add_cls=True)
+    from multimodal.data.text_classification import read_predict_texts
+
+    (tmp_path / "new" / "sub").mkdir(parents=True)
+    (tmp_path / "new" / "b.txt").write_text("second\n")
+    (tmp_path / "new" / "sub" / "a.txt").write_text("first one\n")
+    assert read_predict_texts(tmp_path / "new") == (["second", "first one"],
+                                                    ["b.txt", "sub/a.txt"])
+    rows = write_jsonl(tmp_path / "p.jsonl", [{"text": "x y"}, {"text": "z"}])
+    assert read_predict_texts(rows) == (["x y", "z"], [f"{rows}:1", f"{rows}:2"])
+    with pytest.raises(ValueError, match=r"p2\.jsonl:1: no 'text' field"):
+        read_predict_texts(write_jsonl(tmp_path / "p2.jsonl", [{"body": "x"}]))
 
 
 def test_fit_then_test_from_the_checkpoint_uses_the_trained_tokenizer(tmp_path):
