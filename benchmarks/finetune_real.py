@@ -194,10 +194,10 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
 
 
 def test_accuracy(run: Path) -> float | None:
-    path = run / "test" / "0" / "metrics.csv"
-    if not path.is_file():
+    found = sorted((run / "test").glob("*/metrics.csv"))  # CSVLogger: test/version_0/
+    if not found:
         return None
-    with open(path, encoding="utf-8") as f:
+    with open(found[-1], encoding="utf-8") as f:
         for row in csv.DictReader(f):
             if row.get("test/acc"):
                 return float(row["test/acc"])
