@@ -243,7 +243,11 @@ def read_results(path: Path) -> list[dict]:
 
 
 def report(out: Path) -> str:
-    rows = [r for r in read_results(out / "results.jsonl") if r["test_acc"] is not None]
+    rows = read_results(out / "results.jsonl")
+    for r in rows:  # a run whose accuracy was not read then: from its test metrics now
+        if r["test_acc"] is None:
+            r["test_acc"] = test_accuracy(out / r["regime"] / f"k{r['k']}" / f"seed{r['seed']}")
+    rows = [r for r in rows if r["test_acc"] is not None]
     if not rows:
         raise SystemExit(f"no results in {out / 'results.jsonl'}: run the `run` step first")
     ks = [k for k in KS if any(r["k"] == k for r in rows)]
