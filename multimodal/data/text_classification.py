@@ -39,6 +39,7 @@ from multimodal.data.text_tokenizer import (
     SpecialIds,
     encode_for_encoder,
     load_text_tokenizer,
+    same_on_every_rank,
     special_ids,
     specials_from_dict,
     tokenizer_file,
@@ -326,6 +327,9 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
                                                   shuffle=split == "train", seed=self.seed)
                              for split in self._meta["sizes"]}
             return
+        if self.tokenizer_spec is None:  # trained here: every rank must use rank 0's
+            self._tokenizer = same_on_every_rank(self, self.tokenizer)
+            self._specials = special_ids(self._tokenizer)
         for split, (ids, labels) in self.encoded_splits().items():
             self.datasets[split] = PassageDataset(ids, labels)
         if len(self.datasets["train"]) == 0:  # type: ignore[arg-type]
