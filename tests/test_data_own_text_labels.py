@@ -186,6 +186,15 @@ def test_fit_then_test_from_the_checkpoint_uses_the_trained_tokenizer(tmp_path):
     trainer().test(task(), datamodule=again, ckpt_path=ckpt)
     assert tokenizer_text(again.tokenizer) == state["tokenizer"]
     assert again.datasets["test"].ids == dm.datasets["test"].ids
+    # predict: the checkpoint's tokenizer, the module's arguments saved to rebuild it
+    new = tmp_path / "new.txt"
+    new.write_text("a cat naps\nthe dog digs\n")
+    assert torch.load(ckpt, weights_only=False)["datamodule_hyper_parameters"]["train"] == \
+        str(train)
+    later = TextClassificationDataModule(**kw, predict=str(new))
+    rows = trainer().predict(task(), datamodule=later, ckpt_path=ckpt)
+    assert [name for batch in rows for name, _, _ in batch] == [f"{new}:1", f"{new}:2"]
+    assert tokenizer_text(later.tokenizer) == state["tokenizer"] and later.datasets == {}
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -179,6 +179,7 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         predict: str | None = None,
     ) -> None:
         super().__init__()
+        self.save_hyperparameters()  # `multimodal predict --ckpt_path` rebuilds the module
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (your texts) or shards, not both")
         if shards is None and train is None:
@@ -318,7 +319,7 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
                 for k, v in self.read_splits().items()}
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
+        if self.datasets or stage == "predict":  # predict encodes only its own texts
             return
         if self._meta is not None:
             self.tokenizer  # noqa: B018

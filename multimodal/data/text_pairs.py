@@ -159,6 +159,7 @@ class TextPairsDataModule(ShardLoaderMixin, SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
+        self.save_hyperparameters()  # `multimodal test --ckpt_path` rebuilds the module
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (your pairs) or shards, not both")
         if shards is None and train is None:
