@@ -56,6 +56,13 @@ def test_csv_labels_are_sorted_names_known_right_after_construction(tmp_path):
         assert dm.class_names[int(label)] == name
 
 
+def test_a_spreadsheets_byte_order_mark_is_not_part_of_the_header(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes("text,label\r\nhello,a\r\n".encode("utf-8-sig"))
+    data = read_labelled_texts(path)
+    assert data.texts == ["hello"] and data.labels == ["a"]
+
+
 def test_integer_labels_are_class_ids_and_classes_names_them(tmp_path):
     rows = [{"text": t, "label": 1 if lab == "dog" else 0}
             for t, lab in zip(ANIMALS, LABELS, strict=True)]
