@@ -140,7 +140,9 @@ def _counting_backend(cudagraphs: bool) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx
 
         _COMPILE_STATS["compilations"] += 1
-        patches = {"triton.cudagraphs": True} if cudagraphs else {}
+        # CUDA: graphs (mode="reduce-overhead"); CPU: a C++ wrapper around the kernels
+        # instead of Python (measured 15 % less CPU per ImageGPT step, slower to compile)
+        patches = {"triton.cudagraphs": True} if cudagraphs else {"cpp_wrapper": True}
         return compile_fx(gm, example_inputs, config_patches=patches)
     return backend
 
@@ -154,7 +156,7 @@ class _CompiledStep:
     def __init__(self, device: torch.device) -> None:
         key = device.type
         if key not in _COMPILED:
-            _COMPILED[key] = torch.compile(static_step, fullgraph=True, dynamic=False,
+            _COMPILED[key] = torch.compile(static_step, fullgraph=True,
                                            backend=_counting_backend(key == "cuda"))
         self.fn: Callable[..., Tensor] = _COMPILED[key]
         self.cuda = key == "cuda"
@@ -166,10 +168,14 @@ class _CompiledStep:
                 for t in group:
                     torch._dynamo.mark_static_address(t)
             self.marked = True
+        if args[6].shape[1] < args[2][0].shape[2]:
+            # a prefix step: the attended length is the one symbolic size of the graph
+            torch._dynamo.mark_dynamic(args[6], 1)
         before = _COMPILE_STATS["compilations"]
         start = time.perf_counter()
         try:
-            out = self.fn(*args)
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+                out = self.fn(*args)
         except Exception as err:  # a compiler failure of any kind (eager re-raises a real one)
             if _COMPILE_STATS["compilations"] == before and not _is_compile_error(err):
                 raise
@@ -203,7 +209,9 @@ def _static_cache(cache: KVCache | Cache | None, compile_step: bool,
             warnings.warn(f"generate(compile=True): {reason}; decoding eagerly (the same "
                           "tokens)", RuntimeWarning, stacklevel=4)
             return cache
-    static = StaticKVCache(len(cache), cache.max_len)
+    # CUDA graphs replay fixed shapes: attend over every slot there; elsewhere the prefix
+    static = StaticKVCache(len(cache), cache.max_len,
+                           prefix=not (compile_step and device.type == "cuda"))
     if compile_step:
         static.step_fn = _CompiledStep(device)
     return static

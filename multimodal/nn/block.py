@@ -313,31 +313,32 @@ def _plain(module: nn.Module) -> Callable[[Tensor], Tensor]:
 def static_step(
     transformer: Transformer, x: Tensor, keys: tuple[Tensor, ...], values: tuple[Tensor, ...],
     cross: tuple[tuple[Tensor, Tensor] | None, ...], position: Tensor, valid: Tensor,
-    new_valid: Tensor | None, rope: Tensor | None, memory_padding_mask: Tensor | None,
+    rope: Tensor | None, memory_padding_mask: Tensor | None, masked: bool = True,
 ) -> Tensor:
     """One new token per row through ``transformer`` (eval mode) on a
     :class:`~multimodal.nn.cache.StaticKVCache`: ``x`` (B, 1, dim) -> (B, 1, dim) after the
     final norm, every shape fixed by the cache (what ``torch.compile`` / CUDA graphs need).
 
     Per layer the new key and value are written at ``position`` (a (1,) tensor) of the
-    preallocated (B, H, L, d) buffers, and the query attends over all L slots with the mask
-    ``valid`` (B, L) (True at cached real tokens; the new token's slot is set from
-    ``new_valid`` (B,), default True): ``softmax(q K^T / sqrt(d) + log valid) V``. A masked
-    slot gets weight exactly 0, so this equals attention over the cached prefix up to the
-    order of fp32 sums. Cross-attention reads the keys / values projected at prefill.
-    Only the blocks' own modules run (any norm, MLP, GQA, q/k norm, rope, LayerScale).
+    preallocated (B, H, max_len, d) buffers, and the query attends over the first
+    ``n = valid.shape[1]`` slots (all of them, or the cached prefix) under the mask
+    ``valid`` (B, n) (True at real tokens, the new one's slot included; the caller sets
+    it): ``softmax(q K^T / sqrt(d) + log valid) V``. A masked
+    slot gets weight exactly 0, so this equals attention over the cached real tokens up to
+    the order of fp32 sums. ``masked=False`` (every one of the n slots is a real token):
+    no mask. Cross-attention reads the keys / values projected at prefill. Only the
+    blocks' own modules run (any norm, MLP, GQA, q/k norm, rope, LayerScale); plain
+    Linears multiply as ``W x^T`` (:func:`_linear`).
     """
-    if new_valid is None:
-        valid.index_fill_(1, position, True)
-    else:
-        valid.index_copy_(1, position, new_valid[:, None])
-    mask = valid[:, None, None, :]
+    n = valid.shape[1]
+    mask = valid[:, None, None, :] if masked else None
     memory_mask = None if memory_padding_mask is None \
         else ~memory_padding_mask[:, None, None, :]
     for block, k_buf, v_buf, kv in zip(transformer.blocks, keys, values, cross, strict=True):
         def self_attn(h: Tensor, block: Block = block, k_buf: Tensor = k_buf,
                       v_buf: Tensor = v_buf) -> Tensor:
-            return _static_self_attention(block.attn, h, k_buf, v_buf, position, mask, rope)
+            return _static_self_attention(block.attn, h, k_buf, v_buf, position, mask, rope,
+                                          n)
 
         def cross_attn(h: Tensor, block: Block = block, kv: Any = kv) -> Tensor:
             return _static_cross_attention(block.cross_attn, h, kv, memory_mask)
@@ -346,13 +347,50 @@ def static_step(
             x = x + block.ls1(self_attn(block.norm1(x)))
             if block.cross_attn is not None:
                 x = x + block.ls_cross(cross_attn(block.norm_cross(x)))
-            x = x + block.ls2(block.mlp(block.norm2(x)))
+            x = x + block.ls2(_static_mlp(block.mlp, block.norm2(x)))
         else:
             x = block.norm1(x + block.ls1(self_attn(x)))
             if block.cross_attn is not None:
                 x = block.norm_cross(x + block.ls_cross(cross_attn(x)))
-            x = block.norm2(x + block.ls2(block.mlp(x)))
+            x = block.norm2(x + block.ls2(_static_mlp(block.mlp, x)))
     return transformer.norm(x)
+
+
+def _linear(module: nn.Module, x: Tensor) -> Tensor:
+    """``module(x)`` for one token per row, (B, 1, in) -> (B, 1, out); a plain Linear
+    multiplies as ``W x^T`` (:func:`_affine`: the orientation torch runs fastest at a few
+    rows on a CPU), anything else (LoRA, quantised) is called as it is."""
+    if type(module) is not nn.Linear:
+        return module(x)
+    b = x.shape[0]
+    bias = module.bias
+    y = _affine(x.reshape(b, x.shape[-1]), module.weight,
+                None if bias is None else bias[:, None])
+    return y.reshape(b, 1, y.shape[-1])
+
+
+def _static_mlp(mlp: nn.Module, x: Tensor) -> Tensor:
+    """The MLP of one token per row with :func:`_linear` (dropout is identity in eval)."""
+    if type(mlp) is MLP:
+        return _linear(mlp.fc2, mlp.act(_linear(mlp.fc1, x)))
+    if type(mlp) is GatedMLP:
+        return _linear(mlp.fc2, mlp.act(_linear(mlp.gate, x)) * _linear(mlp.up, x))
+    return mlp(x)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """SDPA with a bool "may attend" mask. On a CPU the flash kernel is called by name: it
+    is what eager SDPA runs there, while under ``torch.compile`` SDPA is decomposed into
+    a generated matmul-softmax-matmul loop that measured slower over long caches. The
+    kernel reads each head's channels as contiguous (``_linear``'s output is not)."""
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if mask is not None:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~mask, float("-inf"))
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, attn_mask=mask)[0]
 
 
 def _repeat_kv(attn: Attention, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -363,11 +401,12 @@ def _repeat_kv(attn: Attention, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _static_self_attention(attn: Attention, x: Tensor, k_buf: Tensor, v_buf: Tensor,
-                           position: Tensor, mask: Tensor, rope: Tensor | None) -> Tensor:
+                           position: Tensor, mask: Tensor | None, rope: Tensor | None,
+                           n: int) -> Tensor:
     """:class:`Attention`'s cached self-attention for one token, on fixed-size buffers."""
     b = x.shape[0]
     kv_dim = attn.kv_heads * attn.head_dim
-    q, k, v = attn.qkv(x).split([attn.dim, kv_dim, kv_dim], dim=-1)
+    q, k, v = _linear(attn.qkv, x).split([attn.dim, kv_dim, kv_dim], dim=-1)
     q, k = attn._split_heads(q), attn._split_heads(k, attn.kv_heads)
     v = attn._split_heads(v, attn.kv_heads)
     if attn.q_norm is not None:
@@ -377,21 +416,21 @@ def _static_self_attention(attn: Attention, x: Tensor, k_buf: Tensor, v_buf: Ten
         q, k = apply_rotary(q, rope), apply_rotary(k, rope)
     k_buf.index_copy_(2, position, k)
     v_buf.index_copy_(2, position, v)
-    keys, vals = _repeat_kv(attn, k_buf, v_buf)
-    out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
-    return attn.proj(out.transpose(1, 2).reshape(b, 1, attn.dim))
+    keys, vals = _repeat_kv(attn, k_buf[:, :, :n], v_buf[:, :, :n])
+    out = _attend(q, keys, vals, mask)
+    return _linear(attn.proj, out.transpose(1, 2).reshape(b, 1, attn.dim))
 
 
 def _static_cross_attention(attn: Attention, x: Tensor, kv: tuple[Tensor, Tensor],
                             memory_mask: Tensor | None) -> Tensor:
     """:class:`Attention`'s cross-attention for one token, keys / values from prefill."""
     b = x.shape[0]
-    q = attn._split_heads(attn.q(x))
+    q = attn._split_heads(_linear(attn.q, x))
     if attn.q_norm is not None:
         q = attn.q_norm(q)
     k, v = _repeat_kv(attn, *kv)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=memory_mask)
-    return attn.proj(out.transpose(1, 2).reshape(b, 1, attn.dim))
+    out = _attend(q, k, v, memory_mask)
+    return _linear(attn.proj, out.transpose(1, 2).reshape(b, 1, attn.dim))
 
 
 # Layer variants chosen by name in TransformerConfig (``norm_type``, ``mlp_type``,
@@ -544,13 +583,14 @@ class Transformer(nn.Module):
         rope = self._rope_angles(x, positions, cache)
         assert cache.position is not None and cache.valid is not None
         cache.position.fill_(t)
-        new_valid = None if key_padding_mask is None else ~key_padding_mask[:, -1]
+        cache.mark(t, 1, b, x.device, key_padding_mask)
         layers = cache.layers
         step = cache.step_fn or static_step
+        valid = cache.valid[:, : t + 1] if cache.prefix else cache.valid
         out = step(self, x, tuple(layer.k for layer in layers),
                    tuple(layer.v for layer in layers),
-                   tuple(layer.cross_kv for layer in layers), cache.position, cache.valid,
-                   new_valid, rope, memory_padding_mask)
+                   tuple(layer.cross_kv for layer in layers), cache.position, valid,
+                   rope, memory_padding_mask, cache.padded or not cache.prefix)
         cache.advance()
         return out
 

@@ -129,14 +129,21 @@ class StaticKVCache(KVCache):
       False), the attention mask of a step over the whole buffer;
     - ``position`` (1,) long: the index the next token is written at, updated in place.
 
+    ``prefix`` (default): a step attends over the cached prefix only, ``valid[:, :t + 1]``
+    (one compiled graph with that length symbolic; no masked slot is read, and without
+    left padding no mask at all); ``prefix=False``: over all ``max_len`` slots under the
+    mask, every shape fixed (what CUDA graphs need).
+
     The prompt is prefilled by the ordinary forward (variable length, once); then
     :meth:`multimodal.nn.block.Transformer.forward` sends each one-token call to
     :func:`multimodal.nn.block.static_step`, compiled or not (``step_fn``).
     """
 
-    def __init__(self, num_layers: int, max_len: int) -> None:
+    def __init__(self, num_layers: int, max_len: int, prefix: bool = True) -> None:
         super().__init__(num_layers, max_len)
         self.layers = [StaticLayerCache(max_len) for _ in range(num_layers)]
+        self.prefix = prefix
+        self.padded = False  # some cached token is padding: steps need the mask
         self.valid: Tensor | None = None
         self.position: Tensor | None = None
         # the step function (multimodal.generation sets a compiled one); None: eager
@@ -155,6 +162,8 @@ class StaticKVCache(KVCache):
             self.valid[:, start : start + n] = True
         else:
             self.valid[:, start : start + n] = ~padding[:, start : start + n]
+            if not self.padded:  # (a host sync, until the first padding is seen)
+                self.padded = bool(padding[:, start : start + n].any())
 
     def advance(self) -> None:
         """After a one-token step: every layer holds one more token."""
