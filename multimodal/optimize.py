@@ -183,20 +183,25 @@ def _check_quantizable(model: nn.Module, mode: str) -> None:
 
 def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of ``model`` (eval mode) whose ``nn.Linear`` layers hold int8 weights
-    (per-tensor affine) and quantise their input per call: ``y = s_x s_w (q_x q_w^T) + b``
+    (one scale per output channel) and quantise their input per call (one scale per
+    tensor): ``y = s_x s_w (q_x q_w^T) + b``
     with ``q = round(x / s) + z`` (``torch.ao`` dynamic quantisation). CPU only; other
     layers (norms, attention, convolutions) stay fp32. The original is untouched.
+    Measured on the real all-MiniLM-L6-v2: output cosine to fp32 0.94 (per-tensor weight
+    scales: 0.89, transformers' own model the same): BERT's outlier activation channels
+    defeat one activation scale per tensor, so int8 is no default for real text encoders.
     Clear errors for a non-CPU or non-fp32 model, LoRA-wrapped Linears, no Linear at all,
     or a torch without a quantised engine."""
     _check_quantizable(model, "int8")
-    from torch.ao.quantization import quantize_dynamic
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     quantized = copy.deepcopy(model).eval()
     uncompile_encoder(quantized)
     with warnings.catch_warnings():  # torch.ao's notice that the API moves to torchao
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(quantized, {nn.Linear}, dtype=torch.qint8, inplace=True)
+        return quantize_dynamic(quantized, {nn.Linear: per_channel_dynamic_qconfig},
+                                dtype=torch.qint8, inplace=True)
 
 
 def output_cosine(reference: Callable[..., Tensor], candidate: Callable[..., Tensor],
