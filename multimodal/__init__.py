@@ -61,7 +61,13 @@ _EXPORTS: dict[str, str] = {
     "from_hf": "multimodal.convert",
     "HFTokenizer": "multimodal.tokenizers.hf_json",  # a Hugging Face tokenizer.json
     "ImagePreprocessor": "multimodal.convert.hf_preprocess",  # preprocessor_config.json (images)
-    "mean_pool": "multimodal.embeddings",
+    "mean_pool": "multimodal.nn.pool",  # the one masked mean pooling
+    # inference over folders of inputs (multimodal embed / zero-shot / caption)
+    "embed": "multimodal.inference",
+    "zero_shot": "multimodal.inference",
+    "caption": "multimodal.inference",
+    "read_embeddings": "multimodal.inference",
+    "TokenFeatures": "multimodal.hub",
     # CPU precision by hardware and model size (issue 20)
     "choose_precision": "multimodal.precision",
     "native_bf16": "multimodal.precision",

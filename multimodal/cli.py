@@ -5,6 +5,9 @@
     multimodal test     --config ... --ckpt_path last
     multimodal predict  --config ... --ckpt_path best --data.predict_dir my_images/
     multimodal speak    --ckpt tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
+    multimodal embed    --model FOLDER --inputs DIR|MANIFEST --out emb.safetensors
+    multimodal zero-shot --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
+    multimodal caption  --model captioner.ckpt|FOLDER --inputs DIR
 
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
 interrupted run with ``--ckpt_path last`` and, unless ``--test_after_fit false``,
@@ -203,6 +206,13 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] == "speak":
         code = speak(argv[1:])
+        if code:
+            raise SystemExit(code)
+        return
+    if argv and argv[0] in ("embed", "zero-shot", "caption"):
+        from multimodal.inference_cli import run_verb
+
+        code = run_verb(argv[0], argv[1:])
         if code:
             raise SystemExit(code)
         return

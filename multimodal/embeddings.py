@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["analogy", "embedding_matrix", "mean_pool", "nearest_neighbours", "word_vector"]
+__all__ = ["analogy", "embedding_matrix", "nearest_neighbours", "word_vector"]
 
 
 def embedding_matrix(model: nn.Module | Tensor) -> Tensor:
@@ -80,20 +80,3 @@ def analogy(model: nn.Module | Tensor, tokenizer: Any, a: str, b: str, c: str,
     ia, ib, ic = (_token_id(tokenizer, w) for w in (a, b, c))
     return _rank(weight, tokenizer, weight[ib] - weight[ia] + weight[ic], [ia, ib, ic], k)
 
-
-def mean_pool(hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-    """Sentence embedding ``sum_n m_n h_n / max(sum_n m_n, 1e-9)`` over the real tokens.
-
-    ``hidden`` (B, N, D) token states, ``attention_mask`` (B, N) 1 at real tokens, 0 at
-    padding (all real when None): the pooling of sentence-transformers models such as
-    all-MiniLM-L6-v2.
-    """
-    if hidden.dim() != 3:
-        raise ValueError(f"hidden must be (batch, tokens, dim), got {tuple(hidden.shape)}")
-    if attention_mask is None:
-        return hidden.mean(dim=1)
-    if attention_mask.shape != hidden.shape[:2]:
-        raise ValueError(f"attention_mask must be {tuple(hidden.shape[:2])}, "
-                         f"got {tuple(attention_mask.shape)}")
-    m = attention_mask.to(hidden.dtype)[..., None]
-    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)

@@ -102,7 +102,7 @@ def test_ast_folder_waveform_to_logits(tmp_path, speech):
         want = source(inputs)
         hidden = source.audio_spectrogram_transformer(inputs).last_hidden_state
         logits = encoder.backbone(waveform=speech)
-        tokens = encoder.encode(speech)
+        tokens = encoder.encode(speech, output="tokens").features
     # the folder's own statistics (mean -3, std 2.5), not AudioSet's, were applied
     torch.testing.assert_close(encoder.preprocess(speech), inputs, atol=ATOL, rtol=1e-5)
     torch.testing.assert_close(logits, want.logits, atol=ATOL, rtol=1e-4)
@@ -126,7 +126,10 @@ def test_whisper_folder_waveform_to_encoder_states(tmp_path, speech):
     feats = fe(speech.numpy(), sampling_rate=16000, return_tensors="pt")["input_features"]
     with torch.no_grad():
         want = source.encoder(feats).last_hidden_state
-    torch.testing.assert_close(encoder.encode(speech), want, atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(encoder.encode(speech, output="tokens").features, want,
+                               atol=ATOL, rtol=1e-4)
+    # one embedding per clip: the mean of the encoder states
+    torch.testing.assert_close(encoder.encode(speech), want.mean(1), atol=ATOL, rtol=1e-4)
 
 
 def test_audio_preprocessor_that_does_not_fit_the_model_is_named(tmp_path):
@@ -187,4 +190,6 @@ def test_vit_folder_png_to_features(tmp_path):
         pixels = proc(img.convert("RGB"), return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         want = source(pixels).last_hidden_state
-    torch.testing.assert_close(encoder.encode([png]), want, atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(encoder.encode([png], output="tokens").features, want,
+                               atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(encoder.encode([png]), want[:, 0], atol=ATOL, rtol=1e-4)

@@ -82,8 +82,9 @@ def test_load_encoder_turns_strings_into_clip_features(clip_tokenizer_folder, tm
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).write_bytes((clip_tokenizer_folder / name).read_bytes())
     encoder = load_encoder(folder)
-    assert encoder.modality == "image-text" and isinstance(encoder.tokenizer, HFTokenizer)
-    features, mask = encoder.encode(SENTENCES)
+    assert encoder.modality == "image+text" and isinstance(encoder.tokenizer, HFTokenizer)
+    features = encoder.encode(SENTENCES)
+    mask = encoder.encode(SENTENCES, output="tokens").attention_mask
     theirs = transformers.AutoTokenizer.from_pretrained(folder)
     batch = theirs(SENTENCES, padding=True, return_tensors="pt")
     images = torch.randn(2, 3, 32, 32)
@@ -110,7 +111,7 @@ def test_load_encoder_real_minilm_folder_with_its_tokenizer_json():
     folder = minilm.get_model_path()
     encoder = load_encoder(folder)
     assert encoder.modality == "text" and isinstance(encoder.tokenizer, HFTokenizer)
-    features, mask = encoder.encode(SENTENCES)
+    features, mask = encoder.encode(SENTENCES, output="tokens")
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     batch = tok(SENTENCES, padding=True, return_tensors="pt")
     model = transformers.AutoModel.from_pretrained(folder).eval()
@@ -139,7 +140,8 @@ def test_encoder_wraps_a_clip_trained_here_with_its_own_tokenizer():
                                   heads=2, mlp_dim=32), embed_dim=16)).eval()
     encoder = load_encoder(clip, tokenizer=tok)
     texts = ["a red car", "two small cats"]
-    features, mask = encoder.encode(texts)
+    features = encoder.encode(texts)
+    mask = encoder.encode(texts, output="tokens").attention_mask
     batch = tokenize_texts(tok, texts, "eot")
     with torch.no_grad():
         want = clip.encode_text(batch["input_ids"], batch["attention_mask"], normalize=False)

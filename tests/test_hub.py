@@ -191,11 +191,14 @@ def test_load_encoder_from_a_folder_with_its_tokenizer(tmp_path):
     assert encoder.tokenizer is not None and encoder.modality == "text"
     assert not any(p.requires_grad for p in encoder.parameters())
     assert not encoder.train().backbone.training  # frozen: stays in eval mode
-    features, mask = encoder.encode(["the cat sat", "a dog ran in the park"])
+    features, mask = encoder.encode(["the cat sat", "a dog ran in the park"], output="tokens")
     ids = tokenizer.encode_batch(["the cat sat", "a dog ran in the park"], add_cls=True,
                                  add_sep=True)
     torch.testing.assert_close(features, model.eval()(ids["input_ids"], ids["attention_mask"]))
+    assert torch.equal(mask, ids["attention_mask"])
     assert torch.equal(encoder.pool(features, mask), features[:, 0])
+    torch.testing.assert_close(encoder.encode(["the cat sat", "a dog ran in the park"]),
+                               features[:, 0])  # one embedding per text: the model's [CLS]
 
 
 def test_load_encoder_from_models():

@@ -16,7 +16,8 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
                                encoders, presets, conversion from other libraries
     synthesis                  text-to-speech from a CodecLM checkpoint (models + hub)
     tasks | data | callbacks   Lightning; data sits beside tasks and neither imports the other
-    cli, prepare, plots_*      entry points
+    inference                  embed / zero-shot / caption over folders (models + data readers)
+    cli, inference_cli, prepare, plots_*   entry points
 
 A module may import its own package and any package listed for it in ``ALLOWED``;
 anything else, and any cycle between modules, fails the test.
@@ -59,7 +60,9 @@ ALLOWED: dict[str, set[str]] = {
     "tasks": {*_ZOO, "tasks"},
     "data": {*_LAYERS, "data"},
     "callbacks": {"progress"},
-    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli"},
+    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli", "inference_cli"},
+    "inference": {*_ZOO, "data", "progress"},  # embed / zero-shot / caption loops
+    "inference_cli": {"inference", "hub"},  # their command-line front ends
     "prepare": {*_LAYERS, "data"},  # multimodal-prepare: sources -> shards
     "plots_pixels": {*_ZOO, "tasks", "data"},
     "plots_attention": {*_ZOO, "tasks", "data"},

@@ -98,7 +98,8 @@ class ImagePreprocessor:
 
     ``size``: ``{"height": h, "width": w}`` or ``{"shortest_edge": s}``; ``crop_size``:
     ``{"height", "width"}`` (used when ``do_center_crop``); ``resample``: PIL's code
-    (2 bilinear, 3 bicubic, ...).
+    (2 bilinear, 3 bicubic, ...); ``channels``: 3 (RGB, the processors of Hugging Face
+    folders) or 1 (grey, for models trained here on grey images).
     """
 
     def __init__(self, size: dict[str, int] | int | None = None, resample: int = 2,
@@ -106,7 +107,10 @@ class ImagePreprocessor:
                  crop_size: dict[str, int] | int | None = None, do_rescale: bool = True,
                  rescale_factor: float = 1 / 255, do_normalize: bool = True,
                  image_mean: Sequence[float] = (0.5, 0.5, 0.5),
-                 image_std: Sequence[float] = (0.5, 0.5, 0.5)) -> None:
+                 image_std: Sequence[float] = (0.5, 0.5, 0.5), channels: int = 3) -> None:
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
+        self.channels = channels
         if resample not in _RESAMPLE:
             raise ValueError(f"unsupported resample={resample!r}; supported PIL codes: "
                              f"{_RESAMPLE}")
@@ -133,9 +137,9 @@ class ImagePreprocessor:
 
     def _load(self, image: Any) -> Tensor:
         if isinstance(image, Tensor):
-            if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:
-                raise ValueError(f"image tensors must be uint8 (3, H, W), got {image.dtype} "
-                                 f"{tuple(image.shape)}")
+            if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != self.channels:
+                raise ValueError(f"image tensors must be uint8 ({self.channels}, H, W), got "
+                                 f"{image.dtype} {tuple(image.shape)}")
             return image
         from PIL import Image
         from torchvision.transforms.v2.functional import pil_to_tensor
@@ -145,9 +149,9 @@ class ImagePreprocessor:
             if not path.is_file():
                 raise FileNotFoundError(f"image file not found: {path}")
             with Image.open(path) as img:
-                image = img.convert("RGB")
+                image = img.convert("RGB" if self.channels == 3 else "L")
         elif isinstance(image, Image.Image):
-            image = image.convert("RGB")
+            image = image.convert("RGB" if self.channels == 3 else "L")
         else:
             raise ValueError(f"expected an image path, a PIL image or a uint8 tensor, got "
                              f"{type(image).__name__}")

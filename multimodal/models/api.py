@@ -42,8 +42,10 @@ from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["MODALITIES", "DecoderHeadMixin", "Model"]
 
-# what a model reads: one modality, or the two of an encoder-decoder ("source-target")
-MODALITIES = ("image", "text", "audio", "image-text", "text-text", "text-audio")
+# what a model reads: one modality, the two of an encoder-decoder ("source-target": image
+# in, text out for the Captioner), or two read side by side by a dual encoder ("image+text":
+# CLIP / SigLIP, one embedding space for both)
+MODALITIES = ("image", "text", "audio", "image+text", "image-text", "text-text", "text-audio")
 
 
 @runtime_checkable

@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import Transformer
 from multimodal.nn.init import init_weights
+from multimodal.nn.pool import mean_pool
 from multimodal.nn.position import sincos_2d_positions, sinusoidal_positions
 from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.audio import (
@@ -344,14 +345,11 @@ class AudioClassifier(PretrainedMixin, nn.Module):
     def pool(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """Class token (with a distillation token: ``(x_cls + x_dist) / 2``, as AST), or
         the mean over valid tokens: ``sum_n m_n x_n / sum_n m_n`` (``padding_mask`` True at
-        padding; None: every token is valid)."""
+        padding; None: every token is valid), by :func:`multimodal.nn.pool.mean_pool`."""
         if self.config.pool == "cls":
             return (tokens[:, 0] + tokens[:, 1]) / 2 if self.dist_token is not None \
                 else tokens[:, 0]
-        if padding_mask is None:
-            return tokens.mean(dim=1)
-        keep = (~padding_mask).unsqueeze(-1).to(tokens.dtype)
-        return (tokens * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
+        return mean_pool(tokens, None if padding_mask is None else ~padding_mask)
 
     def forward_head(self, tokens: Tensor, padding_mask: Tensor | None = None,
                      pre_logits: bool = False) -> Tensor:

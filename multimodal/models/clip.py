@@ -62,6 +62,7 @@ from torch import Tensor, nn
 
 from multimodal.models.text import TextEncoder, TextEncoderConfig, check_token_ids
 from multimodal.models.vit import ViT, ViTConfig
+from multimodal.nn.pool import mean_pool
 from multimodal.registry import register_model, register_preset
 from multimodal.weights import PretrainedMixin
 
@@ -149,7 +150,7 @@ class CLIP(PretrainedMixin, nn.Module):
     """
 
     config_class = CLIPConfig
-    modality = "image-text"
+    modality = "image+text"  # reads both (two towers); the Captioner is image in, text out
 
     def __init__(self, config: CLIPConfig) -> None:
         super().__init__()
@@ -225,13 +226,7 @@ class CLIP(PretrainedMixin, nn.Module):
         if self.config.text_pool == "last":
             return hidden[:, -1]
         if self.config.text_pool == "mean":
-            if attention_mask is None:
-                return hidden.mean(dim=1)
-            mask = attention_mask.to(hidden.dtype)[..., None]
-            count = mask.sum(dim=1)
-            if bool((count == 0).any()):
-                raise ValueError("a text has no tokens (an all-zero attention_mask row)")
-            return (hidden * mask).sum(dim=1) / count
+            return mean_pool(hidden, attention_mask)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         if attention_mask is None:
             last = torch.full_like(rows, hidden.shape[1] - 1)

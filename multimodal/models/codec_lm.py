@@ -49,10 +49,10 @@ from torch import Tensor, nn
 
 from multimodal.generation import generate
 from multimodal.models.backbone import model_config
-from multimodal.models.text import last_token
 from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
+from multimodal.nn.pool import last_token
 from multimodal.nn.position import sinusoidal_positions
 from multimodal.weights import PretrainedMixin, register_model
 

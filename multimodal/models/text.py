@@ -12,6 +12,7 @@ from multimodal.models.backbone import model_config
 from multimodal.nn.block import ACTIVATIONS, Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
+from multimodal.nn.pool import last_token
 from multimodal.nn.position import LearnedPositions, SinusoidalPositions
 from multimodal.registry import register_model, register_preset
 from multimodal.weights import PretrainedMixin
@@ -65,16 +66,6 @@ def _positions(kind: str, max_len: int, dim: int) -> nn.Module | None:
     if kind == "none":
         return None
     return SinusoidalPositions(max_len, dim)
-
-
-def last_token(features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-    """``features[b, last real token of b]`` ``(B, dim)`` for right or left padding
-    (``attention_mask`` 1 at tokens); the last position when there is no mask."""
-    if attention_mask is None:
-        return features[:, -1]
-    positions = torch.arange(features.shape[1], device=features.device)
-    last = (attention_mask.bool() * positions).argmax(dim=1)
-    return features[torch.arange(features.shape[0], device=features.device), last]
 
 
 class NextTokenHead:
