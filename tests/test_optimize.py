@@ -42,6 +42,11 @@ def encoders() -> dict[str, tuple[nn.Module, tuple]]:
             "audio": (audio.eval(), audio.example_inputs(3))}
 
 
+def _is_int8(module: nn.Module) -> bool:
+    """A dynamically quantised Linear (torch.ao.nn.quantized.dynamic.Linear)."""
+    return "quantized" in type(module).__module__ and type(module).__name__.endswith("Linear")
+
+
 @pytest.mark.parametrize("name", ["vit", "text", "audio"])
 def test_int8_keeps_the_outputs_and_leaves_the_original(name: str) -> None:
     model, inputs = encoders()[name]
@@ -49,8 +54,7 @@ def test_int8_keeps_the_outputs_and_leaves_the_original(name: str) -> None:
     with torch.no_grad():
         ref = model.forward_features(*inputs)
     q = quantize_int8(model)
-    quantized = [m for m in q.modules() if type(m).__name__ == "DynamicQuantizedLinear"
-                 or (type(m).__name__ == "Linear" and "quantized" in type(m).__module__)]
+    quantized = [m for m in q.modules() if _is_int8(m)]
     assert len(quantized) == linears and not any(type(m) is nn.Linear for m in q.modules())
     assert sum(type(m) is nn.Linear for m in model.modules()) == linears  # untouched
     with torch.no_grad():
@@ -145,3 +149,16 @@ def test_compiled_encoder_matches_eager_and_does_not_recompile(name: str) -> Non
     assert counters["stats"]["unique_graphs"] == graphs
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(again, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_encoder_quantize_hook_gives_int8_features_close_to_fp32() -> None:
+    from multimodal.hub import Encoder
+
+    model, (images,) = encoders()["vit"]
+    plain, int8 = Encoder(model), Encoder(model, quantize="int8")
+    assert any(_is_int8(m) for m in int8.modules())
+    assert not any(_is_int8(m) for m in plain.modules())
+    with torch.no_grad():
+        a, b = plain(images), int8(images)
+    assert not torch.equal(a, b)
+    assert F.cosine_similarity(a.flatten(1), b.flatten(1), dim=1).min() >= INT8_MIN_COSINE
