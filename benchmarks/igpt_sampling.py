@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"CPU seconds of this process per run: ours {cpu['ours']:.2f}, theirs "
           f"{cpu['theirs']:.2f}; ratio (theirs / ours) {cpu['theirs'] / cpu['ours']:.2f}x "
           f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    if "compiled" in cpu:
+        print(f"CPU seconds of the compiled runs: {cpu['compiled']:.2f}; theirs / compiled "
+              f"{cpu['theirs'] / cpu['compiled']:.2f}x, eager / compiled "
+              f"{cpu['ours'] / cpu['compiled']:.2f}x")
 
 
 if __name__ == "__main__":
