@@ -269,3 +269,20 @@ def test_compiled_image_gpt_samples_the_eager_images() -> None:
     runs = [igpt.generate(4, generator=torch.Generator().manual_seed(3), compile=c)
             for c in (False, True)]
     assert torch.equal(*runs)
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_beam_reorder_follows_the_index_with_and_without_keeping_storage(prefix: bool) -> None:
+    model = decoder()
+    ids = torch.randint(0, VOCAB, (3, 6))
+    cache = StaticKVCache(len(model.transformer.blocks), 10, prefix=prefix)
+    with torch.no_grad():
+        model(ids, cache=cache)
+    before = [(layer.k.clone(), layer.k.data_ptr()) for layer in cache.layers]
+    valid = cache.valid.clone()
+    index = torch.tensor([2, 0, 0])
+    cache.reorder(index)
+    for layer, (k, ptr) in zip(cache.layers, before, strict=True):
+        assert torch.equal(layer.k, k[index])
+        assert (layer.k.data_ptr() == ptr) == (not prefix)  # kept for CUDA graphs only
+    assert torch.equal(cache.valid, valid[index])

@@ -111,8 +111,14 @@ class StaticLayerCache(LayerCache):
             self.v = v.new_zeros(b, h, self.max_len, d)
         return super().append(k, v)
 
+    keep_storage = False  # True: reorder in place (a CUDA graph holds the addresses)
+
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index``, in place (the buffers keep their storage)."""
+        """Keep batch rows ``index``: new buffers (one gather), or with ``keep_storage``
+        gathered and copied back in place (the buffers keep their addresses)."""
+        if not self.keep_storage:
+            super().reorder(index)
+            return
         if self.k is not None and self.v is not None:
             self.k.copy_(self.k.index_select(0, index))
             self.v.copy_(self.v.index_select(0, index))
@@ -142,6 +148,8 @@ class StaticKVCache(KVCache):
     def __init__(self, num_layers: int, max_len: int, prefix: bool = True) -> None:
         super().__init__(num_layers, max_len)
         self.layers = [StaticLayerCache(max_len) for _ in range(num_layers)]
+        for layer in self.layers:
+            layer.keep_storage = not prefix
         self.prefix = prefix
         self.padded = False  # some cached token is padding: steps need the mask
         self.valid: Tensor | None = None
@@ -173,4 +181,7 @@ class StaticKVCache(KVCache):
     def reorder(self, index: Tensor) -> None:
         super().reorder(index)
         if self.valid is not None:
-            self.valid.copy_(self.valid.index_select(0, index))
+            if self.prefix:
+                self.valid = self.valid.index_select(0, index)
+            else:
+                self.valid.copy_(self.valid.index_select(0, index))
