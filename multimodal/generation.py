@@ -49,6 +49,9 @@ class Decoder(Protocol):
 
 # --- logits processing ----------------------------------------------------------------
 
+#: a model's rules on the next token: ``(ids so far (B, N), scores (B, V)) -> scores``
+LogitsProcessor = Callable[[Tensor, Tensor], Tensor]
+
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
     if not temperature > 0:
@@ -266,6 +269,8 @@ def generate(
     attention_mask: Tensor | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    logits_processor: LogitsProcessor | None = None,
+    early_stopping: bool | str = "never",
     compile: bool = False,
     static_cache: bool | None = None,
     cache_len: int | None = None,
@@ -275,9 +280,17 @@ def generate(
 
     - greedy (default), or ``do_sample=True`` with ``temperature``, ``top_k``, ``top_p``;
     - ``num_beams > 1``: beam search; a finished hypothesis of T generated tokens
-      (its EOS included) and log-probability S scores ``S / T ** length_penalty``;
+      (its EOS included) and log-probability S scores ``S / T ** length_penalty``; a
+      row stops (``early_stopping``, transformers' meaning) once it holds ``num_beams``
+      finished hypotheses and: ``True`` at once; ``"never"`` (default) when no running
+      beam can still beat them (its score over the longest length it could reach);
+      ``False`` when the best running beam's score over its *current* length cannot;
     - after ``eos_token_id`` a sequence is filled with ``pad_token_id`` (default: EOS);
-    - prompts of different lengths: left-pad them and pass ``attention_mask`` (1 = token).
+    - prompts of different lengths: left-pad them and pass ``attention_mask`` (1 = token);
+    - ``logits_processor(ids (B, N), scores (B, V)) -> scores``: the model's own rules on
+      the next token (e.g. Whisper's suppressed tokens), applied to the logits before
+      greedy / sampling and to the log-probabilities in beam search (as transformers
+      does: tokens it removes are not renormalised away);
     ``model_kwargs`` go to every model call (e.g. ``memory=`` for a cross-attending decoder).
 
     Static-cache decoding (the gpt-fast recipe): ``compile=True`` preallocates a
@@ -301,6 +314,8 @@ def generate(
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if num_beams < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
     check_sampling_args(temperature, top_k, top_p)
     total = input_ids.shape[1] + max_new_tokens
     if total > model.max_len:
@@ -336,10 +351,10 @@ def generate(
                                  "num_beams > 1")
             return _beam_search(model, input_ids, attention_mask, max_new_tokens, num_beams,
                                 length_penalty, eos_token_id, pad, use_cache, model_kwargs,
-                                cache_kw)
+                                logits_processor, early_stopping, cache_kw)
         return _greedy_or_sample(model, input_ids, attention_mask, max_new_tokens, do_sample,
                                  temperature, top_k, top_p, eos_token_id, pad, generator,
-                                 use_cache, model_kwargs, cache_kw)
+                                 use_cache, model_kwargs, logits_processor, cache_kw)
     finally:
         if was_training:
             model.train()
@@ -349,7 +364,9 @@ def _greedy_or_sample(model: Decoder, ids: Tensor, mask: Tensor | None, max_new_
                       do_sample: bool, temperature: float, top_k: int | None,
                       top_p: float | None, eos: int | None, pad: int,
                       generator: torch.Generator | None, use_cache: bool,
-                      model_kwargs: dict[str, Any], cache_kw: dict[str, Any]) -> Tensor:
+                      model_kwargs: dict[str, Any],
+                      logits_processor: LogitsProcessor | None = None,
+                      cache_kw: dict[str, Any] | None = None) -> Tensor:
     # One (B, prompt + max_new_tokens) buffer for the ids (and the mask), written one
     # column per step: no concatenation (a new allocation and a copy) per token.
     batch, start = ids.shape
@@ -360,13 +377,16 @@ def _greedy_or_sample(model: Decoder, ids: Tensor, mask: Tensor | None, max_new_
     if mask is not None:
         full_mask = mask.new_ones(batch, total)
         full_mask[:, :start] = mask
-    step = _Stepper(model, use_cache, cache_kw.pop("cache_len"), dict(model_kwargs),
+    cache_kw = dict(cache_kw or {})
+    step = _Stepper(model, use_cache, cache_kw.pop("cache_len", total), dict(model_kwargs),
                     **cache_kw)
     finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     new = ids
     end = start
     for _ in range(max_new_tokens):
         logits = step(new, out[:, :end], None if full_mask is None else full_mask[:, :end])
+        if logits_processor is not None:
+            logits = logits_processor(out[:, :end], logits)
         if do_sample:
             token = _sample(logits, temperature, top_k, top_p, generator)
         else:
@@ -385,7 +405,9 @@ def _greedy_or_sample(model: Decoder, ids: Tensor, mask: Tensor | None, max_new_
 def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor | None, max_new_tokens: int,
                  num_beams: int, length_penalty: float, eos: int | None, pad: int,
                  use_cache: bool, model_kwargs: dict[str, Any],
-                 cache_kw: dict[str, Any]) -> Tensor:
+                 logits_processor: LogitsProcessor | None = None,
+                 early_stopping: bool | str = "never",
+                 cache_kw: dict[str, Any] | None = None) -> Tensor:
     """Beam search: keep the ``num_beams`` best partial sequences (by summed
     log-probability); a batch row stops once it holds ``num_beams`` finished hypotheses
     that no running beam can beat under the length penalty."""
@@ -394,8 +416,9 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor | None, max_new
     expand = torch.arange(batch, device=input_ids.device).repeat_interleave(k)
     ids = input_ids.index_select(0, expand)
     mask = mask.index_select(0, expand) if mask is not None else None
-    step = _Stepper(model, use_cache, cache_kw.pop("cache_len"), dict(model_kwargs),
-                    **cache_kw)
+    cache_kw = dict(cache_kw or {})
+    step = _Stepper(model, use_cache, cache_kw.pop("cache_len", prompt_len + max_new_tokens),
+                    dict(model_kwargs), **cache_kw)
     for key, value in step.kwargs.items():
         if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch:
             step.kwargs[key] = value.index_select(0, expand)
@@ -408,6 +431,8 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor | None, max_new
     offsets = torch.arange(batch, device=ids.device)[:, None] * k
     for t in range(max_new_tokens):
         logp = F.log_softmax(step(new, ids, mask).float(), dim=-1)
+        if logits_processor is not None:
+            logp = logits_processor(ids, logp)
         vocab = logp.shape[-1]
         cand = (scores[:, None] + logp).view(batch, k * vocab)
         top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
@@ -436,8 +461,12 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor | None, max_new
             if len(finished[b]) == k:
                 # best a running beam can still reach: its sum only falls, its length grows
                 best = float(new_scores[b, 0])
-                longest = max_new_tokens if length_penalty > 0 else t + 2
-                done[b] = finished[b][-1][0] >= best / longest ** length_penalty
+                if early_stopping == "never":
+                    longest = max_new_tokens if length_penalty > 0 else t + 2
+                else:  # False: transformers' heuristic, the current length
+                    longest = t + 1
+                done[b] = early_stopping is True or \
+                    finished[b][-1][0] >= best / longest ** length_penalty
         flat = (offsets + parents).view(-1)
         ids = torch.cat([ids.index_select(0, flat), tokens.view(-1, 1)], dim=1)
         if mask is not None:

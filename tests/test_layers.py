@@ -57,15 +57,17 @@ ALLOWED: dict[str, set[str]] = {
     "convert": _ZOO,
     "embeddings": {"tokenizers"},
     "synthesis": {*_MODELS, "hub"},  # text-to-speech from a CodecLM checkpoint
+    "asr": {*_ZOO},  # speech to text with a Whisper (issue 34)
     "tasks": {*_ZOO, "tasks"},
     "data": {*_LAYERS, "data"},
     "callbacks": {"progress"},
-    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli", "inference_cli"},
+    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli", "inference_cli", "asr"},
     "inference": {*_ZOO, "data", "progress"},  # embed / zero-shot / caption loops
     "inference_cli": {"inference", "hub"},  # their command-line front ends
     "prepare": {*_LAYERS, "data"},  # multimodal-prepare: sources -> shards
     "plots_pixels": {*_ZOO, "tasks", "data"},
     "plots_attention": {*_ZOO, "tasks", "data"},
+    "chat": set(),  # one chat turn: a model's generate + a tokenizer's template, duck-typed
 }
 
 
