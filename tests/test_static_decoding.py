@@ -286,3 +286,22 @@ def test_beam_reorder_follows_the_index_with_and_without_keeping_storage(prefix:
         assert torch.equal(layer.k, k[index])
         assert (layer.k.data_ptr() == ptr) == (not prefix)  # kept for CUDA graphs only
     assert torch.equal(cache.valid, valid[index])
+
+
+def test_whisper_decoder_decodes_the_same_statically(count_static_steps: list[int]) -> None:
+    pytest.importorskip("transformers")
+    from test_whisper import NO_TS, features, hf_whisper
+
+    from multimodal.convert.hf_audio import whisper_from_hf
+
+    whisper = whisper_from_hf(hf_whisper(), languages=("en", "de"),
+                              no_timestamps_token_id=NO_TS)
+    feats = features(3)
+    with torch.no_grad():
+        memory = whisper.encode(feats)
+    start = torch.tensor(whisper.prompt())[None].expand(3, -1)
+    for kwargs in ({}, {"num_beams": 2}):
+        runs = [generate(whisper.decoder, start, 8, memory=memory, static_cache=s, **kwargs)
+                for s in (False, True)]
+        assert torch.equal(*runs)
+    assert count_static_steps[0] >= 14
