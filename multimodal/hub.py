@@ -281,8 +281,12 @@ class Encoder(nn.Module):
     embeddings of images or token ids.
 
     With ``freeze`` (the default) no parameter needs gradients and the backbone stays in
-    eval mode even when a model holding the encoder is trained. ``compile`` / ``quantize``
-    are the place for compiled / int8 forwards (not available yet: a NotImplementedError).
+    eval mode even when a model holding the encoder is trained. ``compile=True``: the
+    backbone's verbs compiled with ``torch.compile`` (:func:`multimodal.optimize.
+    compile_encoder`; one warning and eager where compiling is unavailable);
+    ``quantize="int8"``: its Linears dynamically quantised (:func:`multimodal.optimize.
+    quantize_int8`, a frozen CPU encoder only; check :func:`~multimodal.optimize.
+    output_cosine` on your data first, docs/speed.md).
     """
 
     MODALITIES = ("image", "text", "audio", "image+text")
@@ -313,12 +317,9 @@ class Encoder(nn.Module):
             self.backbone.requires_grad_(False)
         self.eval()
         if compile or quantize:
-            # the compiled / int8 forwards (multimodal.optimize) plug in here, e.g.
-            # self.backbone = optimize.encoder(self.backbone, compile=..., quantize=...):
             # every encode() reaches the model only through self.backbone's verbs
-            # (forward_features, pool, encode_image / encode_text) in _tokens / _embeddings
-            raise NotImplementedError("Encoder(compile=..., quantize=...) is not available "
-                                      "in this version")
+            # (forward_features, pool, encode_image / encode_text): optimise those
+            self.backbone = _optimized(self.backbone, compile, quantize, freeze)
 
     def train(self, mode: bool = True) -> Encoder:
         """A frozen encoder stays in eval mode (no dropout) inside a model being trained."""
@@ -583,6 +584,26 @@ def checkpoint_image_preprocessor(ckpt: dict[str, Any], model: nn.Module) -> Any
 
     return ImagePreprocessor(size=size, image_mean=per_channel(args["mean"]),
                              image_std=per_channel(args["std"]), channels=channels)
+
+
+def _optimized(backbone: nn.Module, compile: bool, quantize: str | None,
+                freeze: bool) -> nn.Module:
+    """``backbone`` through :func:`multimodal.optimize.optimize_encoder` for an Encoder."""
+    import warnings
+
+    from multimodal.optimize import compile_encoder, optimize_encoder
+
+    if quantize is not None and not freeze:
+        raise ValueError(f"quantize={quantize!r} makes an inference-only encoder: use it "
+                         "with freeze=True")
+    backbone = optimize_encoder(backbone, quantize=quantize)
+    if compile:
+        try:
+            backbone = compile_encoder(backbone)
+        except RuntimeError as err:
+            warnings.warn(f"Encoder(compile=True): {err}; running eagerly", RuntimeWarning,
+                          stacklevel=3)
+    return backbone
 
 
 def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,

@@ -321,3 +321,23 @@ def test_bf16_layers_with_a_float32_front_end_stay_close_to_float32():
     err = (got.float() - want).abs().max() / want.abs().max()
     assert err < 0.05
     assert half.generate(feats, max_new_tokens=4).shape[0] == 2
+
+
+def test_cross_attention_maps_equal_transformers_cross_attentions():
+    hf = hf_whisper()
+    hf.config._attn_implementation = "eager"  # the attention probabilities are returned
+    ours = whisper_from_hf(hf, languages=("en", "de"), translate_token_id=SOT + 3,
+                           transcribe_token_id=SOT + 4, no_timestamps_token_id=NO_TS)
+    feats = features()
+    ids = torch.tensor([[SOT, NO_TS, 1, 2, 3], [SOT, NO_TS, 9, 8, 7]])
+    with torch.no_grad():
+        want = hf(input_features=feats.transpose(1, 2), decoder_input_ids=ids,
+                  output_attentions=True)
+        hidden, maps = ours.forward_features(feats, ids, return_attention=True)
+    assert len(maps["cross"]) == len(want.cross_attentions) == 2
+    for got, ref in zip(maps["cross"], want.cross_attentions, strict=True):
+        assert got.shape == ref.shape == (2, 4, ids.shape[1], MEL_FRAMES // 2)
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    for got, ref in zip(maps["self"], want.decoder_attentions, strict=True):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.forward_head(hidden), want.logits, atol=1e-4, rtol=0)

@@ -223,9 +223,17 @@ class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
         """Next-token logits (B, T, vocab)."""
         return self.forward_head(self.forward_features(features, input_ids))
 
-    def forward_features(self, features: Tensor, input_ids: Tensor) -> Tensor:
-        """The decoder's hidden states (B, T, dim) after its final norm."""
-        return self.decoder.forward_features(input_ids, memory=self.encode(features))
+    def forward_features(self, features: Tensor, input_ids: Tensor, *,
+                         return_attention: bool = False) -> Any:
+        """The decoder's hidden states (B, T, dim) after its final norm.
+
+        ``return_attention=True`` returns ``(hidden, {"self": [...], "cross": [...]})``,
+        one ``(B, heads, T, keys)`` map of attention probabilities per decoder layer;
+        ``"cross"[l][b, h, t]`` is where token ``t`` looked among the 1500 encoder frames
+        (20 ms each) in layer ``l``, head ``h`` (transformers' ``cross_attentions``).
+        Teacher-force the ids ``generate`` returned to see where each word was heard."""
+        return self.decoder.forward_features(input_ids, memory=self.encode(features),
+                                             return_attention=return_attention)
 
     def decoding_inputs(self, features: Tensor, source_mask: Tensor | None = None
                         ) -> dict[str, Any]:
