@@ -7,6 +7,8 @@ PATH is one of
   :func:`multimodal.convert.from_hf_folder` reads),
 * a folder written by ``save_pretrained`` (ours: ``config.json`` with a nested ``config``),
 * a Lightning ``.ckpt`` of one of our tasks (its model; class names when it has them),
+* a CTranslate2 Whisper folder (faster-whisper's ``model.bin`` layout: the audio
+  classifier takes its encoder),
 * a llama.cpp ``.gguf`` file of the Llama family (dequantised: ``mm.from_hf`` reads it).
 
 A task takes the *part* of that model it can train: an image classifier takes a ViT, or
@@ -31,6 +33,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from multimodal.convert.ctranslate2 import is_ctranslate2_dir
 from multimodal.hub import (
     _is_hf_folder,
     from_pretrained,
@@ -85,6 +88,10 @@ def load_pretrained(path: str | Path) -> Pretrained:
         return Pretrained(model.train(), p, "checkpoint",
                           list(names) if isinstance(names, (list, tuple)) else None,
                           hp.get("_class_path") if isinstance(hp, dict) else None)
+    if is_ctranslate2_dir(p):  # faster-whisper's layout (model.bin): read by hand
+        from multimodal.convert import from_hf_folder
+
+        return Pretrained(from_hf_folder(p).train(), p, "hf")
     if not (p / CONFIG_NAME).is_file():
         raise FileNotFoundError(f"pretrained: {p} has no {CONFIG_NAME}: not a Hugging Face "
                                 "folder nor one written by save_pretrained")
