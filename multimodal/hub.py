@@ -145,6 +145,14 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path = "checkpoint")
         raise ValueError(f"{path}: no model_type/model_config recorded "
                          f"(top-level keys {sorted(ckpt)}); {CHECKPOINT_HINT}")
     model = build_model(_model_class(kind, Path(path)), cfg)
+    lora = about.get("lora")
+    if isinstance(lora, dict):  # a LoRA run: the state holds base weights and adapters
+        from multimodal.nn.lora import apply_lora, merge_lora
+
+        apply_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]),
+                   dropout=lora.get("dropout", 0.0), trainable=tuple(lora.get("trainable", ())))
+        load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
+        return merge_lora(model, inplace=True).eval()
     load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
     return model.eval()
 

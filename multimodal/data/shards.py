@@ -327,10 +327,15 @@ class ShardLoaderMixin:
 
     def loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         """Shards: LitData's ``StreamingDataLoader`` (it shuffles and splits by rank itself,
-        and its ``state_dict`` makes mid-epoch resumption exact); else the shared recipe."""
+        and its ``state_dict`` makes mid-epoch resumption exact); else the shared recipe,
+        also for a dataset that is not streamed (``predict_dir``'s files after training on
+        shards)."""
         if self.shards is None:
-            return super().loader(dataset, shuffle)
-        from litdata import StreamingDataLoader
+            return super().loader(dataset, shuffle)  # type: ignore[misc]
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        if not isinstance(dataset, StreamingDataset):
+            return super().loader(dataset, shuffle)  # type: ignore[misc]
 
         return StreamingDataLoader(
             dataset, batch_size=self.batch_size, num_workers=self.num_workers,

@@ -11,6 +11,8 @@ reference exactly (every token up to and including ``[EOS]``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -18,6 +20,8 @@ from torch import Tensor
 from multimodal.models.rnn import RNNSeq2Seq
 from multimodal.models.seq2seq import Seq2Seq
 from multimodal.tasks.base import ModelTask
+from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.text import EOS_ID, PAD_ID
 
 __all__ = ["Seq2SeqTask", "exact_match"]
@@ -47,7 +51,7 @@ class Seq2SeqTask(ModelTask):
 
     def __init__(
         self,
-        model: Seq2Seq | RNNSeq2Seq,
+        model: Seq2Seq | RNNSeq2Seq | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.05,
@@ -55,10 +59,13 @@ class Seq2SeqTask(ModelTask):
         label_smoothing: float = 0.0,
         num_beams: int = 1,
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        if not isinstance(model, (Seq2Seq, RNNSeq2Seq)):
-            raise ValueError(f"model must be a Seq2Seq or RNNSeq2Seq, got {type(model).__name__}")
-        super().__init__(model, compile=compile)
+        model, _ = task_model(model, pretrained, overrides, task="Seq2SeqTask",
+                              accept=(Seq2Seq, RNNSeq2Seq))
+        super().__init__(model, compile=compile, finetune=finetune)
         self.save_hyperparameters(ignore=["model"])
 
     def setup(self, stage: str) -> None:
