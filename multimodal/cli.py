@@ -280,7 +280,7 @@ def speak(args: list[str]) -> int:
     try:
         wave, rate = synthesize(ns.ckpt, ns.text, ns.prompt, temperature=ns.temperature,
                                 top_k=ns.top_k or None, top_p=ns.top_p, seed=ns.seed)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, TypeError, RuntimeError) as err:  # no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(ns.out)

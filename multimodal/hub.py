@@ -43,10 +43,14 @@ from multimodal.weights import (
     WEIGHTS_NAME,
     PretrainedMixin,
     build_model,
+    check_against_header,
+    check_depth,
+    compare_shapes,
     config_from_dict,
     config_to_dict,
     load_safetensors,
     load_state_dict_checked,
+    meta_model,
     read_meta,
 )
 
@@ -71,8 +75,14 @@ def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
     if Path(path).suffix == ".ckpt" and Path(path).is_file():
         return load_checkpoint(path)
     model_cls, config = read_config(path)
+    cfg_file, meta = read_meta(path)
+    weights = cfg_file.parent / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"weights file {weights} not found")
+    # config.json against the safetensors header before anything is allocated
+    check_against_header(model_cls, meta["config"], cfg_file, weights, strict=strict)
     model = model_cls(config)
-    load_state_dict_checked(model, load_safetensors(Path(path) / WEIGHTS_NAME), strict=strict)
+    load_state_dict_checked(model, load_safetensors(weights), strict=strict)
     return model.eval()
 
 
@@ -111,6 +121,29 @@ def load_checkpoint(path: str | Path) -> nn.Module:
     return model_from_checkpoint(read_checkpoint(path), path)
 
 
+def sniff_checkpoint(path: str | Path) -> str | None:
+    """``None`` when ``path`` starts like a file ``torch.save`` writes (a zip archive, or a
+    legacy pickle: protocol byte ``0x80``); else what it looks like instead, for the error:
+    a Git LFS pointer (the weights were never pulled), an HTML page (a login or error page
+    saved in place of the download), a text file, or unknown bytes."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return None
+    text = head.lstrip().lower()
+    if text.startswith(b"version https://git-lfs"):
+        return "it is a Git LFS pointer (the file itself was never fetched: `git lfs pull`)"
+    if text.startswith((b"<!doctype html", b"<html", b"<?xml", b"<head")):
+        return "it is an HTML page (a web page saved in place of the file?)"
+    if not head:
+        return "it is empty"
+    try:
+        head.decode("utf-8")
+        return "it is a text file"
+    except UnicodeDecodeError:
+        return f"it starts with the bytes {head[:8]!r}, not a zip archive or pickle"
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint file as its dict, read with ``torch.load(weights_only=True)``: tensors
     and plain Python values only, so a checkpoint that would run code when unpickled is
@@ -119,14 +152,17 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
+    what = sniff_checkpoint(path)
+    if what is not None:
+        raise ValueError(f"{path} is not a checkpoint file: {what}; {CHECKPOINT_HINT}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise ValueError(f"{path} was refused: it holds objects other than tensors and plain "
                          f"Python values, and unpickling them could execute code ({err})"
                          ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable checkpoint ({err}); "
+    except Exception as err:
+        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); "
                          f"{CHECKPOINT_HINT}") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise ValueError(f"{path} has no 'state_dict'; {CHECKPOINT_HINT}")
@@ -144,15 +180,24 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path = "checkpoint")
     if not isinstance(kind, str) or not isinstance(cfg, dict):
         raise ValueError(f"{path}: no model_type/model_config recorded "
                          f"(top-level keys {sorted(ckpt)}); {CHECKPOINT_HINT}")
-    model = build_model(_model_class(kind, Path(path)), cfg)
+    model_cls = _model_class(kind, Path(path))
     lora = about.get("lora")
     if isinstance(lora, dict):  # a LoRA run: the state holds base weights and adapters
         from multimodal.nn.lora import apply_lora, merge_lora
 
+        model = build_model(model_cls, cfg)
         apply_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]),
                    dropout=lora.get("dropout", 0.0), trainable=tuple(lora.get("trainable", ())))
         load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
         return merge_lora(model, inplace=True).eval()
+    # the recorded config against the tensors' shapes, before anything is allocated
+    shapes = {k: (v.dtype, tuple(v.shape)) for k, v in ckpt["state_dict"].items()
+              if isinstance(v, torch.Tensor)}
+    where = f"{path}: model_config"
+    check_depth(Path(where), cfg, shapes, Path(path).name)
+    shadow = meta_model(model_cls, cfg, where)
+    compare_shapes(shadow, _submodule_state(shapes, shadow), cfg, where, path)
+    model = build_model(model_cls, cfg)
     load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
     return model.eval()
 
@@ -626,5 +671,5 @@ __all__ = [  # the weight-format names are re-exported for code that imported th
     "checkpoint_image_preprocessor", "config_from_dict", "config_to_dict",
     "create_model", "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
     "load_encoder", "load_safetensors", "load_state_dict_checked", "model_from_checkpoint",
-    "read_checkpoint", "read_config", "tokenizer_from_json",
+    "read_checkpoint", "read_config", "sniff_checkpoint", "tokenizer_from_json",
 ]

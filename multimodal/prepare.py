@@ -99,10 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     pairs.add_argument("--max-target-len", type=int, default=64)
     pairs.add_argument("--separate-vocabularies", action="store_true",
                        help="train one WordPiece per side (default: one shared)")
+    labelled.add_argument("--cased", action="store_true", help="do not lowercase (trained "
+                          "WordPiece only; as the data module's lowercase: false)")
+    pairs.add_argument("--lowercase", action="store_true", help="lowercase (trained "
+                       "WordPiece only; as the data module's lowercase: true)")
     for p in (labelled, pairs):
         p.add_argument("--vocab-size", type=int, default=8000)
-        p.add_argument("--cased", action="store_true", help="do not lowercase (trained "
-                       "WordPiece only)")
         p.add_argument("--tokenizer", default=None,
                        help="a tokenizer.json (Hugging Face or own) or a folder holding one "
                             "(default: a WordPiece trained on the training split)")
@@ -207,7 +209,7 @@ def _text_pairs(args: argparse.Namespace) -> dict[str, int]:
     dm = TextPairsDataModule(
         train=args.root, val=args.val, test=args.test, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, shared_vocabulary=not args.separate_vocabularies,
-        lowercase=not args.cased, max_source_len=args.max_source_len,
+        lowercase=args.lowercase, max_source_len=args.max_source_len,
         max_target_len=args.max_target_len, val_fraction=_size(args.val_size),
         test_fraction=_size(args.test_size), seed=args.seed)
     splits = dm.encoded_splits()

@@ -22,10 +22,22 @@ inside a kernel):
 
 * empty text, or text without a letter or digit -> ``ValueError``;
 * text whose phonemes are all unknown to the tokenizer (word breaks aside) -> ``ValueError``;
+* letters in a script the phonemiser's espeak-ng voice does not read (``"你好世界"`` for
+  ``en-us``, which espeak-ng would speak as "Chinese letter" four times) -> ``ValueError``
+  when no letter of the text is readable, a ``UserWarning`` naming them otherwise;
+* text partly unknown to the model's phoneme tokenizer (``[UNK]`` ids) -> a
+  ``UserWarning`` with the count; entirely unknown -> ``ValueError``;
+* ``temperature < 0`` (or NaN) -> ``ValueError`` (``0`` is greedy decoding);
 * a prompt that is silent, shorter than ``min_prompt_seconds`` (0.5 s), NaN / inf, or not
   a 1-D / 2-D waveform -> ``ValueError``; a missing prompt file -> ``FileNotFoundError``;
+* a checkpoint path that is not a checkpoint (a text file, a Git LFS pointer, an HTML
+  page) -> ``ValueError`` "... is not a checkpoint file: ..." naming it
+  (:func:`multimodal.hub.read_checkpoint`);
 * a prompt at another sample rate is resampled; a stereo (multi-channel) prompt is averaged
-  to mono;
+  to mono, in either layout, ``(channels, samples)`` or soundfile's ``(samples, channels)``
+  (the shorter side is the channels); integer PCM (int16 from ``scipy.io.wavfile``, any
+  width) is rescaled to [-1, 1) (:mod:`multimodal.tokenizers.waveform`), a NumPy array is
+  taken like a tensor;
 * the AR model may not end the speech before ``MIN_SPEECH_SECONDS`` (0.1 s, at least 3
   frames): its end-of-speech token is masked until then, so the codec always has frames to
   decode;
@@ -41,17 +53,26 @@ import json
 import math
 import re
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from multimodal.models.codec_lm import CodecLM
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
-from multimodal.tokenizers.phonemes import CLAUSE_BREAK, WORD_BREAK, PhonemeTokenizer
+from multimodal.tokenizers.phonemes import (
+    CLAUSE_BREAK,
+    WORD_BREAK,
+    PhonemeTokenizer,
+    letter_script,
+    unreadable_letters,
+)
 from multimodal.tokenizers.text import UNK_ID
+from multimodal.tokenizers.waveform import as_mono
 
 __all__ = ["TTSBundle", "bundle_state", "load_tts", "split_sentences", "synthesize"]
 
@@ -130,9 +151,11 @@ def _as_bundle(model_or_ckpt: Any) -> TTSBundle:
                     f"{type(model_or_ckpt).__name__}")
 
 
-def load_prompt(prompt: Tensor | str | Path, sample_rate: int | None) -> tuple[Tensor, int]:
-    """A prompt waveform ``(samples,)`` or ``(channels, samples)`` and its rate; a path is
-    read with soundfile (any format it reads)."""
+def load_prompt(prompt: Tensor | np.ndarray | str | Path,
+                sample_rate: int | None) -> tuple[Tensor, int | None]:
+    """A prompt waveform and its rate; a path is read with soundfile (any format it reads).
+    A tensor or NumPy array of any dtype: integer PCM is rescaled when it is encoded
+    (:func:`encode_prompt`)."""
     if isinstance(prompt, (str, Path)):
         import soundfile as sf
 
@@ -144,25 +167,25 @@ def load_prompt(prompt: Tensor | str | Path, sample_rate: int | None) -> tuple[T
         except RuntimeError as err:
             raise ValueError(f"prompt file {path} is not readable audio: {err}") from None
         return torch.from_numpy(data.T.copy()), int(rate)
-    if not isinstance(prompt, Tensor):
+    if not isinstance(prompt, (Tensor, np.ndarray)):
         raise TypeError(f"prompt must be a waveform tensor or an audio file path, got "
                         f"{type(prompt).__name__}")
     return prompt, sample_rate
 
 
-def encode_prompt(bundle: TTSBundle, waveform: Tensor, sample_rate: int | None,
+def encode_prompt(bundle: TTSBundle, waveform: Tensor | np.ndarray, sample_rate: int | None,
                   min_seconds: float) -> Tensor:
-    """Codec tokens ``(Q, Tp)`` of the prompt, first ``max_prompt_frames`` frames."""
-    if waveform.dim() not in (1, 2):
-        raise ValueError(f"prompt must be (samples,) or (channels, samples), got "
-                         f"{tuple(waveform.shape)}")
+    """Codec tokens ``(Q, Tp)`` of the prompt, first ``max_prompt_frames`` frames. The
+    prompt is brought to float mono by :func:`~multimodal.tokenizers.waveform.as_mono`
+    (integer PCM rescaled, ``(channels, samples)`` or soundfile's ``(samples, channels)``)."""
+    mono = as_mono(waveform, "prompt")
     rate = sample_rate or bundle.codec.sample_rate
-    seconds = waveform.shape[-1] / rate
+    seconds = mono.shape[-1] / rate
     if seconds < min_seconds:
         raise ValueError(f"prompt too short: {seconds:.2f} s, need at least {min_seconds:g} s "
                          "of the voice to imitate")
     try:
-        tokens = bundle.codec.encode(waveform, rate)
+        tokens = bundle.codec.encode(mono, rate)
     except ValueError as err:
         raise ValueError(f"prompt: {err}") from None
     return tokens[:, : bundle.max_prompt_frames]
@@ -185,15 +208,41 @@ def _budget(bundle: TTSBundle, prompt_frames: int) -> int:
     return int(min(ar, nar))
 
 
+def check_readable(tok: PhonemeTokenizer, text: str) -> None:
+    """Letters in a script the phonemiser's espeak-ng voice does not read (``"你好"`` for
+    ``en-us``: espeak-ng says "Chinese letter" for each): a ``ValueError`` when no letter of
+    the text is readable, else a warning naming them."""
+    if tok.backend != "espeak":
+        return  # characters outside the vocabulary are [UNK]: see the warning below
+    bad = unreadable_letters(text, tok.voice)
+    if not bad:
+        return
+    scripts = ", ".join(f"{script} ({letters[:12]!r})" for script, letters in bad.items())
+    problem = (f"{scripts} letters of {text!r:.60} are not read by the phonemiser's voice "
+               f"{tok.voice!r}: espeak-ng names each such character (\"Chinese letter\") "
+               "instead of reading it")
+    if not any(ch.isalpha() and letter_script(ch) not in bad for ch in text):
+        raise ValueError(f"{problem}; nothing in the text can be spoken (the model was "
+                         "trained on that voice's language)")
+    warnings.warn(f"{problem}; they are spoken that way", UserWarning, stacklevel=4)
+
+
 def _chunks(bundle: TTSBundle, text: str, limit: int) -> list[list[int]]:
     """Phoneme ids of ``text`` in groups of whole sentences of at most ``limit`` phonemes."""
     tok = bundle.tokenizer
+    check_readable(tok, text)
     whole = tok.encode(text)
     breaks = {tok.token_to_id(WORD_BREAK), tok.token_to_id(CLAUSE_BREAK), UNK_ID}
     if all(i in breaks for i in whole):
         raise ValueError(f"text {text!r:.60} has no phoneme the model knows "
                          f"({tok.last_unknown_count} of its {len(whole)} tokens are unknown to "
                          "its tokenizer)")
+    if tok.last_unknown_count:
+        unknown = tok.last_unknown_count
+        warnings.warn(f"{unknown} of the {len(whole)} phoneme tokens of {text!r:.60} are "
+                      "unknown to the model's tokenizer and are spoken as [UNK] (whatever the "
+                      "model learnt for it); the rest is synthesised", UserWarning,
+                      stacklevel=3)
     if len(whole) <= limit:
         return [whole]
     space = tok.token_to_id(" ")
@@ -230,7 +279,9 @@ def synthesize(
 
     ``model_or_ckpt``: a TTSTask checkpoint path, a :class:`~multimodal.tasks.tts.TTSTask`
     or a :class:`TTSBundle`. ``prompt``: a waveform tensor (rate ``prompt_sample_rate``,
-    default the codec's) or an audio file. ``temperature`` (``0``: greedy), ``top_k``,
+    default the codec's; any dtype, integer PCM rescaled; (channels, samples) or
+    (samples, channels); or a NumPy array) or an audio file. ``temperature`` (``0``: greedy;
+    negative: ``ValueError``), ``top_k``,
     ``top_p`` and ``seed`` set the AR sampling (the default, temperature 1 with top-k 5,
     was the most intelligible of greedy, temperature 0.7, 1.0 and top-k 5 on 40 words
     after 4 epochs of configs/tts_voices.yaml; greedy decoding repeats itself). ``stats``,
@@ -239,6 +290,8 @@ def synthesize(
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not (isinstance(temperature, (int, float)) and temperature >= 0):
+        raise ValueError(f"temperature must be >= 0 (0: greedy decoding), got {temperature!r}")
     bundle = _as_bundle(model_or_ckpt)
     model = bundle.model.eval()
     wave, rate = load_prompt(prompt, prompt_sample_rate)

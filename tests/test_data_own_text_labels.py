@@ -56,6 +56,13 @@ def test_csv_labels_are_sorted_names_known_right_after_construction(tmp_path):
         assert dm.class_names[int(label)] == name
 
 
+def test_a_spreadsheets_byte_order_mark_is_not_part_of_the_header(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes("text,label\r\nhello,a\r\n".encode("utf-8-sig"))
+    data = read_labelled_texts(path)
+    assert data.texts == ["hello"] and data.labels == ["a"]
+
+
 def test_integer_labels_are_class_ids_and_classes_names_them(tmp_path):
     rows = [{"text": t, "label": 1 if lab == "dog" else 0}
             for t, lab in zip(ANIMALS, LABELS, strict=True)]
@@ -186,6 +193,15 @@ def test_fit_then_test_from_the_checkpoint_uses_the_trained_tokenizer(tmp_path):
     trainer().test(task(), datamodule=again, ckpt_path=ckpt)
     assert tokenizer_text(again.tokenizer) == state["tokenizer"]
     assert again.datasets["test"].ids == dm.datasets["test"].ids
+    # predict: the checkpoint's tokenizer, the module's arguments saved to rebuild it
+    new = tmp_path / "new.txt"
+    new.write_text("a cat naps\nthe dog digs\n")
+    assert torch.load(ckpt, weights_only=False)["datamodule_hyper_parameters"]["train"] == \
+        str(train)
+    later = TextClassificationDataModule(**kw, predict=str(new))
+    rows = trainer().predict(task(), datamodule=later, ckpt_path=ckpt)
+    assert [name for batch in rows for name, _, _ in batch] == [f"{new}:1", f"{new}:2"]
+    assert tokenizer_text(later.tokenizer) == state["tokenizer"] and later.datasets == {}
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -14,7 +14,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from multimodal.weights import load_state_dict_checked
+from multimodal.weights import (
+    config_int_fields,
+    fields_hint,
+    load_state_dict_checked,
+    meta_build,
+    name_list,
+)
 
 SUPPORTED = {
     "torchvision": "torchvision.models.VisionTransformer (vit_b_16, vit_b_32, vit_l_16, "
@@ -117,10 +123,10 @@ class StateReader:
             part in k for part in ignore)]
         problems = []
         if self.missing:
-            problems.append("missing: " + ", ".join(self.missing))
+            problems.append("missing: " + name_list(self.missing))
         if unused:
             problems.append("not converted (a feature this package does not implement?): "
-                            + ", ".join(unused))
+                            + name_list(unused))
         if problems:
             raise ValueError(f"cannot convert this {self.source} state dict: "
                              + " | ".join(problems))
@@ -157,10 +163,162 @@ def meta_parameters() -> Iterator[None]:
         handle.remove()
 
 
+# ======================================================================================
+# the dry run: a converter run on the shapes of a file's header, before anything is read
+# ======================================================================================
+
+
+@dataclass
+class DryRun:
+    """What a dry run reports against: the config file and its integer fields (nested
+    sub-configs as ``text_config.hidden_size``)."""
+
+    config_file: Path
+    fields: dict[str, int]
+
+
+_DRY_RUN: ContextVar[DryRun | None] = ContextVar("dry_run", default=None)
+
+
+class Traced(Tensor):
+    """A ``meta`` tensor standing for a file's tensor(s): ``sources`` holds
+    ``(file, name in the file, shape)`` of every tensor it was computed from, carried
+    through transposes, casts and concatenations, so a shape error names the file's
+    tensors rather than ours. Comparisons of values (``torch.equal``) answer True: a dry
+    run has no values; the real run checks them."""
+
+    sources: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func is torch.equal:
+            return True
+        flat = [*args, *kwargs.values()]
+        flat += [t for a in flat if isinstance(a, (list, tuple)) for t in a]
+        sources = tuple(s for a in flat if isinstance(a, Traced) for s in a.sources)
+        if func is torch.cat:
+            _check_fusable(args[0], kwargs.get("dim", args[1] if len(args) > 1 else 0))
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if isinstance(out, Tensor) and not isinstance(out, Traced):
+            out = out.as_subclass(Traced)
+        if isinstance(out, Traced) and not out.sources:
+            out.sources = sources
+        return out
+
+
+def traced(file: str, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Traced:
+    """The meta stand-in of tensor ``name`` of ``file``."""
+    t = torch.empty(shape, dtype=dtype, device="meta").as_subclass(Traced)
+    t.sources = ((file, name, shape),)
+    return t
+
+
+def _odd_one(parts: list[tuple[str, str, tuple[int, ...]]]) -> tuple[str, str, tuple] | None:
+    """The one part whose shape differs from all the others (which agree), if there is one."""
+    shapes = [p[2] for p in parts]
+    odd = [p for p in parts if shapes.count(p[2]) == 1]
+    return odd[0] if len(odd) == 1 and len(set(shapes)) == 2 and len(parts) > 2 else None
+
+
+def _describe(parts: tuple[tuple[str, str, tuple[int, ...]], ...]) -> str:
+    return ", ".join(f"{name} {tuple(shape)}" for _, name, shape in parts)
+
+
+def _check_fusable(tensors: Any, dim: int) -> None:
+    """Before q, k, v (or any parts) are concatenated: every dimension but ``dim`` agrees,
+    else the error names the part that differs, in the file's names."""
+    parts = [t for t in tensors if isinstance(t, Tensor) and t.numel()]
+    if len(parts) < 2:
+        return
+    rest = [(t.dim(), *(d for i, d in enumerate(t.shape) if i != dim % max(t.dim(), 1)))
+            for t in parts]
+    if len(set(rest)) == 1:
+        return
+    sources = [s for t in parts for s in getattr(t, "sources", ())]
+    file = sources[0][0] if sources else "the weights"
+    odd = _odd_one(sources)
+    if odd is not None:
+        others = [s for s in sources if s is not odd]
+        raise ValueError(f"{file}: {odd[1]} has shape {tuple(odd[2])}, unlike "
+                         f"{_describe(tuple(others))} that it is fused with"
+                         + _fields_hint(others[0][2], odd[2]))
+    raise ValueError(f"{file}: cannot fuse tensors of different shapes: "
+                     f"{_describe(tuple(sources))}")
+
+
+def _fields_hint(expected: Any, got: Any) -> str:
+    dry = _DRY_RUN.get()
+    return "" if dry is None else fields_hint(dry.config_file.name, dry.fields, expected, got)
+
+
+@contextmanager
+def dry_run(config_file: Path, config: Mapping[str, Any]) -> Iterator[None]:
+    """Inside, models are built on the ``meta`` device (nothing allocated, whatever the
+    config declares: :func:`multimodal.weights.meta_build`) and :func:`load_converted`
+    checks shapes and dtypes against the :class:`Traced` tensors of the file instead of
+    loading them."""
+    token = _DRY_RUN.set(DryRun(Path(config_file), config_int_fields(config)))
+    try:
+        with meta_build():
+            yield
+    finally:
+        _DRY_RUN.reset(token)
+
+
+def _check_dry(model: nn.Module, state: Mapping[str, Tensor], dry: DryRun) -> None:
+    """Shapes and dtypes of the converted file tensors against the model's, reported in
+    the file's names; then the usual missing / unexpected check."""
+    own = model.state_dict()
+    problems = []
+    for key, value in state.items():
+        if key not in own:
+            continue
+        sources = getattr(value, "sources", ())
+        names = _describe(sources) if sources else key
+        file = sources[0][0] if sources else "the weights"
+        if tuple(own[key].shape) != tuple(value.shape):
+            odd = _odd_one(list(sources))
+            which = f"; {odd[1]} is the one that differs" if odd else ""
+            got, need = tuple(value.shape), tuple(own[key].shape)
+            what = (f"{sources[0][1]} is {got}" if len(sources) == 1 and sources[0][2] == got
+                    else f"{names} give {got}")
+            problems.append(f"{file}: {what} but the config needs {need}"
+                            f"{_fields_hint(need, got)} (our {key}: expected {need}, got {got})"
+                            f"{which}")
+        elif own[key].is_floating_point() and not (value.is_floating_point() or
+                                                    value.numel() == 0):
+            problems.append(f"{file}: {names} is stored as {value.dtype}, not a floating-point "
+                            f"type (needed for our {key})")
+    if problems:
+        raise ValueError("the weights do not fit the config: " + name_list(problems, 8, sep="; "))
+    meta_state = {k: torch.empty(v.shape, dtype=own[k].dtype if k in own else v.dtype,
+                                 device="meta") for k, v in state.items()}
+    load_state_dict_checked(model, meta_state, assign=True)
+
+
+def build(model_cls: Callable[..., nn.Module], *args: Any, **kwargs: Any) -> nn.Module:
+    """``model_cls(*args, **kwargs)``; inside :func:`meta_parameters` (a folder's
+    conversion) built under ``torch.device("meta")``, so no parameter is ever allocated on
+    the CPU (the registration hook alone would move each one to ``meta`` only after torch
+    created it). Buffers computed from the config (filter banks, position tables) stay real:
+    the modules that hold them compute them off ``meta`` (``nn.init.off_meta``)."""
+    if not _ON_META.get() or _DRY_RUN.get() is not None:
+        return model_cls(*args, **kwargs)
+    with torch.device("meta"):
+        return model_cls(*args, **kwargs)
+
+
 def load_converted(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
     """Load ``state`` into ``model`` (checked: missing, unexpected, mis-shaped keys listed).
     A model built under :func:`meta_parameters` takes the tensors themselves (cast to the
-    parameter's dtype where they differ); parameters shared by several names stay shared."""
+    parameter's dtype where they differ); parameters shared by several names stay shared.
+    In a :func:`dry_run` only the checks run, in the file's names."""
+    dry = _DRY_RUN.get()
+    if dry is not None:
+        _check_dry(model, state, dry)
+        return model
     if not any(p.is_meta for p in model.parameters()):
         load_state_dict_checked(model, state)
         return model.eval()

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from multimodal.convert.common import (
     StateReader,
+    build,
     cfg_get,
     hf_activation,
     load_converted,
@@ -73,7 +74,7 @@ def _hf_ast(model: nn.Module) -> AudioClassifier:
         norm_eps=cfg_get(cfg, "layer_norm_eps"), activation=hf_activation(cfg, "hidden_act"),
         qkv_bias=bool(cfg_get(cfg, "qkv_bias", True)),
     )
-    ours = AudioClassifier(config)
+    ours = build(AudioClassifier, config)
     set_normalisation(ours, AST_MEAN, 2 * AST_STD)
     fp, tp = ours.embed.freq_patches, ours._time_tokens(config.pos_frames)
     src = StateReader(model.state_dict(), kind,
@@ -155,7 +156,7 @@ def _hf_whisper(model: nn.Module) -> AudioClassifier:
                        src.take(f"{t}.{fc}.bias"))
     put_norm(out, "transformer.norm", src, "layer_norm")
     src.finish()
-    ours = AudioClassifier(config)
+    ours = build(AudioClassifier, config)
     set_normalisation(ours, -4.0, 4.0)  # Whisper's (L + 4) / 4
     _keep_tokenizer_state(ours, out)
     return load_converted(ours, out)

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from multimodal.convert.common import (
     HF_CONVERTERS,
     HF_MODEL_TYPES,
+    build,
     cfg_get,
     load_converted,
     register_hf,
@@ -129,7 +130,7 @@ def _hf_vision_encoder_decoder(model: nn.Module) -> Captioner:
         bos_token_id=_one_id(getattr(cfg, "decoder_start_token_id", None),
                              "decoder_start_token_id"),
         eos_token_id=eos, pad_token_id=eos if pad is None else _one_id(pad, "pad_token_id"))
-    captioner = Captioner(config)
+    captioner = build(Captioner, config)
     ours = {f"encoder.{k}": v for k, v in encoder.state_dict().items()}
     ours.update({f"decoder.{k}": v for k, v in dec_state_ours.items()})
     return load_converted(captioner, ours)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from multimodal.convert.common import (
     StateReader,
+    build,
     cfg_get,
     hf_activation,
     load_converted,
@@ -112,7 +113,7 @@ def _hf_clip(model: nn.Module) -> CLIP:
         vision=vision, text=text, embed_dim=projection.shape[0] if projection.numel() else 1,
         text_pool="eot", eot_token_id=_clip_eot_token_id(tc), loss="softmax",
         logit_scale_init=scale, logit_scale_max=max(math.log(100.0), scale))
-    return load_converted(CLIP(config), out)
+    return load_converted(build(CLIP, config), out)
 
 
 register_hf(_hf_clip, "CLIPModel")

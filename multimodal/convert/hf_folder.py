@@ -4,17 +4,23 @@ without transformers."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from torch import Tensor, nn
+from safetensors import SafetensorError
+from torch import Tensor, dtype, nn
 
 from multimodal.convert.common import (
     HF_CONVERTERS,
     HF_MODEL_TYPES,
     HF_TIED,
     HFConfig,
+    dry_run,
     meta_parameters,
+    traced,
 )
+from multimodal.weights import check_depth, name_list, read_safetensors_header
 
 
 class _FolderModel:
@@ -29,34 +35,25 @@ class _FolderModel:
         return self._state
 
 
-def read_hf_weights(folder: str | Path) -> dict[str, Tensor]:
-    """The tensors of ``model.safetensors``, or of every shard named by
-    ``model.safetensors.index.json``. Pickled checkpoints (``pytorch_model.bin``, ...) are
-    refused: unpickling can run code."""
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
+def _weight_files(folder: Path) -> list[Path]:
+    """``[model.safetensors]`` or the shards ``model.safetensors.index.json`` names, all
+    present; pickle-only folders refused."""
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(str(single))
+        return [single]
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+            raise ValueError(f"{index} is not a JSON object: {err}") from None
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index} has no 'weight_map'")
-        shards = sorted(set(weight_map.values()))
+        shards = sorted(set(map(str, weight_map.values())))
         absent = [s for s in shards if not (folder / s).is_file()]
         if absent:
             raise FileNotFoundError(f"{index} names shards that are not in {folder}: "
-                                    + ", ".join(absent))
-        state: dict[str, Tensor] = {}
-        for shard in shards:
-            state.update(load_file(str(folder / shard)))
-        listed = set(weight_map)
-        if set(state) != listed:
-            raise ValueError(f"{index} and its shards disagree: in the index only: "
-                             f"{sorted(listed - set(state))}; in the shards only: "
-                             f"{sorted(set(state) - listed)}")
-        return state
+                                    + name_list(absent))
+        return [folder / s for s in shards]
     pickles = sorted(p.name for p in folder.iterdir()
                      if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"))
     if pickles:
@@ -65,6 +62,68 @@ def read_hf_weights(folder: str | Path) -> dict[str, Tensor]:
                          "as safetensors (save_pretrained(..., safe_serialization=True))")
     raise FileNotFoundError(f"{folder} has no model.safetensors or "
                             "model.safetensors.index.json")
+
+
+def read_hf_header(folder: str | Path) -> dict[str, tuple[Path, dtype, tuple[int, ...]]]:
+    """``{name: (file, dtype, shape)}`` for every tensor of the folder, from the safetensors
+    headers alone (no tensor read); truncated or non-safetensors files, and an index that
+    disagrees with its shards, are refused naming the file."""
+    folder = Path(folder)
+    files = _weight_files(folder)
+    out: dict[str, tuple[Path, dtype, tuple[int, ...]]] = {}
+    for file in files:
+        for name, (dt, shape) in read_safetensors_header(file).items():
+            out[name] = (file, dt, shape)
+    index = folder / "model.safetensors.index.json"
+    if files != [folder / "model.safetensors"]:
+        listed = set(json.loads(index.read_text())["weight_map"])
+        if set(out) != listed:
+            raise ValueError(f"{index} and its shards disagree: in the index only: "
+                             f"{_capped(sorted(listed - set(out)))}; in the shards only: "
+                             f"{_capped(sorted(set(out) - listed))}")
+    return out
+
+
+def _capped(names: list[str], limit: int = 20) -> str:
+    return repr(names) if len(names) <= limit else f"[{name_list(names, limit)}]"
+
+
+def read_hf_weights(folder: str | Path) -> dict[str, Tensor]:
+    """The tensors of ``model.safetensors``, or of every shard named by
+    ``model.safetensors.index.json``, every header checked before the first tensor is read
+    (:func:`read_hf_header`). Pickled checkpoints (``pytorch_model.bin``, ...) are
+    refused: unpickling can run code."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    files = sorted({file for file, _, _ in read_hf_header(folder).values()}) or \
+        _weight_files(folder)
+    state: dict[str, Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file)))
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"{file} could not be read as safetensors: {err}") from None
+    return state
+
+
+def dry_convert(converter: Callable[[Any], nn.Module], arch: str, config: HFConfig,
+                config_file: Path, data: Mapping[str, Any],
+                header: Mapping[str, tuple[Path, dtype, tuple[int, ...]]],
+                rename: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Run ``converter`` on ``meta`` stand-ins of the file's tensors (shapes and dtypes of
+    the header): every shape the config implies is checked, in the file's names, and the
+    model is built on ``meta``, before a byte of weights is read or a parameter allocated."""
+    state = rename({name: traced(file.name, name, dt, shape)
+                    for name, (file, dt, shape) in header.items()})
+    snapshot = type(arch, (_FolderModel,), {})(config, state)
+    try:
+        with dry_run(config_file, data):
+            converter(snapshot)
+    except (TypeError, ZeroDivisionError, RuntimeError, AttributeError, KeyError,
+            IndexError, OverflowError) as err:  # sizes that are no sizes: 0 heads, -5, "32"
+        raise ValueError(f"{config_file} describes no model that can be built: "
+                         f"{type(err).__name__}: {err}") from None
 
 
 def from_hf_folder(folder: str | Path) -> nn.Module:
@@ -98,19 +157,26 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
             f"{config_file}: unsupported model (model_type={model_type!r}, architectures="
             f"{data.get('architectures')}); supported model_type: {sorted(HF_MODEL_TYPES)}, "
             f"architectures: {sorted(HF_CONVERTERS)}")
-    state = read_hf_weights(folder)
+    header = read_hf_header(folder)
+    check_depth(config_file, data, header, next(iter(header.values()))[0].name
+                if header else "the weights")
     prefix = known.prefix if known else ""
-    if known and arch == known.base_class and prefix and state and all(
-        k.startswith(prefix) for k in state
-    ):  # a base model saved inside its task model's naming
-        state = {k[len(prefix):]: v for k, v in state.items()}
     config = HFConfig(data, config_file)
-    if arch in HF_TIED and getattr(config, "tie_word_embeddings", model_type != "llama"):
-        omitted, source = HF_TIED[arch]
-        if omitted not in state and source in state:
-            state[omitted] = state[source]
-    snapshot = type(arch, (_FolderModel,), {})(config, state)
+
+    def rename(state: dict[str, Any]) -> dict[str, Any]:
+        if known and arch == known.base_class and prefix and state and all(
+            k.startswith(prefix) for k in state
+        ):  # a base model saved inside its task model's naming
+            state = {k[len(prefix):]: v for k, v in state.items()}
+        if arch in HF_TIED and getattr(config, "tie_word_embeddings", model_type != "llama"):
+            omitted, source = HF_TIED[arch]
+            if omitted not in state and source in state:
+                state[omitted] = state[source]
+        return state
+
     try:
+        dry_convert(HF_CONVERTERS[arch], arch, config, config_file, data, header, rename)
+        snapshot = type(arch, (_FolderModel,), {})(config, rename(read_hf_weights(folder)))
         with meta_parameters():  # the folder's tensors become the parameters: one copy
             return HF_CONVERTERS[arch](snapshot)
     except ValueError as err:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from multimodal.convert.common import (
     StateReader,
+    build,
     cfg_get,
     hf_activation,
     load_converted,
@@ -111,7 +112,7 @@ def _hf_siglip(model: nn.Module) -> CLIP:
         image_projection=False, text_projection_bias=True, logit_scale_init=log_scale,
         logit_scale_max=max(math.log(100.0), log_scale),
         logit_bias_init=float(bias.reshape(-1)[0]))
-    return load_converted(CLIP(config), out)
+    return load_converted(build(CLIP, config), out)
 
 
 register_hf(_hf_siglip, "SiglipModel")

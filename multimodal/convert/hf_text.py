@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from multimodal.convert.common import (
     StateReader,
+    build,
     cfg_get,
     hf_activation,
     load_converted,
@@ -68,7 +69,7 @@ def _hf_gpt2(model: nn.Module) -> TextDecoder:
             out["lm_head.weight"] = head
     src.finish(ignore=(".attn.bias", ".attn.masked_bias",  # old causal-mask buffers
                        ".crossattention.bias", ".crossattention.masked_bias"))
-    return load_converted(TextDecoder(config), out)
+    return load_converted(build(TextDecoder, config), out)
 
 
 def _hf_bert(model: nn.Module) -> TextEncoder:
@@ -129,7 +130,7 @@ def _hf_bert(model: nn.Module) -> TextEncoder:
     if config.num_classes:
         put_linear(out, "head", src.take("classifier.weight"), src.take("classifier.bias"))
     src.finish(ignore=("embeddings.position_ids", "embeddings.token_type_ids"))
-    return load_converted(TextEncoder(config), out)
+    return load_converted(build(TextEncoder, config), out)
 
 
 def _hf_llama(model: nn.Module) -> TextDecoder:
@@ -182,7 +183,7 @@ def _hf_llama(model: nn.Module) -> TextDecoder:
         if not tied:
             out["lm_head.weight"] = head
     src.finish(ignore=("rotary_emb.inv_freq",))
-    return load_converted(TextDecoder(config), out)
+    return load_converted(build(TextDecoder, config), out)
 
 
 register_hf(_hf_gpt2, "GPT2Model", "GPT2LMHeadModel",

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from multimodal.convert.common import (
     StateReader,
+    build,
     cfg_get,
     hf_activation,
     load_converted,
@@ -71,7 +72,7 @@ def _hf_vit(model: nn.Module) -> ViT:
         src.prefix = ""
         put_linear(out, "head", src.take("classifier.weight"), src.take("classifier.bias"))
     src.finish()
-    return load_converted(ViT(config), out)
+    return load_converted(build(ViT, config), out)
 
 
 def _hf_dinov2(model: nn.Module) -> ViT:
@@ -131,7 +132,7 @@ def _hf_dinov2(model: nn.Module) -> ViT:
                            src.take(f"{t}.mlp.{fc}.bias"))
     put_norm(out, "transformer.norm", src, "layernorm")
     src.finish()
-    return load_converted(ViT(config), out)
+    return load_converted(build(ViT, config), out)
 
 
 def _hf_deit(model: nn.Module) -> ViT:
@@ -159,7 +160,7 @@ def _hf_deit(model: nn.Module) -> ViT:
         put_linear(out, "head_dist", src.take("distillation_classifier.weight"),
                    src.take("distillation_classifier.bias"))
     src.finish()
-    return load_converted(ViT(config), out)
+    return load_converted(build(ViT, config), out)
 
 
 register_hf(_hf_vit, "ViTModel", "ViTForImageClassification")

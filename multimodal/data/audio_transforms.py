@@ -13,6 +13,8 @@ import torch
 import torchaudio
 from torch import Tensor
 
+from multimodal.tokenizers.waveform import as_mono
+
 __all__ = ["SAMPLE_RATE", "Augment", "Resampler", "augment_item", "centre_crop", "trim_silence"]
 
 SAMPLE_RATE = 16000
@@ -41,7 +43,7 @@ class Resampler:
         self._cache: dict[int, torchaudio.transforms.Resample] = {}
 
     def __call__(self, waveform: Tensor, rate: int) -> Tensor:
-        mono = waveform.mean(dim=0) if waveform.dim() == 2 else waveform
+        mono = as_mono(waveform)  # integer PCM rescaled as on every audio path
         if rate == self.target:
             return mono
         if rate not in self._cache:

@@ -52,6 +52,7 @@ from multimodal.data.text_tokenizer import (
     encode_for_encoder,
     encode_plain,
     load_text_tokenizer,
+    same_on_every_rank,
     special_ids,
     specials_from_dict,
     tokenizer_file,
@@ -177,6 +178,7 @@ class _TextDataModule(SplitDataModule):
         self.splits: dict[str, list[Document]] | None = None
         self._tokenizer: AnyTextTokenizer | None = None
         self._specials: SpecialIds | None = None
+        self._trained_here = False  # the WordPiece was trained by this module
 
     # --- corpus ---------------------------------------------------------------------------
     def _load_splits(self) -> dict[str, list[Document]]:
@@ -229,9 +231,23 @@ class _TextDataModule(SplitDataModule):
                 self._tokenizer = WordPieceTokenizer.train(
                     (d.text for d in train), vocab_size=self.vocab_size_target,
                     lowercase=self.lowercase)
+                self._trained_here = True
                 if path is not None:
                     self._tokenizer.save(path)
         return self._tokenizer
+
+    def _agreed_tokenizer(self) -> AnyTextTokenizer:
+        """The tokenizer, made rank 0's on every rank when it was trained here (ranks train
+        differently numbered WordPieces: :func:`~multimodal.data.text_tokenizer.
+        same_on_every_rank`) and then saved again to ``tokenizer_path``."""
+        tok = self.tokenizer
+        if getattr(self, "_trained_here", False):
+            agreed = same_on_every_rank(self, tok)
+            if agreed is not tok:
+                self._tokenizer, self._specials = agreed, None
+                if self.tokenizer_path:
+                    agreed.save(self.tokenizer_path)
+        return self._tokenizer  # type: ignore[return-value]
 
     @property
     def specials(self) -> SpecialIds:
@@ -347,7 +363,7 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
                              for split in self._shard_sizes}
             return
         splits = self._load_splits()
-        tok = self.tokenizer
+        tok = self._agreed_tokenizer()
         for name, docs in splits.items():
             if not docs:
                 continue
@@ -419,7 +435,7 @@ class SourceClassificationDataModule(_TextDataModule):
         if self.datasets:
             return
         splits = self._load_splits()
-        tok = self.tokenizer
+        tok = self._agreed_tokenizer()
         for i, (name, docs) in enumerate(splits.items()):
             if not docs:
                 continue

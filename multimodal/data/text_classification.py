@@ -39,6 +39,7 @@ from multimodal.data.text_tokenizer import (
     SpecialIds,
     encode_for_encoder,
     load_text_tokenizer,
+    same_on_every_rank,
     special_ids,
     specials_from_dict,
     tokenizer_file,
@@ -178,6 +179,7 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         predict: str | None = None,
     ) -> None:
         super().__init__()
+        self.save_hyperparameters()  # `multimodal predict --ckpt_path` rebuilds the module
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (your texts) or shards, not both")
         if shards is None and train is None:
@@ -317,7 +319,7 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
                 for k, v in self.read_splits().items()}
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
+        if self.datasets or stage == "predict":  # predict encodes only its own texts
             return
         if self._meta is not None:
             self.tokenizer  # noqa: B018
@@ -326,6 +328,9 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
                                                   shuffle=split == "train", seed=self.seed)
                              for split in self._meta["sizes"]}
             return
+        if self.tokenizer_spec is None:  # trained here: every rank must use rank 0's
+            self._tokenizer = same_on_every_rank(self, self.tokenizer)
+            self._specials = special_ids(self._tokenizer)
         for split, (ids, labels) in self.encoded_splits().items():
             self.datasets[split] = PassageDataset(ids, labels)
         if len(self.datasets["train"]) == 0:  # type: ignore[arg-type]

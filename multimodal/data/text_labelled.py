@@ -94,7 +94,7 @@ class TextPairs:
 def _open_text(path: Path):
     if not path.is_file():
         raise FileNotFoundError(f"text data not found: {path}")
-    return open(path, newline="", encoding="utf-8")
+    return open(path, newline="", encoding="utf-8-sig")  # a spreadsheet's BOM is dropped
 
 
 def _utf8(path: Path, read):

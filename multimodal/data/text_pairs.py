@@ -38,6 +38,7 @@ from multimodal.data.text_tokenizer import (
     encode_for_encoder,
     encode_plain,
     load_text_tokenizer,
+    same_on_every_rank,
     special_ids,
     specials_from_dict,
     tokenizer_file,
@@ -158,6 +159,7 @@ class TextPairsDataModule(ShardLoaderMixin, SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
+        self.save_hyperparameters()  # `multimodal test --ckpt_path` rebuilds the module
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (your pairs) or shards, not both")
         if shards is None and train is None:
@@ -339,6 +341,14 @@ class TextPairsDataModule(ShardLoaderMixin, SplitDataModule):
                                                   shuffle=split == "train", seed=self.seed)
                              for split in self._meta["sizes"]}
             return
+        for side in self._trained_sides():  # trained here: every rank must use rank 0's
+            tok = self._tokenizers[side]
+            agreed = same_on_every_rank(self, tok)
+            if agreed is not tok:
+                for other in ("source", "target"):  # a shared vocabulary stays shared
+                    if self._tokenizers[other] is tok:
+                        self._tokenizers[other] = agreed
+                        self._specials[other] = special_ids(agreed)
         self.datasets = dict(self.encoded_splits())
         if len(self.datasets["train"]) == 0:  # type: ignore[arg-type]
             raise ValueError(f"{self.files['train']}: no training pair left after holding "

@@ -42,6 +42,7 @@ __all__ = [
     "encode_for_encoder",
     "encode_plain",
     "load_text_tokenizer",
+    "same_on_every_rank",
     "special_ids",
     "specials_from_dict",
     "specials_to_dict",
@@ -191,3 +192,19 @@ def specials_to_dict(ids: SpecialIds) -> dict[str, object]:
 def specials_from_dict(d: dict[str, object]) -> SpecialIds:
     return SpecialIds(int(d["pad"]), d.get("bos"), d.get("eos"),  # type: ignore[arg-type]
                       tuple(d.get("start", ())), tuple(d.get("end", ())))  # type: ignore[arg-type]
+
+
+def same_on_every_rank(datamodule: object, tok: AnyTextTokenizer) -> AnyTextTokenizer:
+    """Rank 0's tokenizer on every rank of a distributed run (``tok`` itself otherwise).
+
+    ``tokenizers`` breaks ties between equally frequent pieces in hash order, which differs
+    from process to process: ranks that each train a WordPiece on the same texts may number
+    the pieces differently, and then the same id means another piece on each rank. Rank 0's
+    is broadcast (``trainer.strategy.broadcast``); a collective call, made by every rank.
+    """
+    trainer = getattr(datamodule, "trainer", None)
+    if trainer is None or getattr(trainer, "world_size", 1) < 2:
+        return tok
+    mine = tokenizer_text(tok)
+    agreed = trainer.strategy.broadcast(mine, src=0)
+    return tok if agreed == mine else tokenizer_from_text(agreed)

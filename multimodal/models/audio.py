@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from multimodal.models.api import ClassifierHeadMixin
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import Transformer
-from multimodal.nn.init import init_weights
+from multimodal.nn.init import init_weights, off_meta
 from multimodal.nn.pool import mean_pool
 from multimodal.nn.position import sincos_2d_positions, sinusoidal_positions
 from multimodal.registry import register_config_preset, register_model
@@ -156,7 +156,8 @@ class AudioClassifier(ClassifierHeadMixin, PretrainedMixin, nn.Module):
     def __init__(self, config: AudioClassifierConfig) -> None:
         super().__init__()
         self.config = config
-        self.tokenizer = AudioFrameTokenizer(config.feature_config())
+        with off_meta():  # no parameters; its filter banks and statistics stay real
+            self.tokenizer = AudioFrameTokenizer(config.feature_config())
         # torch's periodic Hann window is a view of a longer one; safetensors refuses to save
         # a buffer that does not own its whole storage, so give it its own copy.
         spectrogram = self.tokenizer.melspec.spectrogram

@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from multimodal.nn.attention import Attention
 from multimodal.nn.cache import KVCache, LayerCache
+from multimodal.nn.init import off_meta
 from multimodal.nn.masks import PATTERNS, pattern_mask
 from multimodal.nn.position import rotary_angles
 
@@ -395,7 +396,8 @@ class Transformer(nn.Module):
                              proj_bias=config.proj_bias, kv_heads=config.kv_heads,
                              qk_norm_layer=norm_layer if config.qk_norm else None)
         mlp_layer = partial(MLP_LAYERS[config.mlp_type], bias=config.mlp_bias)
-        rates = torch.linspace(0, config.drop_path, config.depth).tolist()
+        with off_meta():
+            rates = torch.linspace(0, config.drop_path, config.depth).tolist()
         self.blocks = nn.ModuleList(
             Block(
                 config.dim, config.heads, config.mlp_dim,

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 
+import torch
 from torch import nn
+
+
+def off_meta() -> AbstractContextManager:
+    """Around what a module computes from its config in ``__init__`` (position tables,
+    filter banks, drop-path schedules): while the model is built under
+    ``torch.device("meta")`` (a Hugging Face folder is converted without allocating
+    parameters, :func:`multimodal.convert.common.build`), these are computed on the CPU and
+    keep their values; otherwise nothing changes."""
+    return torch.device("cpu") if torch.get_default_device().type == "meta" else nullcontext()
 
 
 def init_weights(module: nn.Module, conv_fan_in: bool = False) -> None:

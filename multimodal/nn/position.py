@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multimodal.nn.init import off_meta
+
 
 def sinusoidal_positions(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
     """(num_positions, dim) table ``r[n,2i] = sin(n / base^(2i/dim))``, ``r[n,2i+1] = cos(...)``."""
@@ -69,7 +71,9 @@ class SinusoidalPositions(nn.Module):
     def __init__(self, max_len: int, dim: int, base: float = 10000.0) -> None:
         super().__init__()
         self.max_len = max_len
-        self.register_buffer("table", sinusoidal_positions(max_len, dim, base), persistent=False)
+        with off_meta():  # a function of the config: real even in a meta build
+            table = sinusoidal_positions(max_len, dim, base)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """Add rows ``offset .. offset + N - 1``, or the rows ``positions`` (B, N) if given."""

@@ -4,7 +4,8 @@ Two stages, kept apart on purpose:
 
 1. :class:`AudioFrameTokenizer` (no learnable weights): any sample rate, mono or
    multi-channel waveform -> mono -> 16 kHz -> log-mel spectrogram, normalised with
-   per-mel-bin statistics fitted on a training set. Output ``(B, frames, n_mels)``
+   per-mel-bin statistics fitted on a training set (integer PCM of any width is rescaled
+   to [-1, 1) first: :mod:`multimodal.tokenizers.waveform`). Output ``(B, frames, n_mels)``
    plus the number of valid frames of each clip (for key-padding masks).
 2. The learnable embedding that turns those frames into transformer tokens:
    :class:`FrameEmbed` (linear map of ``k`` stacked frames, one token per ``k`` frames)
@@ -30,12 +31,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import soundfile as sf
 import torch
 import torchaudio
 from torch import Tensor, nn
 
 from multimodal.tokenizers.audio_frontends import kaldi_fbank, whisper_log_mel, whisper_mel_filters
+from multimodal.tokenizers.waveform import as_mono, pcm_to_float
 
 __all__ = [
     "AudioFeatureConfig",
@@ -167,7 +170,7 @@ class AudioFeatureConfig:
         return cls(**data)
 
 
-WaveInput = Tensor | Sequence[Tensor]
+WaveInput = Tensor | np.ndarray | Sequence[Tensor | np.ndarray]
 
 
 class AudioFrameTokenizer(nn.Module):
@@ -222,8 +225,12 @@ class AudioFrameTokenizer(nn.Module):
     def _to_batch(
         self, waveform: WaveInput, lengths: Tensor | Sequence[int] | None
     ) -> tuple[Tensor, Tensor]:
-        """Bring any accepted input to a padded mono batch ``(B, T)`` and lengths ``(B,)``."""
+        """Bring any accepted input to a padded mono batch ``(B, T)`` and lengths ``(B,)``;
+        integer PCM rescaled to [-1, 1) (:mod:`multimodal.tokenizers.waveform`)."""
+        if isinstance(waveform, np.ndarray):
+            waveform = pcm_to_float(waveform)
         if isinstance(waveform, Tensor):
+            waveform = pcm_to_float(waveform)
             if waveform.dim() == 1:
                 batch = waveform.unsqueeze(0)
             elif waveform.dim() == 2:
@@ -253,10 +260,12 @@ class AudioFrameTokenizer(nn.Module):
                 raise ValueError("lengths is only for padded tensors, not for a list of clips")
             monos = []
             for i, clip in enumerate(waveform):
-                if not isinstance(clip, Tensor) or clip.dim() not in (1, 2):
-                    shape = tuple(clip.shape) if isinstance(clip, Tensor) else type(clip).__name__
-                    raise ValueError(f"clip {i} must be a (T,) or (C, T) tensor, got {shape}")
-                monos.append(clip.float() if clip.dim() == 1 else clip.float().mean(dim=0))
+                if not isinstance(clip, (Tensor, np.ndarray)) or clip.ndim not in (1, 2):
+                    shape = tuple(clip.shape) if isinstance(clip, (Tensor, np.ndarray)) \
+                        else type(clip).__name__
+                    raise ValueError(f"clip {i} must be a (T,), (C, T) or (T, C) tensor, got "
+                                     f"{shape}")
+                monos.append(as_mono(clip, f"clip {i}"))
             lens = torch.tensor([m.shape[0] for m in monos], dtype=torch.long)
             batch = torch.zeros(len(monos), int(lens.max()), device=monos[0].device)
             for i, m in enumerate(monos):
@@ -269,7 +278,9 @@ class AudioFrameTokenizer(nn.Module):
     def _check_finite(self, batch: Tensor) -> None:
         if not torch.isfinite(batch).all():
             bad = (~torch.isfinite(batch)).any(dim=-1).nonzero().flatten().tolist()
-            raise ValueError(f"waveform has NaN or inf samples (clips {bad}); clean the input")
+            more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
+            raise ValueError(f"waveform has NaN or inf samples (clips {bad[:20]}{more}); clean "
+                             "the input")
 
     # ------------------------------------------------------------------ features
     def resample(self, batch: Tensor, lengths: Tensor, sample_rate: int) -> tuple[Tensor, Tensor]:
@@ -317,9 +328,18 @@ class AudioFrameTokenizer(nn.Module):
         too_short = (lens < c.win_length).nonzero().flatten().tolist()
         if too_short:
             got = lens[too_short[0]].item()
+            shown = ", ".join(map(str, too_short[:20])) + (
+                f", ... and {len(too_short) - 20} more" if len(too_short) > 20 else "")
+            layout = ""
+            if isinstance(waveform, (Tensor, np.ndarray)) and waveform.ndim == 2 and \
+                    waveform.shape[1] <= 8 < waveform.shape[0]:
+                layout = (f"; a 2-D waveform is a batch (B, T): for one clip in soundfile's "
+                          f"(samples, channels) layout, {tuple(waveform.shape)}, pass "
+                          "waveform.T or [waveform]")
             raise ValueError(
-                f"clip(s) {too_short} too short: need at least {c.win_length} samples at "
-                f"{c.sample_rate} Hz (one {c.win_ms:g} ms window), clip {too_short[0]} has {got}"
+                f"clip(s) [{shown}] too short: need at least {c.win_length} samples at "
+                f"{c.sample_rate} Hz (one {c.win_ms:g} ms window), clip {too_short[0]} has "
+                f"{got}{layout}"
             )
         frame_lens = self.frame_lengths(lens)
         if c.frontend == "kaldi_fbank":

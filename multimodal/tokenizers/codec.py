@@ -59,6 +59,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
+from multimodal.tokenizers.waveform import as_mono
+
+MIN_GRIFFIN_LIM_FRAMES = 3
+"""torchaudio's Griffin-Lim (its centred inverse STFT) fails on 1 or 2 frames."""
 
 __all__ = ["RVQ", "CodecConfig", "MelRVQCodec", "kmeans"]
 
@@ -269,12 +273,7 @@ class MelRVQCodec(nn.Module):
     @torch.no_grad()
     def log_mel(self, waveform: Tensor, sample_rate: int | None = None) -> Tensor:
         """Log-mel frames ``(T, n_mels)`` of one clip, after the checks of the module doc."""
-        if not isinstance(waveform, Tensor) or waveform.dim() not in (1, 2):
-            shape = tuple(waveform.shape) if isinstance(waveform, Tensor) else type(waveform)
-            raise ValueError(
-                f"waveform must be one clip shaped (samples,) or (channels, samples), got {shape}"
-            )
-        mono = waveform.float() if waveform.dim() == 1 else waveform.float().mean(dim=0)
+        mono = as_mono(waveform, "waveform")
         self.frontend._check_finite(mono[None])
         rate = self.sample_rate if sample_rate is None else sample_rate
         batch, lens = self.frontend.resample(mono[None], torch.tensor([mono.numel()]), rate)
@@ -339,13 +338,25 @@ class MelRVQCodec(nn.Module):
 
     @torch.no_grad()
     def mel_to_waveform(self, log_mel: Tensor) -> Tensor:
-        """Griffin-Lim waveform ``((T - 1) * H + W,)`` of log-mel frames ``(T, n_mels)``."""
+        """Griffin-Lim waveform ``((T - 1) * H + W,)`` of log-mel frames ``(T, n_mels)``.
+
+        torchaudio's Griffin-Lim needs ``MIN_GRIFFIN_LIM_FRAMES`` frames: a shorter clip (the
+        1-2 frames of a 25-45 ms clip) is extended with copies of its last frame and the
+        waveform cut back to ``(T - 1) * H + W`` samples, so every clip that encodes
+        decodes."""
         f = self.config.features
+        frames = log_mel.shape[0]
+        if frames < 1:
+            raise ValueError("no frames to decode")
+        if frames < MIN_GRIFFIN_LIM_FRAMES:
+            log_mel = torch.cat([log_mel, log_mel[-1:].expand(
+                MIN_GRIFFIN_LIM_FRAMES - frames, -1)])
         power = (log_mel.float().exp() - f.log_offset).clamp(min=0).T  # (n_mels, T)
         linear = self.inverse_mel(power).clamp(min=0)  # (n_fft // 2 + 1, T)
         wave = self.griffin_lim(linear)  # centred frames: (T - 1) * H samples
         half = f.win_length // 2
-        return nn.functional.pad(wave, (half, f.win_length - half))
+        wave = nn.functional.pad(wave, (half, f.win_length - half))
+        return wave[: (frames - 1) * f.hop_length + f.win_length]
 
     @torch.no_grad()
     def decode(self, tokens: Tensor) -> Tensor:

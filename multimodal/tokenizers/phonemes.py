@@ -41,6 +41,7 @@ import functools
 import re
 import shutil
 import subprocess
+import unicodedata
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -51,11 +52,15 @@ from multimodal.tokenizers.text import SPECIAL_TOKENS, _iter_training_texts, _Vo
 
 __all__ = [
     "CLAUSE_BREAK",
+    "LATIN_VOICES",
+    "VOICE_SCRIPTS",
     "WORD_BREAK",
     "PhonemeTokenizer",
     "espeak_available",
     "espeak_voices",
+    "letter_script",
     "phonemize",
+    "unreadable_letters",
 ]
 
 WORD_BREAK = " "
@@ -67,6 +72,58 @@ STRESS_MARKS = ("ˈ", "ˌ")
 Backend = Literal["espeak", "chars", "auto"]
 _PRONOUNCEABLE = re.compile(r"[^\W_]")  # a letter or a digit, in any script
 _SPACES = re.compile(r"\s+")
+
+
+#: the scripts (first word of a letter's Unicode name) an espeak-ng voice reads besides
+#: Latin, by language code (``"ru"`` of ``"ru+f3"``); ``LATIN_VOICES`` read Latin only
+VOICE_SCRIPTS: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("ru", "uk", "bg", "sr", "mk", "be", "kk", "ky", "tt", "ba"),
+                    frozenset({"CYRILLIC"})),
+    "el": frozenset({"GREEK"}), "grc": frozenset({"GREEK"}),
+    **dict.fromkeys(("ar", "fa", "ur", "ps", "sd", "ug"), frozenset({"ARABIC"})),
+    "he": frozenset({"HEBREW"}),
+    **dict.fromkeys(("hi", "mr", "ne", "sa", "kok", "bpy"), frozenset({"DEVANAGARI"})),
+    **dict.fromkeys(("cmn", "yue", "hak", "zh"), frozenset({"CJK"})),
+    "ja": frozenset({"CJK", "HIRAGANA", "KATAKANA"}), "ko": frozenset({"HANGUL"}),
+    "th": frozenset({"THAI"}), "ka": frozenset({"GEORGIAN"}), "hy": frozenset({"ARMENIAN"}),
+    "bn": frozenset({"BENGALI"}), "as": frozenset({"BENGALI"}), "ta": frozenset({"TAMIL"}),
+    "te": frozenset({"TELUGU"}), "kn": frozenset({"KANNADA"}), "ml": frozenset({"MALAYALAM"}),
+    "gu": frozenset({"GUJARATI"}), "pa": frozenset({"GURMUKHI"}), "si": frozenset({"SINHALA"}),
+    "my": frozenset({"MYANMAR"}), "am": frozenset({"ETHIOPIC"}), "or": frozenset({"ORIYA"}),
+}
+LATIN_VOICES = frozenset([
+    "en", "fr", "de", "es", "it", "pt", "nl", "sv", "da", "nb", "no", "fi", "pl", "cs",
+    "sk", "hu", "ro", "tr", "vi", "id", "ms", "ca", "hr", "sl", "et", "lv", "lt", "sq",
+    "eu", "gl", "cy", "ga", "gd", "is", "af", "sw", "eo", "la", "lfn", "jbo", "io", "ia",
+    "mt", "az", "uz", "tn", "om", "so", "ht", "haw", "qu", "kl", "nci", "fo", "lb", "sjn",
+    "qya", "py", "pap",
+])
+
+
+def letter_script(ch: str) -> str:
+    """The script of a letter: the first word of its Unicode name (``"LATIN"``, ``"CJK"``,
+    ``"CYRILLIC"``, ``"HIRAGANA"`` ...)."""
+    return unicodedata.name(ch, "UNKNOWN").split(" ", 1)[0]
+
+
+def unreadable_letters(text: str, voice: str) -> dict[str, str]:
+    """``{script: its letters in text}`` for the letters of ``text`` in a script that the
+    espeak-ng ``voice`` does not read (espeak-ng names such characters instead of reading
+    them: "Chinese letter"); empty for a voice whose scripts are not known here."""
+    lang = voice.split("+", 1)[0].split("-", 1)[0].lower()
+    if lang in VOICE_SCRIPTS:
+        readable = VOICE_SCRIPTS[lang] | {"LATIN"}
+    elif lang in LATIN_VOICES:
+        readable = frozenset({"LATIN"})
+    else:
+        return {}
+    out: dict[str, str] = {}
+    for ch in text:
+        if ch.isalpha():
+            script = letter_script(ch)
+            if script not in readable:
+                out[script] = out.get(script, "") + ch
+    return out
 
 
 def espeak_available() -> bool:
