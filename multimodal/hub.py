@@ -181,25 +181,34 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path = "checkpoint")
         raise ValueError(f"{path}: no model_type/model_config recorded "
                          f"(top-level keys {sorted(ckpt)}); {CHECKPOINT_HINT}")
     model_cls = _model_class(kind, Path(path))
-    lora = about.get("lora")
-    if isinstance(lora, dict):  # a LoRA run: the state holds base weights and adapters
-        from multimodal.nn.lora import apply_lora, merge_lora
-
-        model = build_model(model_cls, cfg)
-        apply_lora(model, lora["rank"], lora["alpha"], tuple(lora["targets"]),
-                   dropout=lora.get("dropout", 0.0), trainable=tuple(lora.get("trainable", ())))
-        load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
-        return merge_lora(model, inplace=True).eval()
     # the recorded config against the tensors' shapes, before anything is allocated
     shapes = {k: (v.dtype, tuple(v.shape)) for k, v in ckpt["state_dict"].items()
               if isinstance(v, torch.Tensor)}
     where = f"{path}: model_config"
     check_depth(Path(where), cfg, shapes, Path(path).name)
+    lora = about.get("lora")  # a LoRA run: the state holds base weights and adapters
     shadow = meta_model(model_cls, cfg, where)
+    if isinstance(lora, dict):
+        _wrap_lora(shadow, lora)
     compare_shapes(shadow, _submodule_state(shapes, shadow), cfg, where, path)
     model = build_model(model_cls, cfg)
+    if isinstance(lora, dict):
+        from multimodal.nn.lora import merge_lora
+
+        _wrap_lora(model, lora)
+        load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
+        return merge_lora(model, inplace=True).eval()
     load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
     return model.eval()
+
+
+def _wrap_lora(model: nn.Module, settings: dict[str, Any]) -> None:
+    """The LoRA layers a fine-tuning run recorded (``multimodal_model["lora"]``)."""
+    from multimodal.nn.lora import apply_lora
+
+    apply_lora(model, settings["rank"], settings["alpha"], tuple(settings["targets"]),
+               dropout=settings.get("dropout", 0.0),
+               trainable=tuple(settings.get("trainable", ())))
 
 
 def _submodule_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

@@ -98,7 +98,7 @@ def test_clip_folder_gives_its_towers(hf):
     _same_weights(text.model, clip.text_model, skip=("head",))
     with pytest.raises(ValueError, match="set the task's modality"):
         ClassificationTask(pretrained=str(hf["clip"]), num_classes=3)
-    with pytest.raises(ValueError, match=r"holds a CLIP \(image-text model\).*no part"):
+    with pytest.raises(ValueError, match=r"holds a CLIP \(image\+text model\).*no part"):
         ClassificationTask(pretrained=str(hf["clip"]), modality="audio", num_classes=3)
     contrastive = ContrastiveTask(pretrained=str(hf["clip"]))
     _same_weights(contrastive.model, clip)

@@ -97,6 +97,22 @@ def test_overriding_the_model_preprocessing_warns_with_both_values(tmp_path):
     assert pre["size"]["height"] == 32
 
 
+def test_a_loader_of_files_is_plain_whatever_the_training_source(tmp_path):
+    """ShardLoaderMixin.loader: a dataset that is not streamed (the predict folder) gets a
+    plain DataLoader even with shards set (fast; the real shards run is below)."""
+    from torch.utils.data import DataLoader
+
+    from multimodal.data.vision import ImageClassificationDataModule
+
+    pngs = tmp_path / "pngs"
+    pngs.mkdir()
+    Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(pngs / "a.png")
+    dm = ImageClassificationDataModule("digits", predict_dir=str(pngs), mean=0.0, std=1.0)
+    dm.shards = str(tmp_path / "shards")  # as if trained on shards
+    assert type(dm.predict_dataloader()) is DataLoader
+
+
+@pytest.mark.slow
 def test_predict_dir_after_training_on_shards_uses_a_plain_loader(tmp_path):
     from torch.utils.data import DataLoader
 
