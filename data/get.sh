@@ -7,6 +7,8 @@
 #   emoji   -> data/get_emoji.sh    (npm package emoji-datasource-twitter)
 #   folders -> data/get_folders.sh  (Fashion-MNIST and emoji as PNG class folders; own-data proofs)
 #   klettres -> data/get_klettres.sh (Debian klettres-data: real speech as audio class folders)
+#   pocketsphinx -> data/get_pocketsphinx.sh (Debian pocketsphinx-testdata: real English speech
+#                   with transcripts, for benchmarks/asr_real.py and the Whisper slow tests)
 #   tts     -> data/get_tts.sh      (text-to-speech: corpus phrases read by espeak-ng / flite voices,
 #                                    codec tokens; ~10 min on 2 cores, so not in `all`)
 set -euo pipefail
@@ -15,7 +17,7 @@ what=("${@:-images}")
 [[ "${what[0]}" == all ]] && what=(images text audio emoji)
 for name in "${what[@]}"; do
     script="$here/get_$name.sh"
-    [[ -f "$script" ]] || { echo "unknown dataset group '$name' (images, text, audio, emoji, folders, klettres, tts, all)" >&2; exit 2; }
+    [[ -f "$script" ]] || { echo "unknown dataset group '$name' (images, text, audio, emoji, folders, klettres, pocketsphinx, tts, all)" >&2; exit 2; }
     echo "== data: $name"
     bash "$script"
 done

@@ -60,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     # Hugging Face layout folders and transformers models (issue 18)
     "from_hf": "multimodal.convert",
     "HFTokenizer": "multimodal.tokenizers.hf_json",  # a Hugging Face tokenizer.json
+    "chat": "multimodal.chat",  # one chat turn through a tokenizer's chat template (issue 34)
     "ImagePreprocessor": "multimodal.convert.hf_preprocess",  # preprocessor_config.json (images)
     "mean_pool": "multimodal.nn.pool",  # the one masked mean pooling
     # inference over folders of inputs (multimodal embed / zero-shot / caption)
@@ -73,6 +74,10 @@ _EXPORTS: dict[str, str] = {
     "native_bf16": "multimodal.precision",
     "synthesize": "multimodal.synthesis",  # text-to-speech (issue 21)
     "CodecLM": "multimodal.models.codec_lm",  # VALL-E AR + NAR (issue 21)
+    # speech recognition with a real Whisper (issue 34)
+    "Whisper": "multimodal.models.whisper",
+    "WhisperConfig": "multimodal.models.whisper",
+    "transcribe": "multimodal.asr",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",

@@ -24,6 +24,8 @@ from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
 from multimodal.convert import convert, from_hf_folder
+from multimodal.convert.ctranslate2 import is_ctranslate2_dir
+from multimodal.convert.gguf import is_gguf_file, load_gguf
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling, write_folder_pooling
 from multimodal.convert.hf_preprocess import (
     PREPROCESSOR_NAME,
@@ -279,8 +281,12 @@ class Encoder(nn.Module):
     embeddings of images or token ids.
 
     With ``freeze`` (the default) no parameter needs gradients and the backbone stays in
-    eval mode even when a model holding the encoder is trained. ``compile`` / ``quantize``
-    are the place for compiled / int8 forwards (not available yet: a NotImplementedError).
+    eval mode even when a model holding the encoder is trained. ``compile=True``: the
+    backbone's verbs compiled with ``torch.compile`` (:func:`multimodal.optimize.
+    compile_encoder`; one warning and eager where compiling is unavailable);
+    ``quantize="int8"``: its Linears dynamically quantised (:func:`multimodal.optimize.
+    quantize_int8`, a frozen CPU encoder only; check :func:`~multimodal.optimize.
+    output_cosine` on your data first, docs/speed.md).
     """
 
     MODALITIES = ("image", "text", "audio", "image+text")
@@ -311,12 +317,9 @@ class Encoder(nn.Module):
             self.backbone.requires_grad_(False)
         self.eval()
         if compile or quantize:
-            # the compiled / int8 forwards (multimodal.optimize) plug in here, e.g.
-            # self.backbone = optimize.encoder(self.backbone, compile=..., quantize=...):
             # every encode() reaches the model only through self.backbone's verbs
-            # (forward_features, pool, encode_image / encode_text) in _tokens / _embeddings
-            raise NotImplementedError("Encoder(compile=..., quantize=...) is not available "
-                                      "in this version")
+            # (forward_features, pool, encode_image / encode_text): optimise those
+            self.backbone = _optimized(self.backbone, compile, quantize, freeze)
 
     def train(self, mode: bool = True) -> Encoder:
         """A frozen encoder stays in eval mode (no dropout) inside a model being trained."""
@@ -583,6 +586,26 @@ def checkpoint_image_preprocessor(ckpt: dict[str, Any], model: nn.Module) -> Any
                              image_std=per_channel(args["std"]), channels=channels)
 
 
+def _optimized(backbone: nn.Module, compile: bool, quantize: str | None,
+                freeze: bool) -> nn.Module:
+    """``backbone`` through :func:`multimodal.optimize.optimize_encoder` for an Encoder."""
+    import warnings
+
+    from multimodal.optimize import compile_encoder, optimize_encoder
+
+    if quantize is not None and not freeze:
+        raise ValueError(f"quantize={quantize!r} makes an inference-only encoder: use it "
+                         "with freeze=True")
+    backbone = optimize_encoder(backbone, quantize=quantize)
+    if compile:
+        try:
+            backbone = compile_encoder(backbone)
+        except RuntimeError as err:
+            warnings.warn(f"Encoder(compile=True): {err}; running eagerly", RuntimeWarning,
+                          stacklevel=3)
+    return backbone
+
+
 def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
                  freeze: bool = True, *, pooling: FolderPooling | str | None = None,
                  compile: bool = False, quantize: str | None = None) -> Encoder:
@@ -596,6 +619,8 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     front end; a sentence-transformers ``modules.json`` / ``1_Pooling`` gives the pooling);
     a folder's ``tokenizer.json`` is loaded when present (a Hugging Face one
     through the ``tokenizers`` library: :class:`~multimodal.tokenizers.hf_json.HFTokenizer`);
+    or a Llama-family GGUF file (model and the tokenizer in its metadata, see
+    :mod:`multimodal.convert.gguf`),
     or a Lightning ``.ckpt`` of one of our tasks (its tokenizer and its data module's image
     size and normalisation when it recorded them), one of our models,
     or a torchvision / timm / transformers model (converted with
@@ -614,11 +639,14 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
                 tokenizer = tokenizer_from_json(ckpt["tokenizer"])
             if getattr(model, "modality", None) in ("image", "image+text"):
                 preprocessor = checkpoint_image_preprocessor(ckpt, model)
+        elif path.suffix.lower() == ".gguf" or is_gguf_file(path):  # model + tokenizer
+            model, own_tokenizer = load_gguf(path, tokenizer=tokenizer is None)
+            tokenizer = own_tokenizer if tokenizer is None else tokenizer
         else:
             if not path.exists():
                 raise FileNotFoundError(f"{path} does not exist: load_encoder expects a "
                                         "model folder or a .ckpt file")
-            if _is_hf_folder(path):
+            if _is_hf_folder(path) or is_ctranslate2_dir(path):
                 model, preprocessor = _load_hf_folder(path)
             else:
                 model = from_pretrained(path)
@@ -654,6 +682,8 @@ def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
     present), the image preprocessor (images) or the front end's settings (audio, applied
     to the model)."""
     model = from_hf_folder(path)
+    if getattr(model, "modality", None) == "audio-text":  # a whole Whisper: its encoder
+        model = model.encoder
     pre = read_preprocessor_config(path)
     if pre is None:
         return model, None

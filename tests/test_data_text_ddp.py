@@ -14,8 +14,11 @@ from multimodal import TextEncoder, TextEncoderConfig
 from multimodal.data.documents import Document
 from multimodal.data.text import SourceClassificationDataModule
 from multimodal.data.text_classification import TextClassificationDataModule
+from multimodal.data.text_pairs import TextPairsDataModule
 from multimodal.data.text_tokenizer import load_text_tokenizer, tokenizer_text
+from multimodal.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from multimodal.tasks.masked_lm import SequenceClassificationTask
+from multimodal.tasks.seq2seq import Seq2SeqTask
 
 WORDS = ["amber", "basil", "cedar", "dune", "ember", "fjord", "grove", "heath", "inlet",
          "juniper", "kelp", "larch", "moss", "nettle", "oak", "pine"]
@@ -26,7 +29,10 @@ class SaveTokenizer(L.Callback):
         self.folder = folder
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        text = tokenizer_text(trainer.datamodule.tokenizer)
+        dm = trainer.datamodule
+        if isinstance(dm, TextPairsDataModule):  # one shared vocabulary, still shared
+            assert dm.source_tokenizer is dm.target_tokenizer
+        text = tokenizer_text(getattr(dm, "tokenizer", None) or dm.target_tokenizer)
         Path(self.folder, f"rank{trainer.global_rank}.json").write_text(text)
 
 
@@ -35,7 +41,7 @@ def line(i: int) -> str:  # many words of equal frequency: many ties for the tra
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["labelled", "sources"])
+@pytest.mark.parametrize("module", ["labelled", "sources", "pairs"])
 def test_ddp_ranks_share_rank_zeros_trained_wordpiece(tmp_path, module):
     if module == "labelled":
         rows = [f'{line(i)},{"ab"[i % 2]}' for i in range(64)]
@@ -43,15 +49,26 @@ def test_ddp_ranks_share_rank_zeros_trained_wordpiece(tmp_path, module):
         dm = TextClassificationDataModule(train=str(tmp_path / "train.csv"), vocab_size=60,
                                           max_length=16, val_fraction=0, test_fraction=0,
                                           batch_size=8)
+    elif module == "pairs":
+        (tmp_path / "pairs.tsv").write_text("".join(f"{line(i)}\t{line(i + 5)}\n"
+                                                    for i in range(64)))
+        dm = TextPairsDataModule(train=str(tmp_path / "pairs.tsv"), vocab_size=60,
+                                 max_source_len=16, max_target_len=16, val_fraction=0,
+                                 test_fraction=0, batch_size=8)
     else:
         docs = [Document(f"{line(i)}. {line(i + 3)}. {line(i + 7)}.", src, f"{src}{i}")
                 for i in range(8) for src in ("bible", "fortunes", "shakespeare")]
         dm = SourceClassificationDataModule(documents=docs, vocab_size=60, max_length=16,
                                             val_fraction=0.0, test_fraction=0.0, batch_size=8,
                                             tokenizer_path=str(tmp_path / "tok.json"))
-    task = SequenceClassificationTask(TextEncoder(TextEncoderConfig(
-        vocab_size=64, max_len=16, dim=16, depth=1, heads=2, num_classes=dm.num_classes,
-        mlm_head=False)))
+    if module == "pairs":
+        task = Seq2SeqTask(Seq2Seq(Seq2SeqConfig(
+            source_vocab_size=64, target_vocab_size=64, max_source_len=16, max_target_len=16,
+            dim=16, encoder_depth=1, decoder_depth=1, heads=2, mlp_dim=32)))
+    else:
+        task = SequenceClassificationTask(TextEncoder(TextEncoderConfig(
+            vocab_size=64, max_len=16, dim=16, depth=1, heads=2, num_classes=dm.num_classes,
+            mlm_head=False)))
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=1,
                         limit_val_batches=0, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,

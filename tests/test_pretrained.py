@@ -298,3 +298,48 @@ def test_a_llama_folder_for_image_classification_is_named(hf):
     with pytest.raises(ValueError, match=r"llama holds a TextDecoder \(text model\): it has no "
                                          r"part ClassificationTask can train as an image model"):
         ClassificationTask(pretrained=str(hf["llama"]), modality="image", num_classes=3)
+
+
+def test_num_classes_rules_for_a_model_from_the_config():
+    """A config model whose num_classes is left at its default takes the task's / data's;
+    one set away from its default is the user's choice: a different data count is an
+    error (the head is never silently replaced)."""
+    base = dict(image_size=16, patch_size=8, dim=32, depth=1, heads=2)
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**base)), num_classes=4)
+    assert task.model.config.num_classes == 4 and task.model.head.out_features == 4
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**base)), class_names=CLASSES)
+    assert task.model.head.out_features == 3 and task.class_names == CLASSES
+    with pytest.raises(ValueError, match="the data has 3 classes but the model's head has 7"):
+        ClassificationTask(mm.ViT(mm.ViTConfig(**base, num_classes=7)), class_names=CLASSES)
+
+
+def test_language_model_from_a_gguf_file(tmp_path):
+    """A llama.cpp GGUF file (anything mm.from_hf reads) starts a LanguageModelTask, and a
+    classifier is refused it by name."""
+    pytest.importorskip("gguf")
+    from test_gguf import llama, write_gguf  # tests/: the tiny-file writer
+
+    path = write_gguf(tmp_path / "tiny.gguf", llama(97, tie_word_embeddings=False))
+    task = LanguageModelTask(pretrained=str(path))
+    _same_weights(task.model, mm.from_hf(path))
+    with pytest.raises(ValueError, match=r"tiny\.gguf holds a TextDecoder"):
+        ClassificationTask(pretrained=str(path), num_classes=2)
+
+
+def test_audio_classifier_from_a_whisper_folder(tmp_path):
+    """A Whisper folder: its encoder is the part an audio classifier trains."""
+    import transformers as t
+
+    torch.manual_seed(0)
+    args = dict(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=48,
+                decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=48,
+                num_mel_bins=16, max_source_positions=30, vocab_size=100, pad_token_id=0,
+                bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    t.WhisperForConditionalGeneration(t.WhisperConfig(**args)).save_pretrained(
+        tmp_path / "whisper")
+    task = ClassificationTask(pretrained=str(tmp_path / "whisper"), modality="audio",
+                              class_names=CLASSES)
+    assert isinstance(task.model, mm.AudioClassifier) and task.model.config.num_classes == 3
+    whole = mm.from_hf(tmp_path / "whisper")
+    encoder = whole if isinstance(whole, mm.AudioClassifier) else whole.encoder
+    _same_weights(task.model, encoder, skip=("head", "head_dist"))

@@ -7,6 +7,7 @@ folder after training on shards; the model summary counts the ViT's FLOPs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from multimodal.cli import main as cli_main
 pytest.importorskip("transformers")
 import pretrained_folders as folders  # tests/: needs transformers
 
+ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ("ant", "bee", "cat")
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -223,3 +225,36 @@ def test_predict_from_a_checkpoint_without_data_arguments_says_so(tmp_path):
     with pytest.raises(SystemExit, match="holds no data module arguments"):
         cli_main(["predict", "--ckpt_path", str(tmp_path / "x.ckpt"),
                   "--data.init_args.predict", "texts.txt"])
+
+
+FOOD = ["bread and jam", "pasta with garlic", "pizza and salad", "rice with beans",
+        "tomato soup", "chocolate cake", "grilled fish", "eggs and toast"]
+SKY = ["rain all day", "cold north wind", "clear sunny sky", "snow tonight",
+       "storm from the west", "fog at noon", "freezing night", "clouds and drizzle"]
+
+
+def test_text_fine_tuning_from_a_folder_through_the_cli(tmp_path, capsys):
+    """configs/finetune_text.yaml with a BERT folder (its tokenizer.json tokenises the data),
+    no class count anywhere; predict with the checkpoint alone prints class names."""
+    bert = folders.bert_folder(tmp_path / "bert")
+    texts = tmp_path / "texts.csv"
+    rows = [f"{t},food" for t in FOOD] + [f"{t},sky" for t in SKY]
+    texts.write_text("text,label\n" + "\n".join(rows) + "\n")
+    config = ROOT / "configs" / "finetune_text.yaml"
+    cli_main(["fit", "--config", str(config), "--model.init_args.pretrained", str(bert),
+              "--data.init_args.train", str(texts), "--data.init_args.max_length", "32",
+              "--data.init_args.val_fraction", "4", "--data.init_args.test_fraction", "4",
+              "--data.init_args.batch_size", "4", "--trainer.max_epochs", "1",
+              "--trainer.default_root_dir", str(tmp_path / "run"), "--test_after_fit",
+              "false"])
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["class_names"] == ["food", "sky"]
+    assert ckpt["datamodule_hyper_parameters"]["tokenizer"] == str(bert)
+    new = tmp_path / "new.txt"
+    new.write_text("soup and bread\nsnow and wind\n")
+    capsys.readouterr()
+    cli_main(["predict", "--ckpt_path", str(last), "--data.init_args.predict", str(new),
+              "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "p")])
+    lines = [ln.split("\t") for ln in capsys.readouterr().out.splitlines() if "\t" in ln]
+    assert len(lines) == 2 and all(ln[1] in ("food", "sky") for ln in lines)

@@ -43,9 +43,10 @@ from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
 __all__ = ["MODALITIES", "ClassifierHeadMixin", "DecoderHeadMixin", "Model", "linear_head"]
 
 # what a model reads: one modality, the two of an encoder-decoder ("source-target": image
-# in, text out for the Captioner), or two read side by side by a dual encoder ("image+text":
-# CLIP / SigLIP, one embedding space for both)
-MODALITIES = ("image", "text", "audio", "image+text", "image-text", "text-text", "text-audio")
+# in, text out for the Captioner; audio in, text out for Whisper), or two read side by side
+# by a dual encoder ("image+text": CLIP / SigLIP, one embedding space for both)
+MODALITIES = ("image", "text", "audio", "image+text", "image-text", "text-text", "text-audio",
+              "audio-text")
 
 
 @runtime_checkable

@@ -86,10 +86,11 @@ class ClassificationTask(ModelTask):
                                    task=type(self).__name__, accept=CLASSIFIERS,
                                    modality=modality)
         # the model's own count is the user's choice when set away from its default
-        explicit = num_classes is not None or (
-            source is None and model.config.num_classes != _default_num_classes(model))
+        model_explicit = source is None and \
+            model.config.num_classes != _default_num_classes(model)
+        explicit = num_classes is not None or model_explicit
         if want is not None and want != model.config.num_classes:
-            if explicit:
+            if model_explicit:
                 raise ValueError(f"the data has {want} classes but the model's head has "
                                  f"{model.config.num_classes}: set model num_classes to "
                                  f"{want} (or leave it out to take the data's)")
@@ -212,7 +213,7 @@ class ClassificationTask(ModelTask):
 
     def _eval_step(self, batch: Any, metrics: nn.ModuleDict, prefix: str) -> None:
         loss, logits, labels = self._loss(batch)
-        self.log(f"{prefix}/loss", loss, prog_bar=True)
+        self.log_mean(f"{prefix}/loss", loss, labels.shape[0], prog_bar=True)
         for name, metric in metrics.items():
             metric.update(logits, labels)
             self.log(f"{prefix}/{name}", metric, prog_bar=name == "acc")

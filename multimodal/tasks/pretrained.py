@@ -6,7 +6,8 @@ PATH is one of
 * a Hugging Face layout folder (``config.json`` + safetensors: anything
   :func:`multimodal.convert.from_hf_folder` reads),
 * a folder written by ``save_pretrained`` (ours: ``config.json`` with a nested ``config``),
-* a Lightning ``.ckpt`` of one of our tasks (its model; class names when it has them).
+* a Lightning ``.ckpt`` of one of our tasks (its model; class names when it has them),
+* a llama.cpp ``.gguf`` file of the Llama family (dequantised: ``mm.from_hf`` reads it).
 
 A task takes the *part* of that model it can train: an image classifier takes a ViT, or
 the vision tower of a CLIP / SigLIP folder or of a captioner; a text classifier a
@@ -50,8 +51,8 @@ HEAD_MODULES = ("head", "head_dist", "head_norm", "attn_pool", "mlm", "visual_pr
 @dataclass
 class Pretrained:
     """What ``pretrained: PATH`` gave: the whole model, where it came from (``kind``:
-    ``"hf"``, ``"save_pretrained"`` or ``"checkpoint"``) and, from a checkpoint, its class
-    names and task class."""
+    ``"hf"``, ``"save_pretrained"``, ``"checkpoint"`` or ``"gguf"``) and, from a
+    checkpoint, its class names and task class."""
 
     model: nn.Module
     path: Path
@@ -67,6 +68,10 @@ def load_pretrained(path: str | Path) -> Pretrained:
     if not p.exists():
         raise FileNotFoundError(f"pretrained: {p} does not exist (expected a Hugging Face "
                                 "folder, a save_pretrained folder or a Lightning .ckpt)")
+    if p.is_file() and (p.suffix.lower() == ".gguf" or _is_gguf(p)):
+        from multimodal.convert import from_hf
+
+        return Pretrained(from_hf(p).train(), p, "gguf")  # llama.cpp's one file
     if p.is_file():
         import zipfile
 
@@ -88,6 +93,12 @@ def load_pretrained(path: str | Path) -> Pretrained:
 
         return Pretrained(from_hf_folder(p).train(), p, "hf")
     return Pretrained(from_pretrained(p).train(), p, "save_pretrained")
+
+
+def _is_gguf(path: Path) -> bool:
+    from multimodal.convert.gguf import is_gguf_file
+
+    return is_gguf_file(path)
 
 
 def _parts(model: nn.Module) -> dict[str, nn.Module]:
@@ -221,6 +232,10 @@ def folder_tokenizer(source: Pretrained | None) -> Any:
         return None
     from multimodal.hub import TOKENIZER_NAME, _load_any_tokenizer
 
+    if source.kind == "gguf":  # the tokenizer its metadata describes
+        from multimodal.convert import gguf_tokenizer
+
+        return gguf_tokenizer(source.path)
     if source.kind == "checkpoint":
         text = read_checkpoint(source.path).get("tokenizer")
         if not isinstance(text, str):
