@@ -48,6 +48,8 @@ class AutoregressiveImageTask(ModelTask):
     validation images completed by the model).
     """
 
+    default_monitor = ("val/bpd", "min")  # the CLI's default ModelCheckpoint ranks by it
+
     def __init__(
         self,
         model: ImageGPT,

@@ -101,6 +101,8 @@ class CaptioningTask(ModelTask):
     example captions and writes them to ``captions_test.txt`` in the run's log folder.
     """
 
+    default_monitor = ("val/bleu4", "max")  # the CLI's default ModelCheckpoint ranks by it
+
     def __init__(
         self,
         model: Captioner | None = None,

@@ -57,6 +57,8 @@ class ClassificationTask(ModelTask):
     classifier shares its feature normalisation with it).
     """
 
+    default_monitor = ("val/acc", "max")  # the CLI's default ModelCheckpoint ranks by it
+
     def __init__(
         self,
         model: nn.Module | None = None,

@@ -139,6 +139,8 @@ class ContrastiveTask(ModelTask):
     ``zero_shot_ensemble``: see :meth:`CLIP.zero_shot`).
     """
 
+    default_monitor = ("val/t2i_R@1", "max")  # the CLI's default ModelCheckpoint ranks by it
+
     def __init__(
         self,
         model: CLIP | None = None,
