@@ -22,6 +22,10 @@ When standard output is not a terminal (a log file, a batch job) every validatio
 one plain line of metrics instead of Lightning's progress bar
 (``--trainer.enable_progress_bar true`` brings the bar back).
 
+A config says only what differs from the CLI's trainer defaults (:func:`add_run_defaults`):
+TensorBoard + CSV loggers, a ``ModelCheckpoint`` (``last.ckpt`` and the best by the task's
+metric, or ``--monitor`` / ``--monitor_mode``) and a ``LearningRateMonitor``.
+
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
 checkpoints go to ``<root>/checkpoints`` unless a ModelCheckpoint names its own ``dirpath``,
