@@ -431,6 +431,7 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
         raise ValueError(f"{ckpt_path}: the checkpoint does not say its task; give --config")
     model_args = {k: v for k, v in hp.items() if not k.startswith("_")}
     model_args.update(pretrained=str(ckpt_path), overrides=None)
+    model_args.pop("preset", None)  # the checkpoint holds the architecture
     model_args.pop("init_from", None)  # the checkpoint already holds those weights
     data_hp = dict(ckpt.get("datamodule_hyper_parameters") or {})
     data_path = data_hp.pop("_class_path", None)

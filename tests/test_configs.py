@@ -207,3 +207,53 @@ def test_the_longest_config_is_at_most_half_its_former_length() -> None:
     lengths = {p.name: len(p.read_text().splitlines()) for p in CONFIGS}
     longest = max(lengths, key=lengths.__getitem__)
     assert lengths[longest] <= LONGEST_BEFORE // 2, (longest, lengths[longest])
+
+
+# --- named models: a config's model is a preset plus overrides (issue 30 part 2) ------------
+
+# the config whose model each preset is (the preset's docstring says so)
+PRESET_OF_CONFIG = {"vit_fashion_mnist": "vit_fashion_mnist",
+                    "vit_fashion_mnist_ddp": "vit_fashion_mnist",
+                    "igpt_fashion_mnist": "igpt_fashion_mnist",
+                    "caption_scenes": "captioner_scenes",
+                    "clip_scenes": "clip_scenes"}
+WITH_PRESET = [p for p in CONFIGS if "preset" in yaml.safe_load(p.read_text())["model"].get(
+    "init_args", {})]
+
+
+def test_each_config_with_a_preset_names_it() -> None:
+    named = {p.stem: yaml.safe_load(p.read_text())["model"]["init_args"] for p in WITH_PRESET}
+    for stem, preset in PRESET_OF_CONFIG.items():
+        assert named.get(stem, {}).get("preset") == preset, stem
+        assert not named[stem].get("overrides"), f"{stem} is its preset's own config"
+
+
+@pytest.mark.parametrize("path", WITH_PRESET, ids=lambda p: p.stem)
+def test_a_config_model_is_its_preset_with_its_overrides(
+        path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The task the CLI builds from the config trains exactly ``create_model(preset,
+    **overrides)``: same config dataclass, same parameter shapes."""
+    import importlib
+
+    import multimodal as mm
+
+    config = _parse(["fit", "--config", str(path), "--trainer.default_root_dir",
+                     str(tmp_path)], monkeypatch)
+    module, _, name = config.model.class_path.rpartition(".")
+    task_cls = getattr(importlib.import_module(module), name)
+    args = config.model.init_args.as_dict()
+    task = task_cls(**args)
+    reference = mm.create_model(args["preset"], **(args.get("overrides") or {}))
+    assert task.model.config == reference.config
+    assert {k: v.shape for k, v in task.model.state_dict().items()} == \
+        {k: v.shape for k, v in reference.state_dict().items()}
+
+
+def test_preset_and_model_together_is_an_error() -> None:
+    import multimodal as mm
+    from multimodal.tasks import ClassificationTask
+
+    with pytest.raises(ValueError, match="one of model, preset or pretrained"):
+        ClassificationTask(mm.create_model("vit_fashion_mnist"), preset="vit_fashion_mnist")
+    with pytest.raises(ValueError, match="builds a CLIP, not a"):
+        ClassificationTask(preset="clip_scenes")

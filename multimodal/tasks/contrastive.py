@@ -157,9 +157,10 @@ class ContrastiveTask(ModelTask):
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         finetune: FinetuneConfig | None = None,
+        preset: str | None = None,
     ) -> None:
         model, source = task_model(model, pretrained, overrides, task="ContrastiveTask",
-                                   accept=(CLIP,))
+                                   accept=(CLIP,), preset=preset)
         super().__init__(model, compile=compile, finetune=finetune)
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
