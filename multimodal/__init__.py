@@ -60,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     # Hugging Face layout folders and transformers models (issue 18)
     "from_hf": "multimodal.convert",
     "HFTokenizer": "multimodal.tokenizers.hf_json",  # a Hugging Face tokenizer.json
+    "chat": "multimodal.chat",  # one chat turn through a tokenizer's chat template (issue 34)
     "ImagePreprocessor": "multimodal.convert.hf_preprocess",  # preprocessor_config.json (images)
     "mean_pool": "multimodal.nn.pool",  # the one masked mean pooling
     # inference over folders of inputs (multimodal embed / zero-shot / caption)

@@ -1,13 +1,24 @@
-"""Lightning callbacks that the ``multimodal`` command adds to every run."""
+"""Lightning callbacks that the ``multimodal`` command adds to every run, and the checks
+that pick a checkpoint to resume from."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import sys
 import time
-from typing import IO
+import zipfile
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_only
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from multimodal.progress import is_terminal
 
@@ -51,4 +62,262 @@ class EpochSummary(L.Callback):
               f"{minutes}m{seconds:02d}s  {values}", file=self.stream, flush=True)
 
 
-__all__ = ["EpochSummary"]
+class Preemption(L.Callback):
+    """Save a resumable checkpoint and stop when the scheduler says the job must end; and,
+    with ``every_minutes``, save one every N minutes of training.
+
+    ``signals`` (default SIGTERM and SIGUSR1, SLURM's ``--signal=USR1@90`` warning): the
+    handler only notes the signal; at the end of the training step in progress (or, if the
+    signal came during validation, when Lightning stops there) the callback writes
+    ``<dir>/last.ckpt`` (``dir``: the first ``ModelCheckpoint``'s folder, else
+    ``<default_root_dir>/checkpoints``), the name ``--ckpt_path last`` resumes from, and the
+    process exits with status 128 + the signal (143 for SIGTERM, 138 for SIGUSR1), so a
+    scheduler or wrapper sees that the run did not finish. After SIGUSR1 inside a SLURM job
+    (``SLURM_JOB_ID`` set) with ``requeue``, rank 0 runs ``scontrol requeue <job>`` and the
+    process exits with 0 once the job is requeued (the requeued job resumes with
+    ``--ckpt_path last``); if requeueing fails the exit status is 138.
+
+    Every checkpoint it writes is written to a temporary file first and renamed, so a kill
+    while writing leaves the previous ``last.ckpt`` whole. On several processes the ranks
+    agree (a logical OR of their flags, one all-reduce) at the end of every step and of every
+    validation, so all save and stop together, also when only one rank got the signal.
+
+    The handlers replace Lightning's own for these signals once training starts: Lightning's
+    SIGTERM handler broadcasts from inside the handler, a collective call that the other
+    ranks are not making then (gloo aborts), and it stops a single process only at the end
+    of the epoch; its SLURM SIGUSR1 handler saves from inside the step in progress. A
+    launcher that started worker processes (``strategy: ddp`` on one machine) still passes
+    the signal on to them.
+    """
+
+    def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1"),
+                 every_minutes: float | None = None, requeue: bool = True) -> None:
+        if every_minutes is not None and every_minutes <= 0:
+            raise ValueError(f"every_minutes must be > 0 or None, got {every_minutes}")
+        names = {s.name for s in signal.Signals}
+        for name in signals:
+            if name not in names:
+                raise ValueError(f"unknown signal {name!r} (e.g. SIGTERM, SIGUSR1)")
+        self.signals, self.every_minutes, self.requeue = tuple(signals), every_minutes, requeue
+        self.received: int | None = None  # the signal number noted by the handler
+        self.saved_path: str | None = None
+        self._previous: dict[int, Any] = {}
+        self._active = False  # between setup("fit") and the end of the fit
+        self._launcher: Any = None
+        self._last_save = time.monotonic()
+
+    # -- signals -------------------------------------------------------------------------
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        if self._active:
+            first = self.received is None
+            if first:
+                self.received = signum
+                kill = getattr(self._launcher, "kill", None)  # pass it on to worker processes
+                if callable(kill):
+                    kill(signum)
+            if callable(previous):
+                previous(signum, frame)
+            return
+        # outside a fit (Lightning puts this handler back after an exception): as before
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous in (signal.SIG_DFL, None):
+            os.kill(os.getpid(), signum)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self.received, self.saved_path, self._active = None, None, True
+        self._last_save = time.monotonic()
+        for name in self.signals:
+            signum = int(getattr(signal, name))
+            try:
+                previous = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: the launcher's handlers do the job
+                continue
+            if previous != self._handle:  # (still ours after an interrupted fit)
+                self._previous[signum] = previous
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning registered its handlers (see the class docstring): ours again
+        self._launcher = trainer.strategy.launcher
+        for signum in self._previous:
+            with contextlib.suppress(ValueError):
+                signal.signal(signum, self._handle)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._active = False
+        for signum, previous in self._previous.items():
+            with contextlib.suppress(ValueError):
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+    # -- saving --------------------------------------------------------------------------
+    @staticmethod
+    def folder(trainer: L.Trainer) -> Path:
+        """Where the checkpoints of ``trainer`` go: the first ModelCheckpoint's folder,
+        else ``<default_root_dir>/checkpoints``."""
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+                return Path(callback.dirpath)
+        return Path(trainer.default_root_dir) / "checkpoints"
+
+    def save(self, trainer: L.Trainer, why: str) -> str:
+        """Write ``last.ckpt`` (through a temporary file and a rename); returns its path."""
+        path = self.folder(trainer) / "last.ckpt"
+        partial = path.with_name(".last.ckpt.partial")
+        if trainer.is_global_zero:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(partial)  # every rank: a collective call under DDP
+        if trainer.is_global_zero:
+            os.replace(partial, path)
+        trainer.strategy.barrier("preemption_save")
+        self._last_save = time.monotonic()
+        rank_zero_info(f"{why}: saved {path} at step {trainer.global_step}")
+        return str(path)
+
+    def _agreed(self, trainer: L.Trainer, *flags: bool) -> list[bool]:
+        """Each flag OR-ed over the ranks (one all-reduce for all of them)."""
+        if trainer.world_size <= 1:
+            return list(flags)
+        votes = torch.tensor([float(f) for f in flags], device=trainer.strategy.root_device)
+        votes = trainer.strategy.reduce(votes, reduce_op="sum")
+        return [v > 0 for v in votes.tolist()]
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        due = self.every_minutes is not None and \
+            time.monotonic() - self._last_save >= 60 * self.every_minutes
+        stop, due = self._agreed(trainer, self.received is not None, due)
+        if stop:
+            self._stop(trainer)
+        if due:
+            self.save(trainer, f"every {self.every_minutes:g} minutes")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._active or trainer.sanity_checking:
+            return
+        (stop,) = self._agreed(trainer, self.received is not None)
+        if stop:
+            self._stop(trainer)
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        signum = self.received if self.received is not None else int(signal.SIGTERM)
+        name = signal.Signals(signum).name
+        self.saved_path = self.save(trainer, f"received {name}")
+        raise SIGTERMException(self.exit_status(trainer, signum))
+
+    def exit_status(self, trainer: L.Trainer, signum: int) -> int:
+        """128 + ``signum``, or 0 when SIGUSR1 requeued the SLURM job (rank 0 asks)."""
+        if signum != int(signal.SIGUSR1) or not self.requeue:
+            return 128 + signum
+        job = os.environ.get("SLURM_JOB_ID")
+        if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
+            job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        if job is None:
+            return 128 + signum
+        ok = True
+        if trainer.is_global_zero:
+            try:
+                done = subprocess.run(["scontrol", "requeue", job], check=False,
+                                      capture_output=True, text=True)
+                ok = done.returncode == 0
+                if not ok:
+                    rank_zero_warn(f"scontrol requeue {job} failed (exit status "
+                                   f"{done.returncode}): {done.stderr.strip()}")
+            except FileNotFoundError:
+                ok = False
+                rank_zero_warn("scontrol not found: the job is not requeued")
+            if ok:
+                rank_zero_info(f"requeued SLURM job {job}")
+        ok = bool(trainer.strategy.broadcast(ok, src=0)) if trainer.world_size > 1 else ok
+        return 0 if ok else 128 + signum
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
+        """A signal that came outside a training step: Lightning stops by itself (with a
+        ``SIGTERMException``, exit status 0); save here and give the status its code."""
+        active, self._active = self._active, False
+        # Lightning puts back the handlers it found (ours) after this: make them the ones
+        # found before the fit instead
+        originals = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers",
+                            None)
+        if isinstance(originals, dict):
+            for signum, previous in self._previous.items():
+                if signum in originals:
+                    originals[signum] = previous if previous is not None else signal.SIG_DFL
+        if not active or self.received is None or self.saved_path is not None \
+                or not isinstance(exception, SystemExit):
+            return
+        self.saved_path = self.save(trainer, f"received {signal.Signals(self.received).name}")
+        if not exception.code:
+            exception.code = self.exit_status(trainer, self.received)
+
+
+def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why the checkpoint file ``path`` cannot be read, or None when it is whole.
+
+    A checkpoint written by ``torch.save`` is a zip archive with a CRC-32 of every entry;
+    this reads it through (no unpickling, no tensor allocated) and so finds a file cut
+    short (a full disk, a kill while writing) or with changed bytes. Legacy (pre-zip)
+    ``torch.save`` files are not checked.
+    """
+    file = Path(path)
+    if not file.is_file():
+        return "no such file"
+    size = file.stat().st_size
+    if size == 0:
+        return "empty file (0 bytes)"
+    with open(file, "rb") as handle:
+        magic = handle.read(4)
+    if magic != b"PK\x03\x04":
+        return None if magic[:2] == b"\x80\x02" else \
+            f"not a checkpoint (no zip header; {size} bytes)"
+    try:
+        with zipfile.ZipFile(file) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+        return f"truncated or corrupted ({size} bytes): {err}"
+    if bad is not None:
+        return f"corrupted: entry {bad} fails its CRC check"
+    return None
+
+
+def resume_checkpoint(trainer: L.Trainer, ckpt_path: str | os.PathLike[str] | None
+                      ) -> str | None:
+    """The checkpoint to resume ``trainer`` from for ``ckpt_path``.
+
+    ``"last"``: the newest whole checkpoint (``*.ckpt`` by modification time) in the
+    folders of the trainer's ``ModelCheckpoint`` callbacks and in
+    ``<default_root_dir>/checkpoints``; a newer damaged one is skipped with a warning naming
+    it and what is wrong; none at all (or none whole): None, the run starts afresh, with a
+    warning. A path: checked, and a damaged file is an error naming it. Anything else
+    (``"best"``, ``"hpc"``, None) is passed through.
+    """
+    if ckpt_path is None or str(ckpt_path) in ("best", "hpc", "registry"):
+        return None if ckpt_path is None else str(ckpt_path)
+    if str(ckpt_path) != "last":
+        problem = checkpoint_problem(ckpt_path)
+        if problem is not None:
+            raise ValueError(f"cannot resume from {ckpt_path}: {problem}")
+        return str(ckpt_path)
+    folders = {Preemption.folder(trainer), Path(trainer.default_root_dir) / "checkpoints"}
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+            folders.add(Path(callback.dirpath))
+    found = [p for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")
+             if p.is_file()]
+    found.sort(key=lambda p: (p.stat().st_mtime, p.name.startswith("last")), reverse=True)
+    for path in found:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return str(path)
+        rank_zero_warn(f"--ckpt_path last: skipping {path}: {problem}")
+    where = ", ".join(sorted(str(f) for f in folders))
+    rank_zero_warn(f"--ckpt_path last: no whole checkpoint in {where}; starting afresh"
+                   if found else f"--ckpt_path last: no checkpoint in {where}; starting afresh")
+    return None
+
+
+__all__ = ["EpochSummary", "Preemption", "checkpoint_problem", "resume_checkpoint"]

@@ -10,10 +10,15 @@
     multimodal caption  --model captioner.ckpt|FOLDER --inputs DIR
 
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
-interrupted run with ``--ckpt_path last`` and, unless ``--test_after_fit false``,
-tests the best checkpoint when training ends. When standard output is not a terminal
-(a log file, a batch job) every validation prints one plain line of metrics instead of
-Lightning's progress bar (``--trainer.enable_progress_bar true`` brings the bar back).
+interrupted run with ``--ckpt_path last`` (the newest whole checkpoint: a truncated or
+corrupted newer file is skipped with a warning naming it) and, unless
+``--test_after_fit false``, tests the best checkpoint when training ends. SIGTERM or
+SLURM's SIGUSR1 saves ``<checkpoints>/last.ckpt`` at the end of the step in progress and
+exits with 128 + the signal (143 for SIGTERM); ``--checkpoint_every_minutes N`` saves it
+every N minutes as well (:class:`~multimodal.callbacks.Preemption`, docs/cluster.md).
+When standard output is not a terminal (a log file, a batch job) every validation prints
+one plain line of metrics instead of Lightning's progress bar
+(``--trainer.enable_progress_bar true`` brings the bar back).
 
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
@@ -43,7 +48,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from multimodal.callbacks import EpochSummary
+from multimodal.callbacks import EpochSummary, Preemption, resume_checkpoint
 from multimodal.precision import auto_precision
 from multimodal.progress import is_terminal
 
@@ -147,11 +152,27 @@ class MultimodalCLI(LightningCLI):
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         precision, reason = resolve_precision(config, self.model)
         rank_zero_info(f"precision: {precision} ({reason})")
-        return super().instantiate_trainer(**{**kwargs, "precision": precision})
+        trainer = super().instantiate_trainer(**{**kwargs, "precision": precision})
+        if not any(isinstance(c, Preemption) for c in trainer.callbacks):
+            minutes = self._get(self.config, "checkpoint_every_minutes", default=None)
+            trainer.callbacks.append(Preemption(every_minutes=minutes))
+        return trainer
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="after fit, run test on the best checkpoint")
+        parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
+                            help="also save <checkpoints>/last.ckpt every N minutes of "
+                                 "training (long epochs; see docs/cluster.md)")
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        """``ckpt_path`` checked before it is read: ``last`` is the newest whole checkpoint
+        (a damaged newer one is skipped with a warning), a damaged named file an error
+        naming it (:func:`multimodal.callbacks.resume_checkpoint`)."""
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if kwargs.get("ckpt_path") is not None:
+            kwargs["ckpt_path"] = resume_checkpoint(self.trainer, kwargs["ckpt_path"])
+        return kwargs
 
     def after_fit(self) -> None:
         if not self.config.fit.get("test_after_fit", True) or self.trainer.fast_dev_run:

@@ -24,6 +24,7 @@ from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
 from multimodal.convert import convert, from_hf_folder
+from multimodal.convert.gguf import is_gguf_file, load_gguf
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling, write_folder_pooling
 from multimodal.convert.hf_preprocess import (
     PREPROCESSOR_NAME,
@@ -578,6 +579,8 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     front end; a sentence-transformers ``modules.json`` / ``1_Pooling`` gives the pooling);
     a folder's ``tokenizer.json`` is loaded when present (a Hugging Face one
     through the ``tokenizers`` library: :class:`~multimodal.tokenizers.hf_json.HFTokenizer`);
+    or a Llama-family GGUF file (model and the tokenizer in its metadata, see
+    :mod:`multimodal.convert.gguf`),
     or a Lightning ``.ckpt`` of one of our tasks (its tokenizer and its data module's image
     size and normalisation when it recorded them), one of our models,
     or a torchvision / timm / transformers model (converted with
@@ -596,6 +599,9 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
                 tokenizer = tokenizer_from_json(ckpt["tokenizer"])
             if getattr(model, "modality", None) in ("image", "image+text"):
                 preprocessor = checkpoint_image_preprocessor(ckpt, model)
+        elif path.suffix.lower() == ".gguf" or is_gguf_file(path):  # model + tokenizer
+            model, own_tokenizer = load_gguf(path, tokenizer=tokenizer is None)
+            tokenizer = own_tokenizer if tokenizer is None else tokenizer
         else:
             if not path.exists():
                 raise FileNotFoundError(f"{path} does not exist: load_encoder expects a "

@@ -35,7 +35,9 @@ def test_training_order_depends_only_on_seed_and_epoch() -> None:
 def test_evaluation_splits_keep_their_order(split: str) -> None:
     dm = CaptionDataModule(num_train=16, num_val=16, num_test=16, batch_size=8)
     loader = getattr(dm, f"{split}_dataloader")()
-    assert loader.sampler.__class__.__name__ == "SequentialSampler"
+    # in order on one process; each rank its own share, unpadded, on several
+    assert loader.sampler.__class__.__name__ == "EvalShardSampler"
+    assert list(loader.sampler) == list(range(16))
     first = next(iter(loader))
     assert first["captions"] == [c for _, c in (dm.split_dataset(split)[i] for i in range(8))]
 

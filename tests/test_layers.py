@@ -63,6 +63,7 @@ ALLOWED: dict[str, set[str]] = {
     "prepare": {*_LAYERS, "data"},  # multimodal-prepare: sources -> shards
     "plots_pixels": {*_ZOO, "tasks", "data"},
     "plots_attention": {*_ZOO, "tasks", "data"},
+    "chat": set(),  # one chat turn: a model's generate + a tokenizer's template, duck-typed
 }
 
 

@@ -5,6 +5,7 @@ knows foreign weight layouts.
 >>> vit = from_timm(timm.create_model("vit_tiny_patch16_224"), img_size=384)
 >>> gpt = from_hf(transformers.GPT2LMHeadModel(config))
 >>> llama = from_hf("path/to/hf_folder")   # config.json + safetensors, no transformers
+>>> smol = from_hf("SmolLM2-135M-Instruct.Q4_1.gguf")   # a GGUF file (gguf package)
 >>> clip = from_open_clip(open_clip.create_model("ViT-B-32", pretrained=None))
 
 Every converter reads the source's hyper-parameters, builds the matching model of this
@@ -50,6 +51,7 @@ from multimodal.convert import (  # noqa: F401  (each module registers its conve
     hf_vision,
 )
 from multimodal.convert.common import HF_CONVERTERS, SUPPORTED
+from multimodal.convert.gguf import from_gguf, gguf_tokenizer, load_gguf
 from multimodal.convert.hf_folder import from_hf_folder, read_hf_weights
 from multimodal.convert.openclip import from_open_clip
 from multimodal.convert.timm_vit import from_timm
@@ -57,13 +59,17 @@ from multimodal.convert.torchvision_vit import from_torchvision
 
 SUPPORTED["open_clip"] = ("CLIP, CustomTextCLIP with open_clip's own VisionTransformer and "
                          "TextTransformer (from_open_clip)")
+SUPPORTED["gguf"] = ("a llama.cpp GGUF file of the Llama family (F32 / F16 / BF16 / Q4_0 / "
+                     "Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K-Q6_K tensors; from_gguf, or "
+                     "from_hf(path))")
 SUPPORTED["transformers"] = (", ".join(sorted(HF_CONVERTERS)) + "; or a Hugging Face layout "
                              "folder of one of them (from_hf_folder)")
 
 
 def from_hf(model: nn.Module | str | os.PathLike) -> nn.Module:
-    """A transformers model, or a folder in the Hugging Face layout (see
-    :func:`from_hf_folder`; transformers need not be installed), -> our model.
+    """A transformers model, a folder in the Hugging Face layout (see
+    :func:`from_hf_folder`; transformers need not be installed), or a GGUF file (see
+    :func:`from_gguf`) -> our model.
 
     ``ViTModel`` / ``ViTForImageClassification`` -> :class:`~multimodal.ViT`,
     ``GPT2Model`` / ``GPT2LMHeadModel`` -> :class:`~multimodal.TextDecoder`,
@@ -94,5 +100,5 @@ def convert(model: nn.Module, **kwargs: Any) -> nn.Module:
                      + "; ".join(f"{lib}: {what}" for lib, what in SUPPORTED.items()))
 
 
-__all__ = ["SUPPORTED", "convert", "from_hf", "from_hf_folder", "from_open_clip", "from_timm",
-           "from_torchvision", "read_hf_weights"]
+__all__ = ["SUPPORTED", "convert", "from_gguf", "from_hf", "from_hf_folder", "from_open_clip",
+           "from_timm", "from_torchvision", "gguf_tokenizer", "load_gguf", "read_hf_weights"]

@@ -20,6 +20,7 @@ from multimodal.convert.common import (
     meta_parameters,
     traced,
 )
+from multimodal.convert.gguf import from_gguf, is_gguf_file
 from multimodal.weights import check_depth, name_list, read_safetensors_header
 
 
@@ -134,8 +135,13 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
     transformers model, so the result is identical. Errors name what is wrong: no
     ``config.json``, an unsupported architecture (with the supported ones), missing or
     unconverted keys, mis-shaped tensors, a missing shard, pickle-only weights.
+
+    A GGUF file (``*.gguf``, or any file starting with the GGUF magic) is read by
+    :func:`multimodal.convert.gguf.from_gguf` instead.
     """
     folder = Path(folder)
+    if folder.suffix.lower() == ".gguf" or is_gguf_file(folder):  # llama.cpp's one file
+        return from_gguf(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
     config_file = folder / "config.json"

@@ -9,17 +9,34 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from multimodal.data.sampling import EpochShuffleSampler
+from multimodal.data.sampling import (
+    EpochShuffleSampler,
+    EvalShardSampler,
+    LoaderPosition,
+    ResumableDataLoader,
+)
 
 
 class SplitDataModule(L.LightningDataModule):
     """A LightningDataModule whose loaders differ only in the split.
 
     Subclasses set ``batch_size``, ``seed`` and ``num_workers``, and implement
-    :meth:`split_dataset` (and :meth:`collate_fn` when items need batching help). The
-    training split is shuffled by :class:`EpochShuffleSampler`, whose order depends only on
-    ``(seed, epoch)``: a run resumed from a checkpoint sees the batches of an uninterrupted
-    one, and the order never depends on how much global RNG state was used before.
+    :meth:`split_dataset` (and :meth:`collate_fn` when items need batching help).
+
+    Training: the split is shuffled by :class:`EpochShuffleSampler` (the order depends only
+    on ``(seed, epoch)``) and read by a :class:`ResumableDataLoader`, whose position in the
+    epoch and the random state are saved in every checkpoint (by Lightning with the loops,
+    and in this module's ``state_dict``). A run resumed from a checkpoint taken at any step
+    trains on the rest of the interrupted epoch, each example once, in the uninterrupted
+    order; on one process and one CPU thread it ends with the weights of an uninterrupted
+    run, bit for bit, also with ``num_workers > 0``: worker processes read each item with
+    their random generators seeded from ``(seed, epoch, index)`` (see
+    :mod:`multimodal.data.sampling`).
+
+    Evaluation: validation and test splits are read in order; on several processes each
+    takes its own share without padding (:class:`EvalShardSampler`), so every example is
+    scored exactly once. Every loader has its own seeded ``generator`` for worker seeds:
+    making an iterator never draws from the global random state.
     """
 
     batch_size: int
@@ -34,17 +51,32 @@ class SplitDataModule(L.LightningDataModule):
         """How items become a batch; ``None``: torch's default collation."""
         return None
 
+    @property
+    def train_position(self) -> LoaderPosition:
+        """Where the training loader stands in its epoch (shared with every training loader
+        this module makes, so a loader rebuilt by Lightning keeps it)."""
+        position = self.__dict__.get("_train_position")
+        if position is None:
+            position = self.__dict__["_train_position"] = LoaderPosition()
+        return position
+
     def loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
-        sampler = EpochShuffleSampler(len(dataset), self.seed) if shuffle else None  # type: ignore[arg-type]
-        return DataLoader(
-            dataset,
+        """``shuffle``: the training recipe (:class:`ResumableDataLoader` over an
+        :class:`EpochShuffleSampler`); else in order, unpadded across processes."""
+        options: dict[str, Any] = dict(
             batch_size=self.batch_size,
-            sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             collate_fn=self.collate_fn(),
             pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator().manual_seed(self.seed),
         )
+        n = len(dataset)  # type: ignore[arg-type]
+        if shuffle:
+            return ResumableDataLoader(dataset, sampler=EpochShuffleSampler(n, self.seed),
+                                       position=self.train_position, item_seed=self.seed,
+                                       **options)
+        return DataLoader(dataset, sampler=EvalShardSampler(n), **options)
 
     def train_dataloader(self) -> DataLoader:
         return self.loader(self.split_dataset("train"), shuffle=True)
@@ -54,6 +86,20 @@ class SplitDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self.loader(self.split_dataset("test"), shuffle=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training loader's position (beside what other bases save). Lightning saves
+        it with the loops too, but restores it there only into a loader made after the
+        checkpoint is read; a learning-rate schedule makes one before (to count steps)."""
+        state = dict(super().state_dict())
+        if self.train_position.epoch is not None:
+            state["train_position"] = self.train_position.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if state_dict.get("train_position") is not None:
+            self.train_position.load_state_dict(state_dict["train_position"])
 
 
 def split_size(size: float, total: int, name: str) -> int:

@@ -109,13 +109,13 @@ class AutoregressiveImageTask(ModelTask):
             self._val_images = batch[0][: self.hparams.num_samples].detach()
             self._val_labels = batch[1][: self.hparams.num_samples].detach()
         loss = self._nll(batch)
-        self.log("val/loss", loss, prog_bar=True)
-        self.log("val/bpd", loss / math.log(2), prog_bar=True)
+        self.log_mean("val/loss", loss, len(batch[0]), prog_bar=True)
+        self.log_mean("val/bpd", loss / math.log(2), len(batch[0]), prog_bar=True)
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         loss = self._nll(batch)
-        self.log("test/loss", loss)
-        self.log("test/bpd", loss / math.log(2), prog_bar=True)
+        self.log_mean("test/loss", loss, len(batch[0]))
+        self.log_mean("test/bpd", loss / math.log(2), len(batch[0]), prog_bar=True)
 
     # -- samples ---------------------------------------------------------------------
     def sample_images(self, num: int, prompt_rows: int = 0,

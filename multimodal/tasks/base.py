@@ -7,7 +7,9 @@ import dataclasses
 from typing import Any
 
 import lightning as L
-from torch import nn
+import torch
+from torch import Tensor, nn
+from torchmetrics.aggregation import MeanMetric
 
 from multimodal.tasks.optim import OptimizerConfig
 
@@ -53,6 +55,25 @@ class ModelTask(L.LightningModule):
         return OptimizerConfig(lr=hp.lr, weight_decay=hp.weight_decay,
                                betas=tuple(hp.get("betas", (0.9, 0.999))),
                                warmup_fraction=hp.warmup_fraction, min_lr_ratio=hp.min_lr_ratio)
+
+    def log_mean(self, name: str, value: Tensor | float, batch_size: int, **kwargs: Any) -> None:
+        """Log ``name`` as the mean of ``value`` over every example of the epoch, on every
+        process: ``sum(value_b * batch_size_b) / sum(batch_size_b)`` over the batches ``b``
+        of all ranks (a ``MeanMetric`` whose sums are added across ranks).
+
+        For evaluation scores: with one ``EvalShardSampler`` share per rank each example
+        counts once. (``self.log(..., sync_dist=True)`` averages the per-rank example counts
+        in an integer tensor, which truncates them when the split does not divide by the
+        number of processes.) ``kwargs`` go to ``self.log`` (``prog_bar``, ...).
+        """
+        means = self.__dict__.setdefault("_logged_means", {})  # not a submodule: no state
+        value = torch.as_tensor(value, dtype=torch.float32, device=self.device).detach()
+        metric = means.get(name)
+        if metric is None:
+            metric = means[name] = MeanMetric().to(value.device)
+        metric.update(value, batch_size)
+        self.log(name, metric, batch_size=batch_size, metric_attribute=f"_logged_means.{name}",
+                 **kwargs)
 
     def model_description(self) -> dict[str, Any]:
         return {"model_type": type(self.model).__name__,

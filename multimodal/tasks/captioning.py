@@ -200,8 +200,8 @@ class CaptioningTask(ModelTask):
     def _eval(self, batch: dict[str, Any], batch_idx: int, split: str) -> None:
         images, refs = batch["images"], list(batch["captions"])
         b = images.shape[0]
-        self.log(f"{split}/loss", self.loss(images, self.encode_captions(refs)),
-                 prog_bar=True, batch_size=b)
+        self.log_mean(f"{split}/loss", self.loss(images, self.encode_captions(refs)), b,
+                      prog_bar=True)
         assert self.tokenizer is not None
         preds = self.caption(images)
         refs = [self.tokenizer.normalize(r) for r in refs]
@@ -209,11 +209,11 @@ class CaptioningTask(ModelTask):
         bleu.update(preds, [[r] for r in refs])
         self.log(f"{split}/bleu4", bleu, batch_size=b)
         em = sum(p == r for p, r in zip(preds, refs, strict=True)) / b
-        self.log(f"{split}/exact_match", em, prog_bar=True, batch_size=b)
+        self.log_mean(f"{split}/exact_match", em, b, prog_bar=True)
         start = batch_idx * self._eval_batch_size
         for name, check in self._checks.get(split, {}).items():
             hits = [check(p, start + i) for i, p in enumerate(preds)]
-            self.log(f"{split}/{name}", sum(hits) / b, prog_bar=True, batch_size=b)
+            self.log_mean(f"{split}/{name}", sum(hits) / b, b, prog_bar=True)
         if split == "test" and len(self.examples) < self.hparams.num_examples:
             self.examples.extend(zip(preds, refs, strict=True))
             self.examples = self.examples[: self.hparams.num_examples]

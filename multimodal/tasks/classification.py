@@ -90,7 +90,7 @@ class ClassificationTask(ModelTask):
 
     def _eval_step(self, batch: Any, metrics: nn.ModuleDict, prefix: str) -> None:
         loss, logits, labels = self._loss(batch)
-        self.log(f"{prefix}/loss", loss, prog_bar=True)
+        self.log_mean(f"{prefix}/loss", loss, labels.shape[0], prog_bar=True)
         for name, metric in metrics.items():
             metric.update(logits, labels)
             self.log(f"{prefix}/{name}", metric, prog_bar=name == "acc")

@@ -208,8 +208,7 @@ class ContrastiveTask(ModelTask):
     def _eval_step(self, batch: dict[str, Any], split: str) -> None:
         images, captions = batch["images"], list(batch["captions"])
         image, text = self.model.forward_features(images, **self.tokenize(captions)).unbind(1)
-        self.log(f"{split}/loss", self.loss(image, text), batch_size=images.shape[0],
-                 sync_dist=True)
+        self.log_mean(f"{split}/loss", self.loss(image, text), images.shape[0])
         self._outputs.setdefault(split, []).append((image.detach(), text.detach(), captions))
 
     def _eval_end(self, split: str) -> None:

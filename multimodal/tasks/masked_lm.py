@@ -129,8 +129,8 @@ class MaskedLMTask(ModelTask):
         if n == 0:
             return
         acc = (logits.argmax(-1)[chosen] == labels[chosen]).float().mean()
-        self.log(f"{split}/loss", loss, prog_bar=True, batch_size=n)
-        self.log(f"{split}/acc", acc, prog_bar=True, batch_size=n)
+        self.log_mean(f"{split}/loss", loss, n, prog_bar=True)
+        self.log_mean(f"{split}/acc", acc, n, prog_bar=True)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._eval(batch, batch_idx, "val")

@@ -86,13 +86,13 @@ class Seq2SeqTask(ModelTask):
 
     def _eval(self, batch: dict[str, Tensor], split: str) -> None:
         target = batch["target_ids"]
-        self.log(f"{split}/loss", self.loss(batch), prog_bar=True)
+        self.log_mean(f"{split}/loss", self.loss(batch), target.shape[0], prog_bar=True)
         out = self.model.generate(batch["source_ids"], batch.get("source_mask"),
                                   max_new_tokens=min(target.shape[1] + 1,
                                                      self.model.config.max_target_len - 1),
                                   num_beams=self.hparams.num_beams)
         em = exact_match(out, target).mean()
-        self.log(f"{split}/exact_match", em, prog_bar=True, batch_size=target.shape[0])
+        self.log_mean(f"{split}/exact_match", em, target.shape[0], prog_bar=True)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._eval(batch, "val")

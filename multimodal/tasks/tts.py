@@ -170,8 +170,12 @@ class TTSTask(ModelTask):
 
     def _log(self, out: dict[str, Tensor], split: str, batch_size: int) -> None:
         for key, value in out.items():
-            self.log(f"{split}/{key}", value, prog_bar=key in ("loss", "ar_acc"),
-                     batch_size=batch_size, sync_dist=split != "train")
+            if split == "train":
+                self.log(f"{split}/{key}", value, prog_bar=key in ("loss", "ar_acc"),
+                         batch_size=batch_size)
+            else:  # every rank's examples (see ModelTask.log_mean)
+                self.log_mean(f"{split}/{key}", value, batch_size,
+                              prog_bar=key in ("loss", "ar_acc"))
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         out = self.losses(batch)

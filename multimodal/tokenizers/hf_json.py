@@ -10,12 +10,18 @@ therefore accepted and ignored. Truncation to ``max_length`` is the library's: i
 the special tokens, so the end-of-text token survives. Padding is on the right with the
 pad token named in the folder's ``tokenizer_config.json`` / ``special_tokens_map.json``
 (CLIP's is ``<|endoftext|>``), else the file's padding setting, else id 0.
+
+A chat model's tokenizer carries its chat template (``tokenizer_config.json``'s
+``chat_template``, or a GGUF file's ``tokenizer.chat_template``): a Jinja template over
+``messages`` (``[{"role": ..., "content": ...}]``) rendered by
+:meth:`HFTokenizer.apply_chat_template` as transformers renders it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,23 @@ def is_hf_tokenizer_file(path: str | Path) -> bool:
         and "type" not in payload
 
 
+@lru_cache(maxsize=8)
+def _compiled_template(source: str) -> Any:
+    """A chat template compiled once, in transformers' environment: sandboxed, immutable,
+    ``trim_blocks`` / ``lstrip_blocks``, loop controls, ``raise_exception(message)``."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
@@ -47,14 +70,46 @@ class HFTokenizer:
     """Strings -> right-padded ``input_ids`` / ``attention_mask`` through a
     ``tokenizers.Tokenizer`` (see the module docstring)."""
 
-    def __init__(self, backend: Any, pad_id: int = 0) -> None:
+    def __init__(self, backend: Any, pad_id: int = 0, *, chat_template: str | None = None,
+                 bos_token: str | None = None, eos_token: str | None = None) -> None:
         from tokenizers import Tokenizer
 
         if not isinstance(backend, Tokenizer):
             raise TypeError(f"backend must be a tokenizers.Tokenizer, got "
                             f"{type(backend).__name__}")
+        for name, token in (("bos_token", bos_token), ("eos_token", eos_token)):
+            if token is not None and backend.token_to_id(token) is None:
+                raise ValueError(f"{name} {token!r} is not in the vocabulary")
         self.backend = backend
         self.pad_id = int(pad_id)
+        self.chat_template = chat_template
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The id of the end-of-sequence token (a chat model's end of turn), if known."""
+        return None if self.eos_token is None else self.backend.token_to_id(self.eos_token)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return None if self.bos_token is None else self.backend.token_to_id(self.bos_token)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            add_generation_prompt: bool = True, **variables: Any) -> str:
+        """The chat as the model was trained to read it: ``self.chat_template`` rendered
+        over ``messages`` (``[{"role": "user", "content": "..."}, ...]``) with
+        ``bos_token``, ``eos_token``, ``add_generation_prompt`` (end with the opening of
+        the assistant's turn) and ``variables``, in a sandboxed Jinja environment set up
+        as transformers' (``trim_blocks``, ``lstrip_blocks``, ``raise_exception``)."""
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat template (tokenizer_config.json's "
+                             "chat_template, or a GGUF file's tokenizer.chat_template)")
+        if isinstance(messages, (str, Mapping)) or not all(
+                isinstance(m, Mapping) and "role" in m and "content" in m for m in messages):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        return _compiled_template(self.chat_template).render(
+            messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **variables)
 
     @classmethod
     def from_file(cls, path: str | Path) -> HFTokenizer:
@@ -79,14 +134,34 @@ class HFTokenizer:
             pad_id = backend.padding.get("pad_id")
         backend.no_padding()
         backend.no_truncation()
-        return cls(backend, 0 if pad_id is None else pad_id)
+        chat: dict[str, Any] = {}
+        side = path.parent / "tokenizer_config.json"
+        if side.is_file():
+            config = json.loads(side.read_text(encoding="utf-8"))
+            template = config.get("chat_template")
+            if isinstance(template, str):
+                chat["chat_template"] = template
+            for name in ("bos_token", "eos_token"):
+                token = _token_text(config.get(name))
+                if token is not None and backend.token_to_id(token) is not None:
+                    chat[name] = token
+        return cls(backend, 0 if pad_id is None else pad_id, **chat)
 
     @property
     def vocab_size(self) -> int:
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
     def save(self, path: str | Path) -> None:
+        """``tokenizer.json`` at ``path``; a chat template, when there is one, goes to
+        ``tokenizer_config.json`` beside it (with the BOS / EOS / pad tokens), where
+        :meth:`from_file` finds it again."""
         self.backend.save(str(path))
+        if self.chat_template is not None:
+            config = {"chat_template": self.chat_template, "bos_token": self.bos_token,
+                      "eos_token": self.eos_token,
+                      "pad_token": self.backend.id_to_token(self.pad_id)}
+            (Path(path).parent / "tokenizer_config.json").write_text(
+                json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
 
     def encode_many(self, texts: Sequence[str], *, max_length: int | None = None,
                     truncation: bool = True, **_specials: bool) -> list[list[int]]:

@@ -1,0 +1,54 @@
+"""One chat turn with an instruction-tuned decoder: the conversation rendered by the
+tokenizer's chat template, the model's reply decoded greedily (or sampled) until its
+end-of-turn token.
+
+>>> enc = mm.load_encoder("SmolLM2-135M-Instruct.Q4_1.gguf")   # model + tokenizer + template
+>>> mm.chat(enc, "What is the capital of France?")
+'The capital of France is Paris.'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["chat"]
+
+
+def chat(model: Any, messages: str | Sequence[Mapping[str, Any]], tokenizer: Any = None, *,
+         max_new_tokens: int = 256, **generate_kwargs: Any) -> str:
+    """The assistant's reply to ``messages``.
+
+    ``model``: a decoder with ``generate`` (a :class:`~multimodal.TextDecoder`), or an
+    :class:`~multimodal.hub.Encoder` from :func:`~multimodal.load_encoder`, whose tokenizer
+    is used when ``tokenizer`` is not given. ``messages``: ``[{"role": "user", "content":
+    "..."}, ...]`` or one user message as a string. The prompt is
+    ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)`` (the template
+    adds any system prompt it was trained with); decoding stops at the tokenizer's EOS
+    token (the end of the assistant's turn) or after ``max_new_tokens``;
+    ``generate_kwargs`` go to ``generate`` (``do_sample``, ``temperature``, ...)."""
+    if tokenizer is None:
+        tokenizer = getattr(model, "tokenizer", None)
+    model = getattr(model, "backbone", model)
+    if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
+        raise ValueError("chat needs a tokenizer with a chat template (an HFTokenizer read "
+                         "with the model, e.g. from load_encoder(path) of a GGUF file)")
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    ids = tokenizer.encode_many([prompt], truncation=False)[0]
+    if len(ids) + max_new_tokens > model.max_len:
+        raise ValueError(f"the conversation is {len(ids)} tokens; with max_new_tokens="
+                         f"{max_new_tokens} it exceeds the model's context of {model.max_len}")
+    eos = tokenizer.eos_token_id
+    generate_kwargs.setdefault("eos_token_id", eos)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids], device=device), max_new_tokens=max_new_tokens,
+                             **generate_kwargs)
+    reply = out[0, len(ids):].tolist()
+    if eos is not None and eos in reply:
+        reply = reply[:reply.index(eos)]
+    return tokenizer.decode(reply, skip_special_tokens=True).strip()

@@ -1,0 +1,508 @@
+"""A GGUF file (llama.cpp's one-file format: metadata, tokenizer and quantised weights)
+-> our :class:`~multimodal.TextDecoder` and an :class:`~multimodal.HFTokenizer`.
+
+Read with the ``gguf`` package (llama.cpp's own Python reader). Only the Llama family
+(``general.architecture == "llama"``: Llama, SmolLM, TinyLlama, ...) is converted; its
+tensors are renamed to transformers' ``LlamaForCausalLM`` names and handed to the same
+converter as a transformers model or a Hugging Face folder (:mod:`.hf_text`), so there is
+one Llama mapping in the package.
+
+What llama.cpp changed on the way in, and is undone here:
+
+- **quantisation.** Each weight row is stored in blocks of 32 values. ``Q8_0``: an fp16
+  scale ``d`` and 32 int8 ``q``, ``x = d q``. ``Q4_0``: ``d`` and 32 4-bit ``q``,
+  ``x = d (q - 8)``. ``Q4_1``: ``d``, an fp16 minimum ``m`` and 32 4-bit ``q``,
+  ``x = d q + m``. ``Q5_0`` / ``Q5_1``: the same with a fifth bit stored apart. The "K"
+  types (``Q2_K`` ... ``Q6_K``, as in ``Q4_K_M`` files) use super-blocks of 256 values
+  with 4- to 8-bit sub-block scales. ``F16``, ``BF16``, ``F32`` are plain. Dequantised
+  with ``gguf.quants.dequantize`` to float32; any other type is refused by name (see
+  :data:`SUPPORTED_TYPES`).
+- **shapes.** GGUF lists dimensions fastest first (``[in, out]``); numpy's order
+  (``(out, in)``, ``nn.Linear``'s) is the reverse.
+- **the Q/K row permutation.** llama.cpp rotates adjacent pairs ``(x_{2i}, x_{2i+1})``
+  (GPT-J style) where transformers' Llama rotates the halves ``(x_i, x_{i+d/2})``, so its
+  converter reorders the rows of ``W_q`` and ``W_k`` within each head: GGUF row ``2i`` is
+  HF row ``i``, GGUF row ``2i+1`` is HF row ``i + d/2``. :func:`unpermute_qk` puts them
+  back (per KV head for ``W_k``).
+
+The tokenizer is rebuilt from ``tokenizer.ggml.*`` (tokens, merges, token types, the
+pre-tokenizer name) as a ``tokenizers`` byte-level BPE (``tokenizer.ggml.model ==
+"gpt2"``), and the chat template from ``tokenizer.chat_template``: see
+:func:`gguf_tokenizer`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from multimodal.convert.common import HF_CONVERTERS, HFConfig, meta_parameters
+from multimodal.models.text import TextDecoder
+from multimodal.progress import progress
+from multimodal.tokenizers.hf_json import HFTokenizer
+
+__all__ = ["ARCHITECTURES", "SUPPORTED_TYPES", "from_gguf", "gguf_tokenizer", "is_gguf_file",
+           "load_gguf", "read_gguf_metadata", "unpermute_qk"]
+
+MAGIC = b"GGUF"
+#: ``general.architecture`` values converted (all through transformers' Llama names)
+ARCHITECTURES = ("llama",)
+#: tensor types dequantised (``gguf.GGMLQuantizationType`` names)
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+# GGUF tensor name (after ``blk.N.``) -> transformers LlamaForCausalLM name (after
+# ``model.layers.N.``)
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+              "output": "lm_head"}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+# ======================================================================================
+# the file
+# ======================================================================================
+
+
+def is_gguf_file(path: str | os.PathLike) -> bool:
+    """True for a file that starts with the GGUF magic bytes."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == MAGIC
+    except OSError:
+        return False
+
+
+def _gguf_extent(path: Path) -> int:
+    """The byte count the header says the file has (its tensor data included), read with
+    the format's plain layout; raises ``EOFError`` where the header itself ends early.
+    Used only to explain why ``gguf.GGUFReader`` could not read a file."""
+    with path.open("rb") as f:
+        buf = f.read(1 << 26)  # the header: tokenizer arrays included, well below 64 MiB
+
+    pos = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        size = struct.calcsize(fmt)
+        if pos + size > len(buf):
+            raise EOFError(f"the header ends early (at byte {len(buf)})")
+        value = struct.unpack_from(fmt, buf, pos)
+        pos += size
+        return value[0] if len(value) == 1 else value
+
+    def skip_string() -> None:
+        nonlocal pos
+        length = take("<Q")
+        pos += length
+        if pos > len(buf):
+            raise EOFError(f"the header ends early (at byte {len(buf)})")
+
+    scalar = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+              10: "<Q", 11: "<q", 12: "<d"}
+
+    def skip_value(kind: int) -> None:
+        if kind == 8:
+            skip_string()
+        elif kind == 9:
+            inner, count = take("<I"), take("<Q")
+            for _ in range(count):
+                skip_value(inner)
+        else:
+            take(scalar[kind])
+
+    take("<4s")
+    take("<I")
+    n_tensors, n_kv = take("<Q"), take("<Q")
+    alignment = 32
+    for _ in range(n_kv):
+        start = pos
+        skip_string()
+        key = bytes(buf[start + 8:pos]).decode("utf-8", "replace")
+        kind = take("<I")
+        if key == "general.alignment" and kind == 4:
+            alignment = take("<I")
+        else:
+            skip_value(kind)
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    end = 0
+    for _ in range(n_tensors):
+        skip_string()
+        dims = [take("<Q") for _ in range(take("<I"))]
+        kind, offset = take("<I"), take("<Q")
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        end = max(end, offset + int(np.prod(dims)) // block * size)
+    start = -(-pos // alignment) * alignment
+    return start + end
+
+
+def _open(path: str | os.PathLike) -> Any:
+    """A ``gguf.GGUFReader`` of ``path`` (memory-mapped), with errors that name the file
+    and the problem: absent, not GGUF, truncated (bytes expected vs present), corrupt."""
+    try:
+        import gguf
+    except ImportError as err:
+        raise ImportError("reading a GGUF file needs the gguf package "
+                          "(pip install gguf)") from err
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a GGUF file")
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != MAGIC:
+        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not {MAGIC!r}")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as err:  # the reader's own errors are numpy reshape / index errors
+        size = path.stat().st_size
+        try:
+            expected = _gguf_extent(path)
+        except EOFError as why:
+            raise ValueError(f"{path} is truncated: {why}; the file has {size} bytes") from None
+        except Exception:
+            expected = None
+        if expected is not None and expected > size:
+            raise ValueError(f"{path} is truncated: its header describes {expected} bytes of "
+                             f"header and tensor data, the file has {size}") from None
+        raise ValueError(f"{path} is not a readable GGUF file "
+                         f"({type(err).__name__}: {err})") from None
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def read_gguf_metadata(path: str | os.PathLike, arrays: bool = False) -> dict[str, Any]:
+    """The key/value metadata of a GGUF file as Python values (arrays such as
+    ``tokenizer.ggml.tokens`` shortened to their length unless ``arrays=True``)."""
+    reader = _open(path)
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        if not arrays and len(field.data) > 1:
+            out[key] = f"<array of {len(field.data)}>"
+        else:
+            out[key] = field.contents()
+    return out
+
+
+# ======================================================================================
+# tensors
+# ======================================================================================
+
+
+def unpermute_qk(weight: Tensor, heads: int) -> Tensor:
+    """llama.cpp's Q/K row order -> transformers' (see the module docstring).
+
+    For each of ``heads`` heads of ``d`` rows, GGUF row ``2i`` becomes row ``i`` and
+    row ``2i + 1`` row ``i + d/2``; works on a weight ``(heads d, in)`` or a bias
+    ``(heads d,)``."""
+    rows = weight.shape[0]
+    if rows % (2 * heads):
+        raise ValueError(f"cannot un-permute {rows} rows into {heads} heads of an even size")
+    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]) \
+        .transpose(1, 2).reshape(weight.shape)
+
+
+def _dequantise(tensor: Any, path: Path) -> Tensor:
+    from gguf import quants
+
+    kind = tensor.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise ValueError(f"{path}: tensor {tensor.name!r} is stored as {kind}, which this "
+                         f"reader does not dequantise; supported: {', '.join(SUPPORTED_TYPES)}")
+    shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+    values = quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    values = np.asarray(values, dtype=np.float32).reshape(shape)
+    if not (values.flags.writeable and values.flags.c_contiguous):  # F32: a view of the map
+        values = values.copy()
+    return torch.from_numpy(values)
+
+
+def _hf_config(reader: Any, path: Path) -> dict[str, Any]:
+    """transformers ``LlamaConfig`` fields from ``llama.*`` metadata."""
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
+                         f"{', '.join(ARCHITECTURES)}")
+
+    def need(key: str) -> Any:
+        value = _field(reader, f"{arch}.{key}")
+        if value is None:
+            raise ValueError(f"{path}: metadata {arch}.{key} is missing")
+        return value
+
+    heads = int(need("attention.head_count"))
+    dim = int(need("embedding_length"))
+    head_dim = dim // heads
+    kv_heads = _field(reader, f"{arch}.attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):
+        raise ValueError(f"{path}: a KV head count per layer ({arch}.attention.head_count_kv "
+                         "is an array) is not supported")
+    for key in ("rope.dimension_count", "attention.key_length", "attention.value_length"):
+        value = _field(reader, f"{arch}.{key}")
+        if value is not None and int(value) != head_dim:
+            raise ValueError(f"{path}: {arch}.{key} = {value} differs from the head size "
+                             f"{head_dim} (embedding_length / head_count); partial rotary or "
+                             "odd head sizes are not supported")
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ValueError(f"{path}: rope scaling {scaling!r} ({arch}.rope.scaling.type) is not "
+                         "supported (only the default rope)")
+    names = {t.name for t in reader.tensors}
+    vocab = _field(reader, f"{arch}.vocab_size")
+    if vocab is None:
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        vocab = len(tokens.data) if tokens is not None else (
+            int(embed.shape[1]) if embed is not None else None)
+    if vocab is None:
+        raise ValueError(f"{path}: cannot tell the vocabulary size (no {arch}.vocab_size, "
+                         "tokenizer.ggml.tokens or token_embd.weight)")
+    _check_against_tensors(reader, path, arch, int(need("block_count")), dim, int(vocab))
+    return {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "vocab_size": int(vocab), "hidden_size": dim,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": heads, "num_key_value_heads": int(kv_heads),
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 2048)),
+        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "hidden_act": "silu", "attention_bias": "blk.0.attn_q.bias" in names,
+        "mlp_bias": "blk.0.ffn_up.bias" in names,
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+
+
+def _check_against_tensors(reader: Any, path: Path, arch: str, depth: int, dim: int,
+                           vocab: int) -> None:
+    """The metadata's depth, width and vocabulary agree with the tensors actually in the
+    file, before any model is built (a corrupt or hostile header cannot make us build a
+    million layers or mis-size everything)."""
+    layers = {int(m.group(1)) for t in reader.tensors if (m := _BLOCK_RE.match(t.name))}
+    if layers != set(range(depth)):
+        raise ValueError(f"{path}: {arch}.block_count = {depth}, but the file holds tensors "
+                         f"of {len(layers)} blocks (blk.{min(layers, default='-')} .. "
+                         f"blk.{max(layers, default='-')})")
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise ValueError(f"{path}: no token_embd.weight tensor")
+    shape = tuple(int(n) for n in reversed(embed.shape.tolist()))
+    if shape != (vocab, dim):
+        raise ValueError(f"{path}: token_embd.weight is {shape} (vocabulary, width), the "
+                         f"metadata says ({vocab}, {dim}) ({arch}.vocab_size / "
+                         f"{arch}.embedding_length)")
+
+
+def _hf_name(name: str, path: Path) -> str:
+    top, _, kind = name.rpartition(".")
+    if top in _TOP_NAMES and kind in ("weight", "bias"):
+        return f"{_TOP_NAMES[top]}.{kind}"
+    match = _BLOCK_RE.match(name)
+    if match and match.group(2) in _BLOCK_NAMES:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+    raise ValueError(f"{path}: tensor {name!r} has no Llama counterpart (a feature this "
+                     "package does not implement, e.g. rope_freqs of Llama 3.1 rope scaling)")
+
+
+def _hf_state(reader: Any, config: Mapping[str, Any], path: Path) -> dict[str, Tensor]:
+    """Every tensor dequantised, renamed to transformers' Llama names, Q/K un-permuted."""
+    state: dict[str, Tensor] = {}
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    for tensor in progress(reader.tensors, desc=f"dequantising {path.name}", unit="tensor"):
+        name = _hf_name(tensor.name, path)
+        value = _dequantise(tensor, path)
+        if ".q_proj." in name:
+            value = unpermute_qk(value, heads)
+        elif ".k_proj." in name:
+            value = unpermute_qk(value, kv_heads)
+        state[name] = value
+    if config["tie_word_embeddings"] and "model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return state
+
+
+class _Snapshot:
+    """What a converter reads from a model: ``config`` and ``state_dict()``; subclassed
+    under the architecture's name, which the converters dispatch on."""
+
+    def __init__(self, config: HFConfig, state: dict[str, Tensor]) -> None:
+        self.config, self._state = config, state
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self._state
+
+
+def _model(reader: Any, path: Path) -> TextDecoder:
+    config = _hf_config(reader, path)
+    state = _hf_state(reader, config, path)
+    snapshot = type("LlamaForCausalLM", (_Snapshot,), {})(
+        HFConfig(config, Path(f"{path} (metadata)")), state)
+    try:
+        with meta_parameters():  # the dequantised tensors become the parameters
+            return HF_CONVERTERS["LlamaForCausalLM"](snapshot)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def from_gguf(path: str | os.PathLike) -> TextDecoder:
+    """A Llama-family GGUF file -> :class:`~multimodal.TextDecoder` (float32 weights)."""
+    path = Path(path)
+    return _model(_open(path), path)
+
+
+# ======================================================================================
+# the tokenizer
+# ======================================================================================
+
+# tokenizer.ggml.pre -> how text is split before the byte-level BPE, as llama.cpp does
+# (llama-vocab.cpp); None: GPT-2's split
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_PRE_TOKENIZERS = {"default": None, "gpt2": None, "gpt-2": None,
+                   "smollm": "digits", "starcoder": "digits", "refact": "digits",
+                   "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
+                   "llama-bpe": _LLAMA3_SPLIT}
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (byte-level BPE's alphabet)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _pre_tokenizer(pre: str | None, add_prefix_space: bool, path: Path) -> Any:
+    from tokenizers import Regex, pre_tokenizers
+
+    if pre is not None and pre not in _PRE_TOKENIZERS:
+        raise ValueError(f"{path}: tokenizer.ggml.pre = {pre!r} is not supported; supported: "
+                         f"{sorted(_PRE_TOKENIZERS)}")
+    split = _PRE_TOKENIZERS.get(pre or "default")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space,
+                                          use_regex=split is None or split == "digits")
+    if split is None:
+        return byte_level
+    if split == "digits":  # every digit its own piece, then GPT-2's split
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        byte_level])
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                    byte_level])
+
+
+def _tokenizer(reader: Any, path: Path) -> HFTokenizer:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind is None:
+        raise ValueError(f"{path} holds no tokenizer (no tokenizer.ggml.model)")
+    if kind != "gpt2":
+        raise ValueError(f"{path}: tokenizer.ggml.model = {kind!r} is not supported; only "
+                         "byte-level BPE ('gpt2', e.g. SmolLM2, Llama 3) is rebuilt. Pass a "
+                         "tokenizer yourself (load_encoder(path, tokenizer=...))")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    merges = _field(reader, "tokenizer.ggml.merges")
+    if not tokens or merges is None:
+        raise ValueError(f"{path}: a byte-level BPE tokenizer needs tokenizer.ggml.tokens "
+                         "and tokenizer.ggml.merges")
+    types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise ValueError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries, "
+                         f"tokenizer.ggml.tokens {len(tokens)}")
+    alphabet = set(_byte_alphabet().values())
+    vocab = {token: i for i, token in enumerate(tokens)}
+    pairs = []
+    for i, merge in enumerate(merges):
+        left, sep, right = merge.partition(" ")
+        if not sep:
+            raise ValueError(f"{path}: tokenizer.ggml.merges[{i}] = {merge!r} is not 'a b'")
+        pairs.append((left, right))
+    backend = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False))
+    backend.pre_tokenizer = _pre_tokenizer(_field(reader, "tokenizer.ggml.pre"),
+                                           bool(_field(reader, "tokenizer.ggml.add_space_prefix",
+                                                       False)), path)
+    backend.decoder = decoders.ByteLevel()
+    # control tokens (<|im_start|>, ...) stay whole and are skipped on decoding; user-defined
+    # ones stay whole too; a control token outside the byte alphabet would be a mislabel
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, k in zip(tokens, types, strict=True)
+                                if k == _CONTROL and set(t) <= alphabet])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t, k in zip(tokens, types, strict=True) if k == _USER_DEFINED])
+
+    def special(key: str) -> str | None:
+        i = _field(reader, f"tokenizer.ggml.{key}_token_id")
+        if i is None:
+            return None
+        if not 0 <= int(i) < len(tokens):
+            raise ValueError(f"{path}: tokenizer.ggml.{key}_token_id = {i} is outside the "
+                             f"vocabulary of {len(tokens)}")
+        return tokens[int(i)]
+
+    bos, eos = special("bos"), special("eos")
+    add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False)) and bos is not None
+    add_eos = bool(_field(reader, "tokenizer.ggml.add_eos_token", False)) and eos is not None
+    if add_bos or add_eos:
+        single = [*([bos] if add_bos else []), "$A", *([eos] if add_eos else [])]
+        backend.post_processor = processors.TemplateProcessing(
+            single=" ".join(single),
+            special_tokens=[(t, vocab[t]) for t in {bos if add_bos else None,
+                                                    eos if add_eos else None} - {None}])
+    pad = special("padding")
+    return HFTokenizer(backend, pad_id=vocab[pad] if pad is not None else 0,
+                       chat_template=_field(reader, "tokenizer.chat_template"),
+                       bos_token=bos, eos_token=eos)
+
+
+def gguf_tokenizer(path: str | os.PathLike) -> HFTokenizer:
+    """The tokenizer described by a GGUF file's metadata, with its chat template.
+
+    Byte-level BPE (``tokenizer.ggml.model == "gpt2"``): the vocabulary and merges as
+    stored, split before BPE as llama.cpp does for ``tokenizer.ggml.pre`` (``"smollm"``:
+    each digit alone, then GPT-2's split; ``"llama-bpe"``: Llama 3's split; default:
+    GPT-2's), tokens typed *control* as special tokens (kept whole, dropped by
+    ``decode``), *user-defined* ones kept whole, BOS / EOS added when
+    ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` say so, padding with
+    ``tokenizer.ggml.padding_token_id``. SentencePiece vocabularies (``"llama"``) are
+    refused by name."""
+    path = Path(path)
+    return _tokenizer(_open(path), path)
+
+
+def load_gguf(path: str | os.PathLike,
+              tokenizer: bool = True) -> tuple[TextDecoder, HFTokenizer | None]:
+    """``(model, tokenizer)`` of a GGUF file read once; the tokenizer is ``None`` when the
+    file holds none or ``tokenizer=False`` (then its metadata is not read, so a file whose
+    tokenizer is not rebuilt still gives its model)."""
+    path = Path(path)
+    reader = _open(path)
+    model = _model(reader, path)
+    has_tokenizer = tokenizer and "tokenizer.ggml.model" in reader.fields
+    return model, _tokenizer(reader, path) if has_tokenizer else None
