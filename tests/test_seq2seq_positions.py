@@ -4,6 +4,7 @@ positions (``rope="1d"``) make it order-aware again and depend only on relative 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -88,5 +89,5 @@ def test_benchmark_variants_build_what_they_name() -> None:
     assert wide.config.encoder.backbone.mlp_dim == 288
     assert isinstance(TextDecoderConfig(pos_embed="none"), TextDecoderConfig)
     for bad in ("transformer:pos=alibi", "gru:dim=4", "transformer:width=3", "gpt"):
-        with pytest.raises(Exception, match="pos|variant|unknown"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"pos|variant|unknown"):
             bench.parse_variant(bad)
