@@ -25,6 +25,15 @@ run appends one JSON line to ``--results``, and ``--report FILE...`` prints the 
 (median and min-max over seeds) and draws the figure from those lines, so runs split
 over several processes are summarised together.
 
+Issue 33 (the transformer's side): ``--models transformer:pos=rope,norm=post,dim=96,depth=1``
+trains a variant of the transformer (positions learned / sinusoidal / rotary, encoder
+post-norm, width, depth, heads, MLP ratio); ``--lr`` / ``--warmup`` set the recipe;
+``--converge`` trains until validation exact match stops improving and records the CPU
+seconds to 90 %; ``--train-numbers M`` trains on lists of 1..M numbers and tests on 1..K
+(length generalisation); ``--length-throughput`` measures training tokens per CPU second
+against source length; ``--cross-attention`` draws each trained transformer's
+cross-attention on a 4-number list.
+
 The RNN hidden sizes are picked so that each model's parameter count is the closest to
 the transformer's (configs/seq2seq_numbers.yaml, 239 616 parameters).
 
@@ -522,7 +531,8 @@ def main() -> None:
                         help="K > 1: lists of 1..K numbers per example")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=float, default=0.05,
-                        help="linear warm-up over this fraction of the budget")
+                        help="linear warm-up over this fraction of the budget (--converge: of "
+                             "--check-every, then a constant learning rate)")
     parser.add_argument("--rounds", type=int, default=5, help="throughput rounds (0: none)")
     parser.add_argument("--steps", type=int, default=10, help="training steps per round")
     parser.add_argument("--figures", default="docs/figures")
