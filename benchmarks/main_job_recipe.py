@@ -49,12 +49,13 @@ def _set(cfg: dict, dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
-def _build_model(spec: dict) -> torch.nn.Module:
+def _build_model(spec: dict, num_classes: int) -> torch.nn.Module:
+    """The config's model; its class count comes from the data, as the CLI links it."""
     import importlib
 
     module, _, name = spec["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module), name)
-    config = cls.config_class(**spec["init_args"]["config"])
+    config = cls.config_class(**{"num_classes": num_classes, **spec["init_args"]["config"]})
     return cls(config)
 
 
@@ -64,12 +65,12 @@ class Recipe:
     def __init__(self, name: str, cfg: dict) -> None:
         self.name = name
         task = cfg["model"]["init_args"]
-        self.model = _build_model(task["model"])
+        data_args = dict(cfg["data"]["init_args"])
+        self.data = ImageClassificationDataModule(**data_args)
+        self.model = _build_model(task["model"], self.data.num_classes)
         self.smoothing = float(task.get("label_smoothing", 0.0))
         self.opt = adamw(self.model, float(task.get("lr", 1e-3)),
                          float(task.get("weight_decay", 0.05)))
-        data_args = dict(cfg["data"]["init_args"])
-        self.data = ImageClassificationDataModule(**data_args)
         self.data.setup("fit")
         self.train_loader = self.data.train_dataloader()
         self.val_loader = self.data.val_dataloader()

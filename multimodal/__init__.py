@@ -74,6 +74,10 @@ _EXPORTS: dict[str, str] = {
     "native_bf16": "multimodal.precision",
     "synthesize": "multimodal.synthesis",  # text-to-speech (issue 21)
     "CodecLM": "multimodal.models.codec_lm",  # VALL-E AR + NAR (issue 21)
+    # speech recognition with a real Whisper (issue 34)
+    "Whisper": "multimodal.models.whisper",
+    "WhisperConfig": "multimodal.models.whisper",
+    "transcribe": "multimodal.asr",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",

@@ -4,10 +4,12 @@
     multimodal validate --config ... --ckpt_path best
     multimodal test     --config ... --ckpt_path last
     multimodal predict  --config ... --ckpt_path best --data.predict_dir my_images/
+    multimodal predict  --ckpt_path run/checkpoints/last.ckpt --data.init_args.predict_dir D
     multimodal speak    --ckpt tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
     multimodal embed    --model FOLDER --inputs DIR|MANIFEST --out emb.safetensors
     multimodal zero-shot --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
     multimodal caption  --model captioner.ckpt|FOLDER --inputs DIR
+    multimodal transcribe --model WHISPER_DIR --inputs clips/ [--out transcripts.csv]
 
 Every value of the YAML can be overridden on the command line. ``fit`` resumes an
 interrupted run with ``--ckpt_path last`` (the newest whole checkpoint: a truncated or
@@ -37,6 +39,7 @@ it. Either way the run logs one line ``precision: <value> (<why>)``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from pathlib import Path, PurePath
@@ -46,7 +49,7 @@ import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from multimodal.callbacks import EpochSummary, Preemption, resume_checkpoint
 from multimodal.precision import auto_precision
@@ -144,9 +147,92 @@ def resolve_precision(trainer_config: dict[str, Any], model: Any) -> tuple[Any, 
     return precision, f"auto: {reason}; --trainer.precision overrides"
 
 
+def _class_of(class_path: Any) -> type | None:
+    if not isinstance(class_path, str) or "." not in class_path:
+        return None
+    module, name = class_path.rsplit(".", 1)
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    return cls if isinstance(cls, type) else None
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def _modality_of_data(class_path: str) -> str | None:
+    for key, kind in (("vision", "image"), ("images", "image"), ("audio", "audio"),
+                      ("text", "text")):
+        if class_path.startswith(f"multimodal.data.{key}"):
+            return kind
+    return None
+
+
+def follow_pretrained(config: Namespace) -> list[str]:
+    """With ``model.init_args.pretrained`` set, the data follows the model: every data
+    argument the folder / checkpoint implies (:func:`multimodal.tasks.pretrained.data_settings`:
+    image size, mean, std, waveforms for an audio front end, the tokenizer) is filled in
+    where the config left the data module's default; a value set away from the model's is
+    kept with a warning naming both. A classification task without ``modality`` gets the
+    data's (image / audio / text), which picks the tower of a CLIP folder. Returns the
+    warnings (also printed)."""
+    from multimodal.tasks.pretrained import data_settings
+
+    init = config.get("model.init_args")
+    data = config.get("data")
+    if not isinstance(init, Namespace) or init.get("pretrained") is None \
+            or not isinstance(data, Namespace):
+        return []
+    data_path = str(data.get("class_path") or "")
+    if "modality" in init and init.get("modality") is None:
+        init["modality"] = _modality_of_data(data_path)
+    data_cls = _class_of(data_path)
+    if data_cls is None:
+        return []
+    if data.get("init_args") is None:
+        data["init_args"] = Namespace()
+    args, defaults = data["init_args"], _defaults(data_cls)
+    warnings = []
+    for key, value in data_settings(init["pretrained"]).items():
+        if key not in defaults:
+            continue
+        current = args.get(key, defaults[key])
+        if current is None or current == defaults[key]:
+            args[key] = value
+        elif _differs(current, value):
+            warnings.append(f"warning: data {key}={current!r} but the pretrained model "
+                            f"{init['pretrained']} expects {key}={value!r}; the data setting "
+                            f"is kept")
+    for line in warnings:
+        rank_zero_warn(line)
+    return warnings
+
+
+def _differs(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) != len(b) or any(abs(float(x) - float(y)) > 1e-6
+                                       for x, y in zip(a, b, strict=True))
+    return a != b
+
+
+def _data_class_names(datamodule: Any) -> list[str] | None:
+    names = getattr(datamodule, "class_names", None)
+    return [str(n) for n in names] if names else None
+
+
 class MultimodalCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
-        place_run_outputs(self.config[self.subcommand] if self.subcommand else self.config)
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        place_run_outputs(config)
+        ckpt_path, init = config.get("ckpt_path"), config.get("model.init_args")
+        if ckpt_path and Path(str(ckpt_path)).is_file() and isinstance(init, Namespace) \
+                and init.get("pretrained") is not None:
+            # the checkpoint holds the whole model: no need for the folder it started from
+            init["pretrained"] = str(ckpt_path)
+        follow_pretrained(config)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
@@ -161,6 +247,10 @@ class MultimodalCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="after fit, run test on the best checkpoint")
+        # a classifier's classes come from its data module (tasks without the argument
+        # ignore the link; an explicit num_classes that disagrees is the task's error)
+        parser.link_arguments("data", "model.init_args.class_names",
+                              compute_fn=_data_class_names, apply_on="instantiate")
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")
@@ -222,6 +312,66 @@ def speak(args: list[str]) -> int:
     return 0
 
 
+_TASK_OF_MODEL = {"ViT": "multimodal.tasks.ClassificationTask",
+                  "AudioClassifier": "multimodal.tasks.ClassificationTask",
+                  "TextEncoder": "multimodal.tasks.SequenceClassificationTask"}
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def predict_from_checkpoint(argv: list[str]) -> list[str]:
+    """``multimodal predict --ckpt_path X --data.init_args.predict_dir D`` without a config
+    (``test`` / ``validate`` likewise):
+    the checkpoint knows the task (its class and arguments), the model and class names
+    (``pretrained: X``) and the data module's arguments, so they become a config written
+    next to nothing the user keeps (a temporary file), prepended to ``argv``. Any other
+    argument still overrides it. ``argv`` is returned unchanged when a config is given or
+    there is no ``--ckpt_path``."""
+    if not argv or argv[0] not in ("predict", "test", "validate") or any(
+            a in ("--config", "-c") or a.startswith("--config=") for a in argv):
+        return argv
+    ckpt_path = _option(argv, "--ckpt_path")
+    if ckpt_path is None:
+        return argv
+    import tempfile
+
+    import yaml
+
+    from multimodal.hub import read_checkpoint
+
+    ckpt = read_checkpoint(ckpt_path)
+    hp = {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items()}
+    about = ckpt.get("multimodal_model") or {}
+    task = hp.pop("_class_path", None) or _TASK_OF_MODEL.get(about.get("model_type"))
+    if task is None:
+        raise ValueError(f"{ckpt_path}: the checkpoint does not say its task; give --config")
+    model_args = {k: v for k, v in hp.items() if not k.startswith("_")}
+    model_args.update(pretrained=str(ckpt_path), overrides=None)
+    model_args.pop("init_from", None)  # the checkpoint already holds those weights
+    data_hp = dict(ckpt.get("datamodule_hyper_parameters") or {})
+    data_path = data_hp.pop("_class_path", None)
+    config: dict[str, Any] = {"model": {"class_path": task, "init_args": model_args}}
+    if data_path is not None:
+        data_args = {k: v for k, v in data_hp.items() if not k.startswith("_")}
+        config["data"] = {"class_path": data_path, "init_args": data_args}
+    elif not any(a == "--data" or a.startswith(("--data=", "--data.class_path")) for a in argv):
+        raise SystemExit(f"error: {ckpt_path} holds no data module arguments (its data module "
+                         "does not call save_hyperparameters): name the data with --config "
+                         "or --data CLASS --data.init_args...")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="predict-",
+                                     delete=False) as f:
+        yaml.safe_dump(config, f)
+    rank_zero_info(f"{argv[0]}: task, model, class names and data arguments from {ckpt_path}")
+    return [argv[0], "--config", f.name, *argv[1:]]
+
+
 def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     argv = sys.argv[1:] if args is None else args
@@ -237,6 +387,15 @@ def main(args: list[str] | None = None) -> None:
         if code:
             raise SystemExit(code)
         return
+    if argv and argv[0] == "transcribe":
+        from multimodal.asr import main as transcribe_main
+
+        code = transcribe_main(argv[1:])
+        if code:
+            raise SystemExit(code)
+        return
+    argv = predict_from_checkpoint(list(argv))
+    args = argv if args is not None or argv != sys.argv[1:] else None
     MultimodalCLI(
         L.LightningModule,
         L.LightningDataModule,

@@ -24,6 +24,7 @@ from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
 from multimodal.convert import convert, from_hf_folder
+from multimodal.convert.ctranslate2 import is_ctranslate2_dir
 from multimodal.convert.gguf import is_gguf_file, load_gguf
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling, write_folder_pooling
 from multimodal.convert.hf_preprocess import (
@@ -187,11 +188,29 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path = "checkpoint")
               if isinstance(v, torch.Tensor)}
     where = f"{path}: model_config"
     check_depth(Path(where), cfg, shapes, Path(path).name)
+    lora = about.get("lora")  # a LoRA run: the state holds base weights and adapters
     shadow = meta_model(model_cls, cfg, where)
+    if isinstance(lora, dict):
+        _wrap_lora(shadow, lora)
     compare_shapes(shadow, _submodule_state(shapes, shadow), cfg, where, path)
     model = build_model(model_cls, cfg)
+    if isinstance(lora, dict):
+        from multimodal.nn.lora import merge_lora
+
+        _wrap_lora(model, lora)
+        load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
+        return merge_lora(model, inplace=True).eval()
     load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
     return model.eval()
+
+
+def _wrap_lora(model: nn.Module, settings: dict[str, Any]) -> None:
+    """The LoRA layers a fine-tuning run recorded (``multimodal_model["lora"]``)."""
+    from multimodal.nn.lora import apply_lora
+
+    apply_lora(model, settings["rank"], settings["alpha"], tuple(settings["targets"]),
+               dropout=settings.get("dropout", 0.0),
+               trainable=tuple(settings.get("trainable", ())))
 
 
 def _submodule_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -262,8 +281,12 @@ class Encoder(nn.Module):
     embeddings of images or token ids.
 
     With ``freeze`` (the default) no parameter needs gradients and the backbone stays in
-    eval mode even when a model holding the encoder is trained. ``compile`` / ``quantize``
-    are the place for compiled / int8 forwards (not available yet: a NotImplementedError).
+    eval mode even when a model holding the encoder is trained. ``compile=True``: the
+    backbone's verbs compiled with ``torch.compile`` (:func:`multimodal.optimize.
+    compile_encoder`; one warning and eager where compiling is unavailable);
+    ``quantize="int8"``: its Linears dynamically quantised (:func:`multimodal.optimize.
+    quantize_int8`, a frozen CPU encoder only; check :func:`~multimodal.optimize.
+    output_cosine` on your data first, docs/speed.md).
     """
 
     MODALITIES = ("image", "text", "audio", "image+text")
@@ -294,12 +317,9 @@ class Encoder(nn.Module):
             self.backbone.requires_grad_(False)
         self.eval()
         if compile or quantize:
-            # the compiled / int8 forwards (multimodal.optimize) plug in here, e.g.
-            # self.backbone = optimize.encoder(self.backbone, compile=..., quantize=...):
             # every encode() reaches the model only through self.backbone's verbs
-            # (forward_features, pool, encode_image / encode_text) in _tokens / _embeddings
-            raise NotImplementedError("Encoder(compile=..., quantize=...) is not available "
-                                      "in this version")
+            # (forward_features, pool, encode_image / encode_text): optimise those
+            self.backbone = _optimized(self.backbone, compile, quantize, freeze)
 
     def train(self, mode: bool = True) -> Encoder:
         """A frozen encoder stays in eval mode (no dropout) inside a model being trained."""
@@ -566,6 +586,26 @@ def checkpoint_image_preprocessor(ckpt: dict[str, Any], model: nn.Module) -> Any
                              image_std=per_channel(args["std"]), channels=channels)
 
 
+def _optimized(backbone: nn.Module, compile: bool, quantize: str | None,
+                freeze: bool) -> nn.Module:
+    """``backbone`` through :func:`multimodal.optimize.optimize_encoder` for an Encoder."""
+    import warnings
+
+    from multimodal.optimize import compile_encoder, optimize_encoder
+
+    if quantize is not None and not freeze:
+        raise ValueError(f"quantize={quantize!r} makes an inference-only encoder: use it "
+                         "with freeze=True")
+    backbone = optimize_encoder(backbone, quantize=quantize)
+    if compile:
+        try:
+            backbone = compile_encoder(backbone)
+        except RuntimeError as err:
+            warnings.warn(f"Encoder(compile=True): {err}; running eagerly", RuntimeWarning,
+                          stacklevel=3)
+    return backbone
+
+
 def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
                  freeze: bool = True, *, pooling: FolderPooling | str | None = None,
                  compile: bool = False, quantize: str | None = None) -> Encoder:
@@ -606,7 +646,7 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
             if not path.exists():
                 raise FileNotFoundError(f"{path} does not exist: load_encoder expects a "
                                         "model folder or a .ckpt file")
-            if _is_hf_folder(path):
+            if _is_hf_folder(path) or is_ctranslate2_dir(path):
                 model, preprocessor = _load_hf_folder(path)
             else:
                 model = from_pretrained(path)
@@ -642,6 +682,8 @@ def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
     present), the image preprocessor (images) or the front end's settings (audio, applied
     to the model)."""
     model = from_hf_folder(path)
+    if getattr(model, "modality", None) == "audio-text":  # a whole Whisper: its encoder
+        model = model.encoder
     pre = read_preprocessor_config(path)
     if pre is None:
         return model, None

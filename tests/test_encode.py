@@ -173,8 +173,10 @@ def test_bad_requests_are_named(wordpiece):
         encoder.encode(SENTENCES, modality="image")
     with pytest.raises(ValueError, match="text 1 is a int"):
         encoder.encode(["fine", 3])
-    with pytest.raises(NotImplementedError, match="compile"):
-        Encoder(_text_encoder(wordpiece), wordpiece, compile=True)
+    with pytest.raises(ValueError, match="quantize must be one of"):
+        Encoder(_text_encoder(wordpiece), wordpiece, quantize="int4")
+    with pytest.raises(ValueError, match="freeze=True"):
+        Encoder(_text_encoder(wordpiece), wordpiece, quantize="int8", freeze=False)
     with pytest.raises(ValueError, match="pooling"):
         Encoder(_text_encoder(wordpiece), wordpiece, pooling="median")
 

@@ -10,6 +10,8 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     generation                 the model-agnostic decoding loop; imports only nn. Models call
                                it from ``.generate``, so it sits beside nn, below the models
     models                     every model; imports the layers above, never Lightning
+    optimize                   compiled / bf16 / int8 encoder inference (functions on any
+                               model; precision and generation's compile check only)
     hub, convert               what knows every model: loading by model_type, checkpoints,
                                encoders, presets, conversion from other libraries
     synthesis                  text-to-speech from a CodecLM checkpoint (models + hub)
@@ -38,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 _BASE = {"weights", "registry", "plots", "progress", "precision"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
-_ZOO = {*_MODELS, "hub", "convert", "embeddings", "synthesis"}
+_ZOO = {*_MODELS, "hub", "convert", "embeddings", "synthesis", "optimize"}
 ALLOWED: dict[str, set[str]] = {
     "__init__": set(),  # lazy attribute access only, never a module-level import
     "weights": set(),
@@ -49,15 +51,17 @@ ALLOWED: dict[str, set[str]] = {
     "nn": {"weights", "nn"},
     "tokenizers": {"tokenizers"},
     "generation": {"nn"},
+    "optimize": {"precision", "generation"},
     "models": _MODELS,
     "hub": _ZOO,
     "convert": _ZOO,
     "embeddings": {"tokenizers"},
     "synthesis": {*_MODELS, "hub"},  # text-to-speech from a CodecLM checkpoint
+    "asr": {*_ZOO},  # speech to text with a Whisper (issue 34)
     "tasks": {*_ZOO, "tasks"},
     "data": {*_LAYERS, "data"},
     "callbacks": {"progress"},
-    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli", "inference_cli"},
+    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli", "inference_cli", "asr"},
     "inference": {*_ZOO, "data", "progress"},  # embed / zero-shot / caption loops
     "inference_cli": {"inference", "hub"},  # their command-line front ends
     "prepare": {*_LAYERS, "data"},  # multimodal-prepare: sources -> shards

@@ -52,6 +52,7 @@ GENERATE = {
     "Captioner": lambda m, x: m.generate(x[0], max_new_tokens=2),
     "Seq2Seq": lambda m, x: m.generate(x[0], max_new_tokens=2),
     "RNNSeq2Seq": lambda m, x: m.generate(x[0], max_new_tokens=2),
+    "Whisper": lambda m, x: m.generate(x[0], max_new_tokens=2),
 }
 
 

@@ -51,7 +51,9 @@ from multimodal.convert import (  # noqa: F401  (each module registers its conve
     hf_vision,
 )
 from multimodal.convert.common import HF_CONVERTERS, SUPPORTED
+from multimodal.convert.ctranslate2 import from_ctranslate2
 from multimodal.convert.gguf import from_gguf, gguf_tokenizer, load_gguf
+from multimodal.convert.hf_audio import whisper_from_hf
 from multimodal.convert.hf_folder import from_hf_folder, read_hf_weights
 from multimodal.convert.openclip import from_open_clip
 from multimodal.convert.timm_vit import from_timm
@@ -75,7 +77,10 @@ def from_hf(model: nn.Module | str | os.PathLike) -> nn.Module:
     ``GPT2Model`` / ``GPT2LMHeadModel`` -> :class:`~multimodal.TextDecoder`,
     ``BertModel`` / ``BertForMaskedLM`` / ``BertForSequenceClassification`` ->
     :class:`~multimodal.TextEncoder`, ``CLIPModel`` -> :class:`~multimodal.CLIP`; see
-    :data:`SUPPORTED` for the rest.
+    :data:`SUPPORTED` for the rest. A CTranslate2 Whisper directory (``model.bin``,
+    faster-whisper's layout) -> :class:`~multimodal.Whisper` (encoder and decoder);
+    a transformers ``WhisperForConditionalGeneration`` converts to its encoder here, to
+    the whole Whisper with :func:`whisper_from_hf`.
     """
     if isinstance(model, (str, os.PathLike)):
         return from_hf_folder(model)
@@ -100,5 +105,6 @@ def convert(model: nn.Module, **kwargs: Any) -> nn.Module:
                      + "; ".join(f"{lib}: {what}" for lib, what in SUPPORTED.items()))
 
 
-__all__ = ["SUPPORTED", "convert", "from_gguf", "from_hf", "from_hf_folder", "from_open_clip",
-           "from_timm", "from_torchvision", "gguf_tokenizer", "load_gguf", "read_hf_weights"]
+__all__ = ["SUPPORTED", "convert", "from_ctranslate2", "from_gguf", "from_hf", "from_hf_folder",
+           "from_open_clip", "from_timm", "from_torchvision", "gguf_tokenizer", "load_gguf",
+           "read_hf_weights", "whisper_from_hf"]

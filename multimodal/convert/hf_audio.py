@@ -31,6 +31,8 @@ overrides the statistics (:mod:`multimodal.convert.hf_preprocess`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -47,6 +49,8 @@ from multimodal.convert.common import (
 )
 from multimodal.convert.hf_vision import vit_encoder_layers
 from multimodal.models.audio import AudioClassifier, AudioClassifierConfig
+from multimodal.models.text import TextDecoderConfig
+from multimodal.models.whisper import WHISPER_LANGUAGES, Whisper, WhisperConfig
 from multimodal.tokenizers.audio_frontends import AST_MEAN, AST_STD
 
 
@@ -121,9 +125,8 @@ def _keep_tokenizer_state(model: AudioClassifier, out: dict[str, Tensor]) -> Non
             out.setdefault(key, value)
 
 
-def _hf_whisper(model: nn.Module) -> AudioClassifier:
-    """``WhisperModel`` / ``WhisperForConditionalGeneration`` -> its encoder as an
-    AudioClassifier without head (the decoder is not converted)."""
+def _whisper_encoder(model: Any) -> tuple[AudioClassifierConfig, dict[str, Tensor]]:
+    """The encoder config and state (our names) of a transformers Whisper."""
     cfg, kind = model.config, type(model).__name__
     prefix = "model.encoder." if kind == "WhisperForConditionalGeneration" else "encoder."
     state = model.state_dict()
@@ -141,24 +144,105 @@ def _hf_whisper(model: nn.Module) -> AudioClassifier:
     for conv in ("conv1", "conv2"):
         put_linear(out, f"embed.{conv}", src.take(f"{conv}.weight"), src.take(f"{conv}.bias"))
     for i in range(config.depth):
-        t, o = f"layers.{i}", f"transformer.blocks.{i}"
-        a = f"{t}.self_attn"
-        q_bias = src.take(f"{a}.q_proj.bias")
-        put_linear(out, f"{o}.attn.qkv",
-                   torch.cat([src.take(f"{a}.{p}_proj.weight") for p in "qkv"]),
-                   torch.cat([q_bias, torch.zeros_like(q_bias), src.take(f"{a}.v_proj.bias")]))
-        put_linear(out, f"{o}.attn.proj", src.take(f"{a}.out_proj.weight"),
-                   src.take(f"{a}.out_proj.bias"))
-        put_norm(out, f"{o}.norm1", src, f"{t}.self_attn_layer_norm")
-        put_norm(out, f"{o}.norm2", src, f"{t}.final_layer_norm")
-        for fc in ("fc1", "fc2"):
-            put_linear(out, f"{o}.mlp.{fc}", src.take(f"{t}.{fc}.weight"),
-                       src.take(f"{t}.{fc}.bias"))
+        _whisper_layer(out, src, f"layers.{i}", f"transformer.blocks.{i}", cross=False)
     put_norm(out, "transformer.norm", src, "layer_norm")
     src.finish()
+    return config, out
+
+
+def _whisper_layer(out: dict[str, Tensor], src: StateReader, t: str, o: str,
+                   cross: bool) -> None:
+    """One Whisper layer: self-attention (no key bias: a zero bias in our fused ``qkv``),
+    [cross-attention: ``q``, fused ``kv``], MLP, and their pre-norms."""
+    a = f"{t}.self_attn"
+    q_bias = src.take(f"{a}.q_proj.bias")
+    put_linear(out, f"{o}.attn.qkv",
+               torch.cat([src.take(f"{a}.{p}_proj.weight") for p in "qkv"]),
+               torch.cat([q_bias, torch.zeros_like(q_bias), src.take(f"{a}.v_proj.bias")]))
+    put_linear(out, f"{o}.attn.proj", src.take(f"{a}.out_proj.weight"),
+               src.take(f"{a}.out_proj.bias"))
+    put_norm(out, f"{o}.norm1", src, f"{t}.self_attn_layer_norm")
+    if cross:
+        c = f"{t}.encoder_attn"
+        put_linear(out, f"{o}.cross_attn.q", src.take(f"{c}.q_proj.weight"),
+                   src.take(f"{c}.q_proj.bias"))
+        v_bias = src.take(f"{c}.v_proj.bias")
+        put_linear(out, f"{o}.cross_attn.kv",
+                   torch.cat([src.take(f"{c}.k_proj.weight"), src.take(f"{c}.v_proj.weight")]),
+                   torch.cat([torch.zeros_like(v_bias), v_bias]))
+        put_linear(out, f"{o}.cross_attn.proj", src.take(f"{c}.out_proj.weight"),
+                   src.take(f"{c}.out_proj.bias"))
+        put_norm(out, f"{o}.norm_cross", src, f"{t}.encoder_attn_layer_norm")
+    put_norm(out, f"{o}.norm2", src, f"{t}.final_layer_norm")
+    for fc in ("fc1", "fc2"):
+        put_linear(out, f"{o}.mlp.{fc}", src.take(f"{t}.{fc}.weight"),
+                   src.take(f"{t}.{fc}.bias"))
+
+
+def _hf_whisper(model: nn.Module) -> AudioClassifier:
+    """``WhisperModel`` / ``WhisperForConditionalGeneration`` -> its encoder as an
+    AudioClassifier without head (:func:`whisper_from_hf` converts the whole model)."""
+    config, out = _whisper_encoder(model)
     ours = build(AudioClassifier, config)
     set_normalisation(ours, -4.0, 4.0)  # Whisper's (L + 4) / 4
     _keep_tokenizer_state(ours, out)
+    return load_converted(ours, out)
+
+
+def whisper_from_hf(model: Any, **tokens: Any) -> Whisper:
+    """``WhisperForConditionalGeneration`` (a live transformers model, or anything with
+    its ``config`` and ``state_dict()``) -> :class:`~multimodal.models.whisper.Whisper`,
+    encoder and decoder. The decoder: learned positions (``max_target_positions``),
+    pre-norm blocks with cross-attention (no key biases), final LayerNorm, output tied
+    to the token embedding. Special tokens come from the config
+    (``decoder_start_token_id``, ``eos_token_id``, ``suppress_tokens``,
+    ``begin_suppress_tokens``) and the Whisper vocabulary layout (``<|notimestamps|>``
+    = ``<|startoftranscript|>`` + ``len(languages)`` + 6 ...); ``tokens`` overrides
+    :class:`~multimodal.models.whisper.WhisperConfig` token fields."""
+    cfg, kind = model.config, type(model).__name__
+    if kind != "WhisperForConditionalGeneration":
+        raise ValueError(f"whisper_from_hf converts WhisperForConditionalGeneration (encoder "
+                         f"and decoder with its output layer), got {kind}")
+    enc_config, enc_state = _whisper_encoder(model)
+    vocab = cfg_get(cfg, "vocab_size")
+    dec_config = TextDecoderConfig(
+        vocab_size=vocab, max_len=cfg_get(cfg, "max_target_positions"),
+        dim=cfg_get(cfg, "d_model"), depth=cfg_get(cfg, "decoder_layers"),
+        heads=cfg_get(cfg, "decoder_attention_heads"), mlp_dim=cfg_get(cfg, "decoder_ffn_dim"),
+        norm_eps=1e-5, activation=hf_activation(cfg, "activation_function"),
+        pos_embed="learned", tie_embeddings=True)
+    src = StateReader({k: v for k, v in model.state_dict().items()
+                       if k.startswith("model.decoder.")}, kind, "model.decoder.")
+    out: dict[str, Tensor] = {f"encoder.{k}": v for k, v in enc_state.items()}
+    out["decoder.tok_embed.weight"] = src.take("embed_tokens.weight")
+    out["decoder.pos_embed.weight"] = src.take("embed_positions.weight")
+    for i in range(dec_config.depth):
+        _whisper_layer(out, src, f"layers.{i}", f"decoder.transformer.blocks.{i}", cross=True)
+    put_norm(out, "decoder.transformer.norm", src, "layer_norm")
+    src.finish()
+    proj = model.state_dict().get("proj_out.weight")
+    if proj is not None and not torch.equal(proj, out["decoder.tok_embed.weight"]):
+        raise ValueError(f"{kind}: proj_out differs from the token embedding; Whisper ties "
+                         "them (an untied output layer is not supported)")
+    sot = cfg_get(cfg, "decoder_start_token_id")
+    # 99 language tokens (100 with Cantonese from large-v3, vocabulary 51866)
+    n_langs = len(tokens["languages"]) if tokens.get("languages") else \
+        (100 if vocab >= 51866 else 99)
+    fields = dict(eot_token_id=cfg_get(cfg, "eos_token_id"), sot_token_id=sot,
+                  first_language_token_id=sot + 1,
+                  languages=WHISPER_LANGUAGES[:n_langs],
+                  translate_token_id=sot + 1 + n_langs,
+                  transcribe_token_id=sot + 2 + n_langs,
+                  no_timestamps_token_id=sot + 6 + n_langs,
+                  suppress_tokens=tuple(getattr(cfg, "suppress_tokens", None) or ()),
+                  begin_suppress_tokens=tuple(getattr(cfg, "begin_suppress_tokens", None)
+                                              or ()))
+    fields.update(tokens)
+    ours = build(Whisper, WhisperConfig(encoder=enc_config, decoder=dec_config, **fields))
+    set_normalisation(ours.encoder, -4.0, 4.0)
+    for key, value in ours.state_dict().items():
+        if key.startswith("encoder.tokenizer."):
+            out.setdefault(key, value)
     return load_converted(ours, out)
 
 

@@ -20,6 +20,7 @@ from multimodal.convert.common import (
     meta_parameters,
     traced,
 )
+from multimodal.convert.ctranslate2 import from_ctranslate2, is_ctranslate2_dir
 from multimodal.convert.gguf import from_gguf, is_gguf_file
 from multimodal.weights import check_depth, name_list, read_safetensors_header
 
@@ -128,7 +129,9 @@ def dry_convert(converter: Callable[[Any], nn.Module], arch: str, config: HFConf
 
 
 def from_hf_folder(folder: str | Path) -> nn.Module:
-    """A folder in the Hugging Face layout -> our model, without transformers.
+    """A folder in the Hugging Face layout -> our model, without transformers. (A
+    CTranslate2 Whisper directory, ``model.bin`` + ``config.json``, is recognised too:
+    :func:`multimodal.convert.ctranslate2.from_ctranslate2`.)
 
     Reads ``config.json`` (its ``architectures``, else its ``model_type``) and the
     safetensors weights (one file or shards), then runs the same converter as for a live
@@ -144,6 +147,8 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
         return from_gguf(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
+    if is_ctranslate2_dir(folder):  # faster-whisper's layout: model.bin, no safetensors
+        return from_ctranslate2(folder)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json (a Hugging Face layout folder "

@@ -92,8 +92,8 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
     are several items. Without ``val`` / ``test``, ``val_fraction`` / ``test_fraction`` of
     the *images* are held out (seeded; an image and all its captions are in one split).
     Images are decoded with ``torchvision.io``, resized to ``image_size`` and normalised
-    with the statistics of up to ``stats_samples`` training images. ``dataset`` is then
-    unused.
+    with the statistics of up to ``stats_samples`` training images (or with ``mean`` / ``std``
+    when given: a pretrained model's own). ``dataset`` is then unused.
 
     ``shards``: a folder or object-store URL written by ``multimodal-prepare captions``
     (one item per caption with its encoded image; the captions also in ``captions.json``
@@ -124,8 +124,17 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
         image_root: str | None = None,
         stats_samples: int = 1000,
         shards: str | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
     ) -> None:
         super().__init__()
+        if (mean is None) != (std is None):
+            raise ValueError("give mean and std together (or neither: training statistics)")
+        for name, values in (("mean", mean), ("std", std)):
+            if values is not None and len(values) != 3:
+                raise ValueError(f"{name} needs 3 values (R, G, B), got {values}")
+        if std is not None and min(std) <= 0:
+            raise ValueError(f"std must be positive, got {std}")
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (manifests) or shards, not both")
         if train is None and (val is not None or test is not None):
@@ -286,14 +295,19 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
 
     @property
     def mean(self) -> torch.Tensor:
-        """Per-channel mean of the training images in [0, 1], shape (3,)."""
+        """Per-channel mean of the training images in [0, 1], shape (3,) (``mean`` when
+        given, e.g. a pretrained model's)."""
+        if self.hparams.get("mean") is not None:
+            return torch.tensor(self.hparams.mean, dtype=torch.float32)
         self._load()
         assert self._stats is not None
         return self._stats[0]
 
     @property
     def std(self) -> torch.Tensor:
-        """Per-channel std of the training images in [0, 1], shape (3,)."""
+        """Per-channel std of the training images in [0, 1], shape (3,) (``std`` when given)."""
+        if self.hparams.get("std") is not None:
+            return torch.tensor(self.hparams.std, dtype=torch.float32)
         self._load()
         assert self._stats is not None
         return self._stats[1]

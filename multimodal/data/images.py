@@ -155,7 +155,8 @@ class ImageFolderDataset(Dataset):
     """PNG/JPEG files of a folder, in sorted file-name order, as model inputs.
 
     Items are ``(x, filename)`` with ``x`` float32 (in_channels, image_size, image_size)
-    normalised as ``(pixel / 255 - mean) / std``. Hidden files are skipped; any other file
+    normalised as ``(pixel / 255 - mean) / std`` (or ``transform(uint8 image)`` when given).
+    Hidden files are skipped; any other file
     that is not a PNG or JPEG raises ValueError naming it.
     """
 
@@ -166,10 +167,12 @@ class ImageFolderDataset(Dataset):
         in_channels: int = 1,
         mean: float | Sequence[float] = 0.0,
         std: float | Sequence[float] = 1.0,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         folder = Path(path)
         if not folder.is_dir():
             raise FileNotFoundError(f"image folder not found: {folder}")
+        self.transform = transform
         if in_channels not in (1, 3):
             raise ValueError(f"in_channels must be 1 (grey) or 3 (RGB), got {in_channels}")
         if image_size < 1:
@@ -200,6 +203,8 @@ class ImageFolderDataset(Dataset):
             image = decode_image(read_file(str(file)), mode=mode)
         except RuntimeError as err:
             raise ValueError(f"{file} could not be decoded as an image: {err}") from err
+        if self.transform is not None:  # uint8 (C, H, W) -> the model's input
+            return self.transform(image), file.name
         image = resize_images(image, self.image_size)
         return (image.float() / 255.0 - self._mean) / self._std, file.name
 

@@ -10,6 +10,10 @@ audio      ``{"audio": encoded file bytes, "label": int,    class folders / ``pa
            "index": int}``
 captions   ``{"image": encoded bytes, "caption": str}``     ``image,caption`` / COCO JSON
 text       ``{"ids": int32 (block_size + 1,)}``             ``.txt`` / JSONL ``text``
+labelled-  ``{"ids": int32 (<= max_length,), "label":       ``text,label`` CSV / JSONL, class
+text       int}``                                           folders of ``.txt``
+text-      ``{"source": int32, "target": int32}``           ``source<TAB>target`` TSV,
+pairs                                                       ``source,target`` CSV / JSONL
 =========  ===============================================  ==================================
 
 Layout written by :func:`write_shards` (``OUT`` a local folder or an object-store URL)::
@@ -17,7 +21,7 @@ Layout written by :func:`write_shards` (``OUT`` a local folder or an object-stor
     OUT/train/  OUT/val/  OUT/test/     one LitData dataset per split (index.json + chunks)
     OUT/multimodal.json                 {"kind": ..., "sizes": {...}, + the kind's own keys}
     OUT/<sidecar>                       text the module needs up front (captions.json,
-                                        tokenizer.json)
+                                        tokenizer.json, {source,target}_tokenizer.json)
 
 Images and audio stay compressed in the shards (the file's own bytes, or for images a
 resized lossless PNG) and are decoded per item when read, exactly as files of a folder are.
@@ -245,7 +249,7 @@ def read_shard_file(shards: str, name: str) -> str:
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"{path} not found: shards are written by `multimodal-prepare KIND SOURCE OUT` "
-            f"(KIND: images, audio, captions or text)"
+            f"(KIND: images, audio, captions, text, labelled-text or text-pairs)"
         )
     return Path(path).read_text(encoding="utf-8")
 
@@ -327,10 +331,15 @@ class ShardLoaderMixin:
 
     def loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         """Shards: LitData's ``StreamingDataLoader`` (it shuffles and splits by rank itself,
-        and its ``state_dict`` makes mid-epoch resumption exact); else the shared recipe."""
+        and its ``state_dict`` makes mid-epoch resumption exact); else the shared recipe,
+        also for a dataset that is not streamed (``predict_dir``'s files after training on
+        shards)."""
         if self.shards is None:
-            return super().loader(dataset, shuffle)
-        from litdata import StreamingDataLoader
+            return super().loader(dataset, shuffle)  # type: ignore[misc]
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        if not isinstance(dataset, StreamingDataset):
+            return super().loader(dataset, shuffle)  # type: ignore[misc]
 
         return StreamingDataLoader(
             dataset, batch_size=self.batch_size, num_workers=self.num_workers,

@@ -45,6 +45,19 @@ from multimodal.data.sources.shakespeare import (
 )
 from multimodal.data.splits import SplitDataModule
 from multimodal.data.text_files import read_text_documents
+from multimodal.data.text_tokenizer import (
+    OWN_SPECIAL_IDS,
+    AnyTextTokenizer,
+    SpecialIds,
+    encode_for_encoder,
+    encode_plain,
+    load_text_tokenizer,
+    same_on_every_rank,
+    special_ids,
+    specials_from_dict,
+    tokenizer_file,
+    tokenizer_from_text,
+)
 from multimodal.tokenizers.text import WordPieceTokenizer
 
 # ======================================================================================
@@ -134,9 +147,16 @@ class _TextDataModule(SplitDataModule):
         max_documents: int | None,
         num_workers: int,
         documents: Sequence[Document] | None,
+        tokenizer: str | None = None,
     ) -> None:
         super().__init__()
         self.sources = check_sources(sources)
+        if tokenizer is not None and tokenizer_path is not None:
+            raise ValueError("give tokenizer (a tokenizer.json used as it is) or "
+                             "tokenizer_path (where a trained WordPiece is kept), not both")
+        if tokenizer is not None:
+            tokenizer_file(tokenizer)  # a missing tokenizer fails here, not after reading
+        self.tokenizer_spec = tokenizer
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.root = Path(root) if root is not None else DEFAULT_ROOT
@@ -156,7 +176,9 @@ class _TextDataModule(SplitDataModule):
         self.files: dict[str, str | list[str] | None] = {}
         self.chunk_chars = 4000
         self.splits: dict[str, list[Document]] | None = None
-        self._tokenizer: WordPieceTokenizer | None = None
+        self._tokenizer: AnyTextTokenizer | None = None
+        self._specials: SpecialIds | None = None
+        self._trained_here = False  # the WordPiece was trained by this module
 
     # --- corpus ---------------------------------------------------------------------------
     def _load_splits(self) -> dict[str, list[Document]]:
@@ -187,24 +209,53 @@ class _TextDataModule(SplitDataModule):
         return {"train": train, "val": given.get("val", val), "test": given.get("test", test)}
 
     @property
-    def tokenizer(self) -> WordPieceTokenizer:
-        """Loaded from ``tokenizer_path`` when that file exists, else trained on the train
-        split (and saved to ``tokenizer_path`` when one is given)."""
+    def tokenizer(self) -> AnyTextTokenizer:
+        """``tokenizer`` (a Hugging Face or own ``tokenizer.json``, or a folder holding one)
+        as it is; else loaded from ``tokenizer_path`` when that file exists, else a WordPiece
+        trained on the train split (and saved to ``tokenizer_path`` when one is given)."""
         if self._tokenizer is None:
             path = Path(self.tokenizer_path) if self.tokenizer_path else None
             shards = getattr(self, "shards", None)
             if shards is not None:  # the one the shards' ids were encoded with
-                self._tokenizer = _shard_tokenizer(shards)
-            elif path is not None and path.is_file():
+                self._tokenizer, self._specials = _shard_tokenizer(shards)
+                return self._tokenizer
+            if self.tokenizer_spec is not None:
+                file = tokenizer_file(self.tokenizer_spec)
+                self._tokenizer = load_text_tokenizer(file)
+                self._specials = special_ids(self._tokenizer, file.parent)
+                return self._tokenizer
+            if path is not None and path.is_file():
                 self._tokenizer = WordPieceTokenizer.load(path)
             else:
                 train = self._load_splits()["train"]
                 self._tokenizer = WordPieceTokenizer.train(
                     (d.text for d in train), vocab_size=self.vocab_size_target,
                     lowercase=self.lowercase)
+                self._trained_here = True
                 if path is not None:
                     self._tokenizer.save(path)
         return self._tokenizer
+
+    def _agreed_tokenizer(self) -> AnyTextTokenizer:
+        """The tokenizer, made rank 0's on every rank when it was trained here (ranks train
+        differently numbered WordPieces: :func:`~multimodal.data.text_tokenizer.
+        same_on_every_rank`) and then saved again to ``tokenizer_path``."""
+        tok = self.tokenizer
+        if getattr(self, "_trained_here", False):
+            agreed = same_on_every_rank(self, tok)
+            if agreed is not tok:
+                self._tokenizer, self._specials = agreed, None
+                if self.tokenizer_path:
+                    agreed.save(self.tokenizer_path)
+        return self._tokenizer  # type: ignore[return-value]
+
+    @property
+    def specials(self) -> SpecialIds:
+        """The tokenizer's special ids (pad, end of text ...; a Hugging Face tokenizer's own)."""
+        tok = self.tokenizer
+        if self._specials is None:
+            self._specials = special_ids(tok)
+        return self._specials
 
     @property
     def vocab_size(self) -> int:
@@ -222,15 +273,13 @@ class _TextDataModule(SplitDataModule):
         return self.datasets[split]
 
 
-def _shard_tokenizer(shards: str) -> WordPieceTokenizer:
-    import tempfile
-
-    if "://" not in shards:
-        return WordPieceTokenizer.load(Path(shards, "tokenizer.json"))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp, "tokenizer.json")
-        path.write_text(read_shard_file(shards, "tokenizer.json"), encoding="utf-8")
-        return WordPieceTokenizer.load(path)
+def _shard_tokenizer(shards: str) -> tuple[AnyTextTokenizer, SpecialIds]:
+    """The tokenizer the shards were encoded with, and its special ids (kept in the shards'
+    ``multimodal.json``; shards written before they were kept: the package's own)."""
+    meta = read_shard_meta(shards)
+    specials = specials_from_dict(meta["specials"]) if "specials" in meta else OWN_SPECIAL_IDS
+    tok = tokenizer_from_text(read_shard_file(shards, "tokenizer.json"), specials)
+    return tok, specials
 
 
 class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
@@ -250,6 +299,10 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
     splits' blocks as token ids, and the ``tokenizer.json`` they were encoded with), streamed
     with ``litdata.StreamingDataset`` (:mod:`multimodal.data.shards`); ``block_size`` must
     be the one they were written with.
+
+    ``tokenizer``: a ``tokenizer.json`` (Hugging Face or the package's own) or a folder
+    holding one, used instead of training a WordPiece; documents are then joined with its
+    end-of-text token (BERT ``[SEP]``; :mod:`multimodal.data.text_tokenizer`).
     """
 
     def __init__(
@@ -274,10 +327,11 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
         test: str | list[str] | None = None,
         chunk_chars: int = 4000,
         shards: str | None = None,
+        tokenizer: str | None = None,
     ) -> None:
         super().__init__(sources, root, fortunes_dir, bible_command, tokenizer_path, vocab_size,
                          lowercase, batch_size, val_fraction, test_fraction, seed, max_documents,
-                         num_workers, documents)
+                         num_workers, documents, tokenizer)
         self.shards = shards
         if shards is not None:
             if train is not None or val is not None or test is not None or documents:
@@ -309,12 +363,16 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
                              for split in self._shard_sizes}
             return
         splits = self._load_splits()
-        tok = self.tokenizer
+        tok = self._agreed_tokenizer()
         for name, docs in splits.items():
             if not docs:
                 continue
-            blocks = pack_blocks(tok.encode_many([d.text for d in docs]), self.block_size,
-                                 separator=tok.eos_token_id)
+            eos = self.specials.eos
+            if eos is None:
+                raise ValueError(f"the tokenizer {self.tokenizer_spec} has no end-of-text "
+                                 f"token to join documents with")
+            blocks = pack_blocks(encode_plain(tok, [d.text for d in docs]), self.block_size,
+                                 separator=eos)
             if len(blocks) == 0:
                 raise ValueError(
                     f"the {name} split ({len(docs)} documents) has fewer than "
@@ -330,7 +388,11 @@ class SourceClassificationDataModule(_TextDataModule):
 
     Passages are 1..``max_sentences`` consecutive sentences of one document, balanced across
     sources within each split; batches are ``{"input_ids", "attention_mask", "label"}`` with
-    ``[CLS]`` first and at most ``max_length`` tokens.
+    ``[CLS]`` first and at most ``max_length`` tokens. ``class_names`` are the sources.
+
+    ``tokenizer``: a ``tokenizer.json`` (Hugging Face or the package's own) or a folder
+    holding one, used instead of training a WordPiece; a Hugging Face one frames a passage
+    as its post-processor does (BERT ``[CLS] .. [SEP]``) and pads with its own pad id.
     """
 
     def __init__(
@@ -353,10 +415,11 @@ class SourceClassificationDataModule(_TextDataModule):
         max_documents: int | None = None,
         num_workers: int = 0,
         documents: Sequence[Document] | None = None,
+        tokenizer: str | None = None,
     ) -> None:
         super().__init__(sources, root, fortunes_dir, bible_command, tokenizer_path, vocab_size,
                          lowercase, batch_size, val_fraction, test_fraction, seed, max_documents,
-                         num_workers, documents)
+                         num_workers, documents, tokenizer)
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2 ([CLS] + one token), got {max_length}")
         self.max_length = max_length
@@ -364,6 +427,7 @@ class SourceClassificationDataModule(_TextDataModule):
         self.max_sentences = max_sentences
         self.max_passages_per_source = max_passages_per_source
         self.num_classes = len(self.sources)
+        self.class_names = list(self.sources)
         self.datasets: dict[str, PassageDataset] = {}
         self.passages: dict[str, list[tuple[str, int]]] = {}
 
@@ -371,20 +435,19 @@ class SourceClassificationDataModule(_TextDataModule):
         if self.datasets:
             return
         splits = self._load_splits()
-        tok = self.tokenizer
+        tok = self._agreed_tokenizer()
         for i, (name, docs) in enumerate(splits.items()):
             if not docs:
                 continue
             pairs = balanced_passages(docs, self.sources, self.seed + i, self.min_sentences,
                                       self.max_sentences,
                                       max_per_source=self.max_passages_per_source)
-            ids = tok.encode_many([p for p, _ in pairs], add_cls=True,
-                                  max_length=self.max_length, truncation=True)
+            ids = encode_for_encoder(tok, [p for p, _ in pairs], self.max_length)
             self.passages[name] = pairs
             self.datasets[name] = PassageDataset(ids, [lab for _, lab in pairs])
 
     def collate_fn(self) -> PadCollate:
-        return PadCollate(self.tokenizer.pad_token_id)
+        return PadCollate(self.specials.pad)
 
 
 __all__ = [

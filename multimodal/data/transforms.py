@@ -44,6 +44,9 @@ class ShiftFlip:
         return out
 
 
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+
+
 @dataclass(frozen=True)
 class ImageTransformConfig:
     """What the image pipeline does.
@@ -61,8 +64,18 @@ class ImageTransformConfig:
     flip: bool = False
     random_resized_crop: float | None = None
     auto_augment: str | None = None
+    # a pretrained model's resizing: the shorter side to ``resize`` (aspect kept), then a
+    # centre crop of image_size (None: a plain resize to image_size x image_size)
+    resize: int | None = None
+    interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got "
+                             f"{self.interpolation!r}")
+        if self.resize is not None and self.resize < self.image_size:
+            raise ValueError(f"resize ({self.resize}) must be >= image_size "
+                             f"({self.image_size}): it is the side the centre crop is cut from")
         if self.auto_augment not in (None, *AUTO_AUGMENT):
             raise ValueError(
                 f"auto_augment must be one of {AUTO_AUGMENT} or None, got {self.auto_augment!r}"
@@ -83,11 +96,16 @@ def image_transform(
     from torchvision.transforms import v2
 
     size = [config.image_size, config.image_size]
+    mode = v2.InterpolationMode(config.interpolation)
     steps: list[Callable] = []
     if train and config.random_resized_crop is not None:
-        steps.append(v2.RandomResizedCrop(size, scale=(config.random_resized_crop, 1.0)))
+        steps.append(v2.RandomResizedCrop(size, scale=(config.random_resized_crop, 1.0),
+                                          interpolation=mode))
+    elif config.resize is not None:
+        steps += [v2.Resize(config.resize, interpolation=mode, antialias=True),
+                  v2.CenterCrop(size)]
     else:
-        steps.append(v2.Resize(size, antialias=True))
+        steps.append(v2.Resize(size, interpolation=mode, antialias=True))
     if train and (config.shift or config.flip):
         steps.append(ShiftFlip(max(1, config.image_size // 8) if config.shift else 0,
                                config.flip))

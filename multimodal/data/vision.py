@@ -140,6 +140,9 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         download: fetch Fashion-MNIST with torchvision if missing (needs internet).
         limit_train: keep only this many training images (quick runs).
         predict_dir: folder of images for ``predict``.
+        resize: resize the shorter side to this (aspect kept), then centre-crop
+            ``image_size`` (a pretrained model's preprocessing; None: plain resize).
+        interpolation: ``bilinear`` (default), ``bicubic``, ``nearest``, ``lanczos``, ...
     """
 
     def __init__(
@@ -169,6 +172,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         stats_samples: int = 5000,
         skip_corrupt: bool = False,
         shards: str | None = None,
+        resize: int | None = None,
+        interpolation: str = "bilinear",
     ) -> None:
         super().__init__()
         if shards is not None and train is not None:
@@ -235,7 +240,11 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
             self.flip = source.flip if flip is None else flip
             self._source = source
         ImageTransformConfig(1, (0.0,), (1.0,), auto_augment=auto_augment,
-                             random_resized_crop=random_resized_crop)  # validates early
+                             random_resized_crop=random_resized_crop,
+                             interpolation=interpolation)  # validates early
+        if resize is not None and resize < self.image_size:
+            raise ValueError(f"resize ({resize}) must be >= image_size ({self.image_size})")
+        self.resize, self.interpolation = resize, interpolation
         self.num_classes = len(self.class_names)
         self._flip_given = flip is not None
         self._given_stats = None
@@ -355,7 +364,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
             self.image_size, self.mean, self.std, shift=self.augment,
             flip=self.flip and (self.augment or self._flip_given),
             random_resized_crop=self.random_resized_crop,
-            auto_augment=self.auto_augment,
+            auto_augment=self.auto_augment, resize=self.resize,
+            interpolation=self.interpolation,
         )
 
     def _shard_dataset(self, split: str, transform: Callable, shuffle: bool) -> Any:
@@ -405,8 +415,10 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dir is None:
             raise ValueError("predict needs predict_dir: a folder of PNG/JPEG images")
+        custom = self.resize is not None or self.interpolation != "bilinear"
         dataset = ImageFolderDataset(
-            self.predict_dir, self.image_size, self.in_channels, self.mean, self.std
+            self.predict_dir, self.image_size, self.in_channels, self.mean, self.std,
+            transform=image_transform(self.transform_config(), train=False) if custom else None,
         )
         return self.loader(dataset, shuffle=False)
 

@@ -9,6 +9,7 @@ from multimodal.models import (  # noqa: F401  (registers)
     image_gpt,
     rnn,
     seq2seq,
+    whisper,
 )
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
 from multimodal.models.vit import ViT, ViTConfig

@@ -40,12 +40,13 @@ from torch import Tensor
 from multimodal.generation import generate
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["MODALITIES", "DecoderHeadMixin", "Model"]
+__all__ = ["MODALITIES", "ClassifierHeadMixin", "DecoderHeadMixin", "Model", "linear_head"]
 
 # what a model reads: one modality, the two of an encoder-decoder ("source-target": image
-# in, text out for the Captioner), or two read side by side by a dual encoder ("image+text":
-# CLIP / SigLIP, one embedding space for both)
-MODALITIES = ("image", "text", "audio", "image+text", "image-text", "text-text", "text-audio")
+# in, text out for the Captioner; audio in, text out for Whisper), or two read side by side
+# by a dual encoder ("image+text": CLIP / SigLIP, one embedding space for both)
+MODALITIES = ("image", "text", "audio", "image+text", "image-text", "text-text", "text-audio",
+              "audio-text")
 
 
 @runtime_checkable
@@ -71,6 +72,46 @@ class Model(Protocol):
     def num_params(self, trainable_only: bool = False) -> int: ...
 
     def save_pretrained(self, path: str | Path) -> Path: ...
+
+
+def linear_head(dim: int, num_classes: int, generator: torch.Generator | None = None,
+                *, empty: Any = None) -> Any:
+    """A fresh classifier ``Linear(dim, num_classes)``: weights ~ truncated N(0, 0.02^2)
+    (as every model's ``init_weights``), zero bias; ``empty`` (``nn.Identity()`` or None)
+    when ``num_classes == 0``. ``generator`` makes the draw reproducible (every rank of a
+    distributed run draws the same head)."""
+    if num_classes < 0:
+        raise ValueError(f"num_classes must be >= 0 (0: no head), got {num_classes}")
+    if num_classes == 0:
+        return empty
+    head = torch.nn.Linear(dim, num_classes)
+    with torch.no_grad():
+        draw = torch.randn(num_classes, dim, generator=generator)
+        head.weight.copy_(draw.clamp_(-2.0, 2.0) * 0.02)  # N(0, 1) truncated at +-2 std
+        head.bias.zero_()
+    return head
+
+
+class ClassifierHeadMixin:
+    """timm's ``reset_classifier``: a new head of ``num_classes`` outputs (0: none, the
+    model then returns pooled features), ``config.num_classes`` updated to match, so the
+    model saves and reloads with its new shape. The head sits at ``self.head`` (and DeiT's
+    ``self.head_dist``); its input width is ``num_features``."""
+
+    config: Any
+    _EMPTY_HEAD: ClassVar[str] = "identity"  # what num_classes=0 leaves: "identity" / "none"
+
+    def reset_classifier(self, num_classes: int,
+                         generator: torch.Generator | None = None) -> None:
+        dim = self.num_features  # type: ignore[attr-defined]
+        empty = torch.nn.Identity() if self._EMPTY_HEAD == "identity" else None
+        ref = next(iter(self.parameters()))  # type: ignore[attr-defined]
+        head = linear_head(dim, num_classes, generator, empty=empty)
+        self.head = head.to(ref.device) if head is not None else None
+        if getattr(self.config, "distill_token", False) and hasattr(self, "head_dist"):
+            dist = linear_head(dim, num_classes, generator)
+            self.head_dist = dist.to(ref.device) if dist is not None else None
+        self.config.num_classes = int(num_classes)
 
 
 class DecoderHeadMixin:

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from multimodal.models.api import ClassifierHeadMixin
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import Transformer
 from multimodal.nn.init import init_weights, off_meta
@@ -139,7 +140,7 @@ _SIGNAL_FIELDS = ("sample_rate", "n_mels", "win_ms", "hop_ms", "f_min", "f_max",
 
 
 @register_model
-class AudioClassifier(PretrainedMixin, nn.Module):
+class AudioClassifier(ClassifierHeadMixin, PretrainedMixin, nn.Module):
     """Waveforms or normalised log-mel features -> logits ``(B, num_classes)``.
 
     ``forward(features=(B, F, n_mels), lengths=frames)`` or

@@ -223,6 +223,8 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
         use_cache: bool = True,
         return_attention: bool = False,
         attention_layers: Literal["last", "mean"] = "last",
+        compile: bool = False,
+        static_cache: bool | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Caption ids (B, 1 + T) starting with ``[BOS]``; the image is encoded once.
 
@@ -231,7 +233,8 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
         ``length_penalty``). ``max_new_tokens`` defaults to the decoder context minus the
         BOS token. With ``return_attention`` also returns (B, T, rows, cols) maps: row t
         is the cross-attention that produced generated token t (:meth:`cross_attention_maps`;
-        rows after ``[EOS]`` belong to padding).
+        rows after ``[EOS]`` belong to padding). ``compile`` / ``static_cache``: static-cache
+        decoding (:func:`multimodal.generation.generate`), the same tokens.
         """
         cfg = self.config
         bos = cfg.bos_token_id if bos_token_id is None else bos_token_id
@@ -249,7 +252,8 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
                            temperature=temperature, top_k=top_k, top_p=top_p,
                            num_beams=num_beams, length_penalty=length_penalty,
                            eos_token_id=eos, pad_token_id=pad, generator=generator,
-                           use_cache=use_cache, memory=memory)
+                           use_cache=use_cache, compile=compile,
+                           static_cache=static_cache, memory=memory)
             if not return_attention:
                 return ids
             if ids.shape[1] < 2:

@@ -262,6 +262,8 @@ class ImageGPT(PretrainedMixin, nn.Module):
         class_label: Tensor | int | None = None,
         do_sample: bool = True,
         use_cache: bool = True,
+        compile: bool = False,
+        static_cache: bool | None = None,
     ) -> Tensor:
         """Sample ``num_images`` images; returns pixel tokens (num_images, H, W).
 
@@ -269,6 +271,8 @@ class ImageGPT(PretrainedMixin, nn.Module):
         or (num_images, rows, W) whole rows (e.g. the top half); they are kept and the rest
         is completed. ``class_label`` (conditional models): an int or (num_images,) labels;
         default ``arange(num_images) % num_classes``. ``do_sample=False``: greedy.
+        ``compile`` / ``static_cache``: static-cache decoding with a compiled (or eager)
+        fixed-shape step, see :func:`multimodal.generation.generate`; the same tokens.
         """
         check_sampling_args(temperature, top_k, top_p)
         h, w = self.config.grid
@@ -309,7 +313,8 @@ class ImageGPT(PretrainedMixin, nn.Module):
                     logits = self(empty, class_label=class_label)[:, -1]
                     prompt = next_token(logits, **sampling)[:, None]
                 out = generate(self, prompt, self.config.num_pixels - prompt.shape[1],
-                               use_cache=use_cache, class_label=class_label, **sampling)
+                               use_cache=use_cache, class_label=class_label,
+                               compile=compile, static_cache=static_cache, **sampling)
         finally:
             self.train(was_training)
         return out.clone().view(num_images, h, w)  # clone: a normal tensor, usable in autograd

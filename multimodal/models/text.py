@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.generation import generate
+from multimodal.models.api import ClassifierHeadMixin
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import ACTIVATIONS, Transformer
 from multimodal.nn.cache import KVCache
@@ -220,10 +221,11 @@ class MaskedLMHead(nn.Module):
 
 
 @register_model
-class TextEncoder(PretrainedMixin, nn.Module):
+class TextEncoder(ClassifierHeadMixin, PretrainedMixin, nn.Module):
     """BERT-style bidirectional encoder. ``forward`` returns hidden states (B, N, dim);
     ``mlm_logits`` the masked-LM logits; ``classify`` the [CLS] classification logits."""
 
+    _EMPTY_HEAD = "none"
     config_class = TextEncoderConfig
     modality = "text"
 

@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from multimodal.models.api import ClassifierHeadMixin
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import ACTIVATIONS, NORM_LAYERS, Transformer
 from multimodal.nn.init import init_weights
@@ -67,7 +68,7 @@ class ViTConfig:
 
 
 @register_model
-class ViT(PretrainedMixin, nn.Module):
+class ViT(ClassifierHeadMixin, PretrainedMixin, nn.Module):
     """Images (B, C, H, W) -> logits (B, num_classes).
 
     ``forward_features`` gives all tokens after the final norm (B, [1 +] [R +] N, dim):

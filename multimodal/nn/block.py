@@ -23,10 +23,10 @@ from torch.nn.modules import module as _module
 from torch.utils.checkpoint import checkpoint
 
 from multimodal.nn.attention import Attention
-from multimodal.nn.cache import KVCache, LayerCache
+from multimodal.nn.cache import KVCache, LayerCache, StaticKVCache
 from multimodal.nn.init import off_meta
 from multimodal.nn.masks import PATTERNS, pattern_mask
-from multimodal.nn.position import rotary_angles
+from multimodal.nn.position import apply_rotary, rotary_angles
 
 NormLayer = Callable[[int], nn.Module]
 ActLayer = Callable[[], nn.Module]
@@ -311,6 +311,129 @@ def _plain(module: nn.Module) -> Callable[[Tensor], Tensor]:
     return module
 
 
+def static_step(
+    transformer: Transformer, x: Tensor, keys: tuple[Tensor, ...], values: tuple[Tensor, ...],
+    cross: tuple[tuple[Tensor, Tensor] | None, ...], position: Tensor, valid: Tensor,
+    rope: Tensor | None, memory_padding_mask: Tensor | None, masked: bool = True,
+) -> Tensor:
+    """One new token per row through ``transformer`` (eval mode) on a
+    :class:`~multimodal.nn.cache.StaticKVCache`: ``x`` (B, 1, dim) -> (B, 1, dim) after the
+    final norm, every shape fixed by the cache (what ``torch.compile`` / CUDA graphs need).
+
+    Per layer the new key and value are written at ``position`` (a (1,) tensor) of the
+    preallocated (B, H, max_len, d) buffers, and the query attends over the first
+    ``n = valid.shape[1]`` slots (all of them, or the cached prefix) under the mask
+    ``valid`` (B, n) (True at real tokens, the new one's slot included; the caller sets
+    it): ``softmax(q K^T / sqrt(d) + log valid) V``. A masked
+    slot gets weight exactly 0, so this equals attention over the cached real tokens up to
+    the order of fp32 sums. ``masked=False`` (every one of the n slots is a real token):
+    no mask. Cross-attention reads the keys / values projected at prefill. Only the
+    blocks' own modules run (any norm, MLP, GQA, q/k norm, rope, LayerScale); plain
+    Linears multiply as ``W x^T`` (:func:`_linear`).
+    """
+    n = valid.shape[1]
+    mask = valid[:, None, None, :] if masked else None
+    memory_mask = None if memory_padding_mask is None \
+        else ~memory_padding_mask[:, None, None, :]
+    for block, k_buf, v_buf, kv in zip(transformer.blocks, keys, values, cross, strict=True):
+        def self_attn(h: Tensor, block: Block = block, k_buf: Tensor = k_buf,
+                      v_buf: Tensor = v_buf) -> Tensor:
+            return _static_self_attention(block.attn, h, k_buf, v_buf, position, mask, rope,
+                                          n)
+
+        def cross_attn(h: Tensor, block: Block = block, kv: Any = kv) -> Tensor:
+            return _static_cross_attention(block.cross_attn, h, kv, memory_mask)
+
+        if block.norm_first:
+            x = x + block.ls1(self_attn(block.norm1(x)))
+            if block.cross_attn is not None:
+                x = x + block.ls_cross(cross_attn(block.norm_cross(x)))
+            x = x + block.ls2(_static_mlp(block.mlp, block.norm2(x)))
+        else:
+            x = block.norm1(x + block.ls1(self_attn(x)))
+            if block.cross_attn is not None:
+                x = block.norm_cross(x + block.ls_cross(cross_attn(x)))
+            x = block.norm2(x + block.ls2(_static_mlp(block.mlp, x)))
+    return transformer.norm(x)
+
+
+def _linear(module: nn.Module, x: Tensor) -> Tensor:
+    """``module(x)`` for one token per row, (B, 1, in) -> (B, 1, out); a plain Linear
+    multiplies as ``W x^T`` (:func:`_affine`: the orientation torch runs fastest at a few
+    rows on a CPU), anything else (LoRA, quantised) is called as it is."""
+    if type(module) is not nn.Linear:
+        return module(x)
+    b = x.shape[0]
+    bias = module.bias
+    y = _affine(x.reshape(b, x.shape[-1]), module.weight,
+                None if bias is None else bias[:, None])
+    return y.reshape(b, 1, y.shape[-1])
+
+
+def _static_mlp(mlp: nn.Module, x: Tensor) -> Tensor:
+    """The MLP of one token per row with :func:`_linear` (dropout is identity in eval)."""
+    if type(mlp) is MLP:
+        return _linear(mlp.fc2, mlp.act(_linear(mlp.fc1, x)))
+    if type(mlp) is GatedMLP:
+        return _linear(mlp.fc2, mlp.act(_linear(mlp.gate, x)) * _linear(mlp.up, x))
+    return mlp(x)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """SDPA with a bool "may attend" mask. On a CPU the flash kernel is called by name: it
+    is what eager SDPA runs there, while under ``torch.compile`` SDPA is decomposed into
+    a generated matmul-softmax-matmul loop that measured slower over long caches. The
+    kernel reads each head's channels as contiguous (``_linear``'s output is not)."""
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if mask is not None:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~mask, float("-inf"))
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, attn_mask=mask)[0]
+
+
+def _repeat_kv(attn: Attention, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    if attn.kv_heads == attn.heads:
+        return k, v
+    group = attn.heads // attn.kv_heads
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def _static_self_attention(attn: Attention, x: Tensor, k_buf: Tensor, v_buf: Tensor,
+                           position: Tensor, mask: Tensor | None, rope: Tensor | None,
+                           n: int) -> Tensor:
+    """:class:`Attention`'s cached self-attention for one token, on fixed-size buffers."""
+    b = x.shape[0]
+    kv_dim = attn.kv_heads * attn.head_dim
+    q, k, v = _linear(attn.qkv, x).split([attn.dim, kv_dim, kv_dim], dim=-1)
+    q, k = attn._split_heads(q), attn._split_heads(k, attn.kv_heads)
+    v = attn._split_heads(v, attn.kv_heads)
+    if attn.q_norm is not None:
+        q = attn.q_norm(q)
+    k = attn._norm_k(k)
+    if rope is not None:
+        q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+    k_buf.index_copy_(2, position, k)
+    v_buf.index_copy_(2, position, v)
+    keys, vals = _repeat_kv(attn, k_buf[:, :, :n], v_buf[:, :, :n])
+    out = _attend(q, keys, vals, mask)
+    return _linear(attn.proj, out.transpose(1, 2).reshape(b, 1, attn.dim))
+
+
+def _static_cross_attention(attn: Attention, x: Tensor, kv: tuple[Tensor, Tensor],
+                            memory_mask: Tensor | None) -> Tensor:
+    """:class:`Attention`'s cross-attention for one token, keys / values from prefill."""
+    b = x.shape[0]
+    q = attn._split_heads(_linear(attn.q, x))
+    if attn.q_norm is not None:
+        q = attn.q_norm(q)
+    k, v = _repeat_kv(attn, *kv)
+    out = _attend(q, k, v, memory_mask)
+    return _linear(attn.proj, out.transpose(1, 2).reshape(b, 1, attn.dim))
+
+
 # Layer variants chosen by name in TransformerConfig (``norm_type``, ``mlp_type``,
 # ``attention_type``): a new variant is one entry here (and a value of the Literal), never a
 # fork of Block or Transformer. Signatures: norm ``(dim, eps=)``; MLP and attention as
@@ -436,6 +559,43 @@ class Transformer(nn.Module):
             cache.step_owner = self
         return cache.step_plans
 
+    def _can_static_step(self, cache: StaticKVCache) -> bool:
+        """Whether :func:`static_step` serves a one-token step on ``cache``: full
+        attention (no sparse pattern), the package's :class:`Attention` in every block, and
+        the cross-attention keys / values already projected (at prefill)."""
+        if self.config.attention_pattern != "full" or len(cache) != len(self.blocks):
+            return False
+        for block, layer in zip(self.blocks, cache.layers, strict=True):
+            if type(block.attn) is not Attention or layer.k is None:
+                return False
+            if block.cross_attn is not None and (type(block.cross_attn) is not Attention
+                                                 or layer.cross_kv is None):
+                return False
+        return True
+
+    def _static_step(self, x: Tensor, cache: StaticKVCache, key_padding_mask: Tensor | None,
+                     memory_padding_mask: Tensor | None, positions: Tensor | None) -> Tensor:
+        """One token on a static cache: the eager checks and the rotary angles here, the
+        fixed-shape rest in ``cache.step_fn`` (compiled) or :func:`static_step`."""
+        b, t = x.shape[0], cache.length
+        if key_padding_mask is not None and (key_padding_mask.shape != (b, t + 1)
+                                             or key_padding_mask.dtype != torch.bool):
+            raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, t + 1)}, "
+                             f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+        rope = self._rope_angles(x, positions, cache)
+        assert cache.position is not None and cache.valid is not None
+        cache.position.fill_(t)
+        cache.mark(t, 1, b, x.device, key_padding_mask)
+        layers = cache.layers
+        step = cache.step_fn or static_step
+        valid = cache.valid[:, : t + 1] if cache.prefix else cache.valid
+        out = step(self, x, tuple(layer.k for layer in layers),
+                   tuple(layer.v for layer in layers),
+                   tuple(layer.cross_kv for layer in layers), cache.position, valid,
+                   rope, memory_padding_mask, cache.padded or not cache.prefix)
+        cache.advance()
+        return out
+
     def make_cache(self, max_len: int) -> KVCache:
         """An empty :class:`KVCache` for up to ``max_len`` tokens."""
         return KVCache(len(self.blocks), max_len)
@@ -550,7 +710,16 @@ class Transformer(nn.Module):
         ``rope="1d"`` (default: ``past, ..., past + N - 1``), (N, 2) or (B, N, 2) (row,
         column; see :func:`~multimodal.nn.position.grid_positions`) for ``rope="2d"``.
         """
-        if cache is not None and x.dim() == 3 and x.shape[1] == 1 and not self.training \
+        if isinstance(cache, StaticKVCache):
+            if x.dim() == 3 and x.shape[1] == 1 and not self.training \
+                    and not return_attention and attn_mask is None and cache.valid is not None \
+                    and 0 < cache.length < cache.max_len and self._can_static_step(cache) \
+                    and x.shape[0] == cache.valid.shape[0] and x.shape[2] == self.config.dim:
+                return self._static_step(x, cache, key_padding_mask, memory_padding_mask,
+                                         positions)
+            self._check_inputs(x, memory, key_padding_mask, memory_padding_mask, cache)
+            cache.mark(cache.length, x.shape[1], x.shape[0], x.device, key_padding_mask)
+        elif cache is not None and x.dim() == 3 and x.shape[1] == 1 and not self.training \
                 and not return_attention and memory is None and key_padding_mask is None \
                 and attn_mask is None and positions is None and cache.length < cache.max_len \
                 and len(cache) == len(self.blocks) and x.shape[2] == self.config.dim:

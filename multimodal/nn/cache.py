@@ -91,3 +91,97 @@ class KVCache:
     def reorder(self, index: Tensor) -> None:
         for layer in self.layers:
             layer.reorder(index)
+
+
+class StaticLayerCache(LayerCache):
+    """A :class:`LayerCache` whose buffers are zero-filled once and never replaced: the
+    one-token step writes its key / value at a position given as a tensor and attends over
+    the whole buffer under a mask, so every step has the same shapes (what a compiled or
+    CUDA-graph step needs). Zeros, not ``empty``: a masked key still multiplies its value
+    by a zero weight, and ``0 * NaN`` from uninitialised memory would be NaN."""
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        n = k.shape[-2]
+        if self.length + n > self.max_len:
+            raise ValueError(f"static KV cache overflow: {self.length} cached + {n} new "
+                             f"tokens > its {self.max_len} positions")
+        if self.k is None or self.v is None:
+            b, h, _, d = k.shape
+            self.k = k.new_zeros(b, h, self.max_len, d)
+            self.v = v.new_zeros(b, h, self.max_len, d)
+        return super().append(k, v)
+
+    keep_storage = False  # True: reorder in place (a CUDA graph holds the addresses)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index``: new buffers (one gather), or with ``keep_storage``
+        gathered and copied back in place (the buffers keep their addresses)."""
+        if not self.keep_storage:
+            super().reorder(index)
+            return
+        if self.k is not None and self.v is not None:
+            self.k.copy_(self.k.index_select(0, index))
+            self.v.copy_(self.v.index_select(0, index))
+        if self.cross_kv is not None:
+            for t in self.cross_kv:
+                t.copy_(t.index_select(0, index))
+
+
+class StaticKVCache(KVCache):
+    """A :class:`KVCache` of :class:`StaticLayerCache` plus what a fixed-shape one-token
+    step reads besides the keys and values:
+
+    - ``valid`` (B, max_len) bool: True at every cached real token (left padding stays
+      False), the attention mask of a step over the whole buffer;
+    - ``position`` (1,) long: the index the next token is written at, updated in place.
+
+    ``prefix`` (default): a step attends over the cached prefix only, ``valid[:, :t + 1]``
+    (one compiled graph with that length symbolic; no masked slot is read, and without
+    left padding no mask at all); ``prefix=False``: over all ``max_len`` slots under the
+    mask, every shape fixed (what CUDA graphs need).
+
+    The prompt is prefilled by the ordinary forward (variable length, once); then
+    :meth:`multimodal.nn.block.Transformer.forward` sends each one-token call to
+    :func:`multimodal.nn.block.static_step`, compiled or not (``step_fn``).
+    """
+
+    def __init__(self, num_layers: int, max_len: int, prefix: bool = True) -> None:
+        super().__init__(num_layers, max_len)
+        self.layers = [StaticLayerCache(max_len) for _ in range(num_layers)]
+        for layer in self.layers:
+            layer.keep_storage = not prefix
+        self.prefix = prefix
+        self.padded = False  # some cached token is padding: steps need the mask
+        self.valid: Tensor | None = None
+        self.position: Tensor | None = None
+        # the step function (multimodal.generation sets a compiled one); None: eager
+        self.step_fn: Any = None
+
+    def mark(self, start: int, n: int, batch: int, device: Any,
+             padding: Tensor | None = None) -> None:
+        """Record ``n`` new tokens at ``start``: valid unless ``padding`` (B, start + n)
+        says otherwise. Allocates ``valid`` / ``position`` on first use."""
+        import torch  # local: this module stays import-light
+
+        if self.valid is None or self.position is None:
+            self.valid = torch.zeros(batch, self.max_len, dtype=torch.bool, device=device)
+            self.position = torch.zeros(1, dtype=torch.long, device=device)
+        if padding is None:
+            self.valid[:, start : start + n] = True
+        else:
+            self.valid[:, start : start + n] = ~padding[:, start : start + n]
+            if not self.padded:  # (a host sync, until the first padding is seen)
+                self.padded = bool(padding[:, start : start + n].any())
+
+    def advance(self) -> None:
+        """After a one-token step: every layer holds one more token."""
+        for layer in self.layers:
+            layer.length += 1
+
+    def reorder(self, index: Tensor) -> None:
+        super().reorder(index)
+        if self.valid is not None:
+            if self.prefix:
+                self.valid = self.valid.index_select(0, index)
+            else:
+                self.valid.copy_(self.valid.index_select(0, index))

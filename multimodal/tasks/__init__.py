@@ -18,6 +18,7 @@ _TASKS = {
     "Seq2SeqTask": "multimodal.tasks.seq2seq",
     "CaptioningTask": "multimodal.tasks.captioning",
     "ContrastiveTask": "multimodal.tasks.contrastive",
+    "TTSTask": "multimodal.tasks.tts",
 }
 
 __all__ = sorted(_TASKS)

@@ -4,6 +4,7 @@ self-describing."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -11,7 +12,16 @@ import torch
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
-from multimodal.tasks.optim import OptimizerConfig
+from multimodal.tasks.finetune import (
+    FinetuneConfig,
+    apply_regime,
+    build_adamw,
+    lora_settings,
+    merged_model,
+    param_groups,
+)
+from multimodal.tasks.optim import OptimizerConfig, warmup_cosine
+from multimodal.tasks.pretrained import HEAD_MODULES
 
 CHECKPOINT_KEY = "multimodal_model"
 
@@ -29,17 +39,40 @@ class ModelTask(L.LightningModule):
     task calls ``self.model`` as before and the parameter names, hence checkpoints, are
     those of the eager model, so a run saved compiled resumes or tests uncompiled and back.
     Only the model's ``__call__`` is compiled; its own ``generate`` loops stay eager.
+
+    ``finetune`` (:class:`~multimodal.tasks.finetune.FinetuneConfig` or its keys as a dict)
+    picks the fine-tuning regime: full (default), linear probe, LoRA, frozen first blocks,
+    layer-wise learning-rate decay, a head learning rate. Tasks take ``pretrained: PATH``
+    (:mod:`multimodal.tasks.pretrained`) to start from a folder or checkpoint.
     """
 
-    def __init__(self, model: nn.Module, compile: bool = False) -> None:
+    head_modules: tuple[str, ...] = HEAD_MODULES
+
+    def __init__(self, model: nn.Module, compile: bool = False,
+                 finetune: FinetuneConfig | dict[str, Any] | None = None) -> None:
         super().__init__()
         config = getattr(model, "config", None)
         if config is None or not dataclasses.is_dataclass(config):
             raise ValueError("model must be one of multimodal's models (with a dataclass "
                              f".config), got {type(model).__name__}")
+        self.finetune = FinetuneConfig.of(finetune)
+        apply_regime(model, self.finetune, self.head_modules)
         if compile:
             model.compile()
         self.model = model
+
+    def train(self, mode: bool = True) -> ModelTask:
+        """A linear probe keeps the frozen backbone in eval mode (no dropout / drop path)."""
+        super().train(mode)
+        if mode and self.finetune.regime == "linear_probe":
+            for name, module in self.model.named_children():
+                if name not in self.head_modules:
+                    module.eval()
+        return self
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """The trained model as by ``save_pretrained``, LoRA adapters merged in."""
+        return merged_model(self.model).save_pretrained(path)
 
     @property
     def datamodule(self) -> Any:
@@ -76,11 +109,19 @@ class ModelTask(L.LightningModule):
                  **kwargs)
 
     def model_description(self) -> dict[str, Any]:
-        return {"model_type": type(self.model).__name__,
-                "model_config": dataclasses.asdict(self.model.config)}
+        about = {"model_type": type(self.model).__name__,
+                 "model_config": dataclasses.asdict(self.model.config)}
+        lora = lora_settings(self.model)
+        if lora:  # the state dict holds adapters: load_checkpoint wraps, loads, merges
+            about["lora"] = dict(lora)
+        return about
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[CHECKPOINT_KEY] = self.model_description()
+        hp = checkpoint.get("hyper_parameters")
+        if isinstance(hp, dict) and dataclasses.is_dataclass(hp.get("finetune")):
+            # plain types only: read_checkpoint loads with weights_only=True
+            hp["finetune"] = dataclasses.asdict(hp["finetune"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Checkpoints of ClassificationTask before 2026-11 also held every weight a second
@@ -93,5 +134,14 @@ class ModelTask(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         """AdamW (weight decay on matrices only) with linear warm-up over
         ``warmup_fraction`` of the steps, then cosine decay to ``min_lr_ratio`` x ``lr``
-        (:attr:`optimizer_config`)."""
-        return self.optimizer_config.build(self.model, int(self.trainer.estimated_stepping_batches))
+        (:attr:`optimizer_config`); with ``finetune.layer_decay`` / ``head_lr`` one parameter
+        group per rate (:func:`~multimodal.tasks.finetune.param_groups`)."""
+        total = int(self.trainer.estimated_stepping_batches)
+        ft = self.finetune
+        if ft.layer_decay is None and ft.head_lr is None:
+            return self.optimizer_config.build(self.model, total)
+        cfg = self.optimizer_config
+        groups = param_groups(self.model, cfg.lr, cfg.weight_decay, ft, self.head_modules)
+        opt = build_adamw(groups, cfg.lr, tuple(cfg.betas))
+        sched = warmup_cosine(opt, int(cfg.warmup_fraction * total), total, cfg.min_lr_ratio)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

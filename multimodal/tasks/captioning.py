@@ -34,8 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.text import BLEUScore
 
+from multimodal.hub import _load_any_tokenizer
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.tasks.base import ModelTask
+from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pretrained import check_vocab, folder_tokenizer, task_model
 from multimodal.tokenizers.text import (
     MASK_ID,
     PAD_ID,
@@ -43,7 +46,6 @@ from multimodal.tokenizers.text import (
     TextTokenizer,
     WordPieceTokenizer,
     WordTokenizer,
-    load_tokenizer,
 )
 
 __all__ = ["CaptioningTask", "train_caption_tokenizer"]
@@ -88,7 +90,7 @@ def _tokenizer_from_json(text: str) -> TextTokenizer:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tokenizer.json"
         path.write_text(text, encoding="utf-8")
-        return load_tokenizer(path)
+        return _load_any_tokenizer(path)
 
 
 class CaptioningTask(ModelTask):
@@ -101,7 +103,7 @@ class CaptioningTask(ModelTask):
 
     def __init__(
         self,
-        model: Captioner,
+        model: Captioner | None = None,
         tokenizer: Literal["word", "wordpiece"] = "word",
         lr: float = 1e-3,
         weight_decay: float = 0.05,
@@ -113,16 +115,23 @@ class CaptioningTask(ModelTask):
         num_examples: int = 8,
         input_dropout: float = 0.0,
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        if not isinstance(model, Captioner):
-            raise ValueError(f"model must be a Captioner, got {type(model).__name__}")
-        super().__init__(model, compile=compile)
+        model, source = task_model(model, pretrained, overrides, task="CaptioningTask",
+                                   accept=(Captioner,))
+        super().__init__(model, compile=compile, finetune=finetune)
         if not 0.0 <= input_dropout <= 1.0:
             raise ValueError(f"input_dropout must be in [0, 1], got {input_dropout}")
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer: TextTokenizer | None = None
+        self.tokenizer = folder_tokenizer(source)  # a pretrained folder's own tokenizer
+        if self.tokenizer is not None:
+            check_vocab(self.tokenizer, self.model.config.decoder.vocab_size,
+                        f"pretrained {pretrained}")
         self.val_bleu = BLEUScore(n_gram=4)
         self.test_bleu = BLEUScore(n_gram=4)
         self.examples: list[tuple[str, str]] = []

@@ -2,15 +2,46 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from multimodal.models.audio import AudioClassifier
+from multimodal.models.text import TextEncoder
+from multimodal.models.vit import ViT
 from multimodal.plots import plot_confusion_matrix
 from multimodal.tasks.base import ModelTask
+from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pretrained import task_model
+
+CLASSIFIERS = (ViT, AudioClassifier, TextEncoder)
+HEAD_SEED = 0  # every rank draws the same new head
+
+
+def data_modality(datamodule: Any) -> str | None:
+    """What a data module yields (``image`` / ``audio`` / ``text``): its ``modality``
+    attribute, else guessed from its module (``multimodal.data.vision`` ...); None when
+    unknown."""
+    given = getattr(datamodule, "modality", None)
+    if isinstance(given, str):
+        return given
+    module = type(datamodule).__module__
+    for key, kind in (("vision", "image"), ("images", "image"), ("audio", "audio"),
+                      ("text", "text")):
+        if module.startswith(f"multimodal.data.{key}"):
+            return kind
+    return None
+
+
+def _default_num_classes(model: nn.Module) -> int | None:
+    field = getattr(type(model.config), "__dataclass_fields__", {}).get("num_classes")
+    return None if field is None or field.default is dataclasses.MISSING else field.default
 
 
 class ClassificationTask(ModelTask):
@@ -28,44 +59,136 @@ class ClassificationTask(ModelTask):
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         warmup_fraction: float = 0.05,
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        num_classes: int | None = None,
+        class_names: list[str] | None = None,
+        modality: Literal["image", "audio", "text"] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        super().__init__(model, compile=compile)
-        self.save_hyperparameters(ignore=["model"])
+        data_n = len(class_names) if class_names else None
+        if num_classes is not None and data_n is not None and num_classes != data_n:
+            raise ValueError(f"num_classes={num_classes} but the data has {data_n} classes "
+                             f"({', '.join(class_names[:5])}{' ...' if data_n > 5 else ''}): "
+                             f"drop num_classes to take the data's count")
+        want = num_classes if num_classes is not None else data_n
+        overrides = dict(overrides or {})
+        if pretrained is not None and want is not None:
+            overrides.setdefault("num_classes", want)  # a new head in the one log line
+        model, source = task_model(model, pretrained, overrides or None,
+                                   task=type(self).__name__, accept=CLASSIFIERS,
+                                   modality=modality)
+        # the model's own count is the user's choice when set away from its default
+        model_explicit = source is None and \
+            model.config.num_classes != _default_num_classes(model)
+        explicit = num_classes is not None or model_explicit
+        if want is not None and want != model.config.num_classes:
+            if model_explicit:
+                raise ValueError(f"the data has {want} classes but the model's head has "
+                                 f"{model.config.num_classes}: set model num_classes to "
+                                 f"{want} (or leave it out to take the data's)")
+            self._new_head(model, want)
+        super().__init__(model, compile=compile, finetune=finetune)
+        self._explicit = explicit
+        self._pretrained = source is not None  # its preprocessing is the model's own
+        self.save_hyperparameters(ignore=["model", "class_names"])
         self.num_classes = int(model.config.num_classes)
-        if self.num_classes < 2:
-            raise ValueError(f"a classifier needs num_classes >= 2, got {self.num_classes}")
         self.class_names: list[str] = [str(i) for i in range(self.num_classes)]
-        metrics = {"acc": MulticlassAccuracy(self.num_classes, top_k=1)}
-        if self.num_classes >= 5:
-            metrics["top5"] = MulticlassAccuracy(self.num_classes, top_k=5)
+        if class_names and len(class_names) == self.num_classes:
+            self.class_names = list(map(str, class_names))
+        elif source is not None and source.class_names and \
+                len(source.class_names) == self.num_classes:
+            self.class_names = list(source.class_names)
+        self._build_metrics()
+        example = model.example_inputs(1) if hasattr(model, "example_inputs") else ()
+        if len(example) == 1:  # the model summary counts FLOPs on it
+            self.example_input_array = example[0]
+
+    @staticmethod
+    def _new_head(model: nn.Module, n: int) -> None:
+        old = model.config.num_classes
+        model.reset_classifier(n, generator=torch.Generator().manual_seed(HEAD_SEED))
+        rank_zero_info(f"classifier: new head of {n} classes for {type(model).__name__} "
+                       f"(was {old})")
+
+    def _build_metrics(self) -> None:
+        """Accuracy (top-1, top-5 with >= 5 classes) and the confusion matrix for
+        ``num_classes`` (none yet while the count is unknown: it comes from the data)."""
+        n = self.num_classes
+        if n == 1 or n < 0:
+            raise ValueError(f"a classifier needs num_classes >= 2, got {n}")
+        metrics = {"acc": MulticlassAccuracy(max(n, 2), top_k=1)}
+        if n >= 5:
+            metrics["top5"] = MulticlassAccuracy(n, top_k=5)
         self.val_metrics = nn.ModuleDict({k: m.clone() for k, m in metrics.items()})
         self.test_metrics = nn.ModuleDict({k: m.clone() for k, m in metrics.items()})
-        self.confusion = MulticlassConfusionMatrix(self.num_classes)
+        self.confusion = MulticlassConfusionMatrix(max(n, 2))
 
     # -- data plumbing ---------------------------------------------------------------
     def setup(self, stage: str) -> None:
         dm = self.datamodule
         if dm is None:
+            if self.num_classes < 2:
+                raise ValueError("the model has no classifier head and there is no data "
+                                 "module to take the class count from: set num_classes")
             return
+        kind, ours = data_modality(dm), getattr(self.model, "modality", None)
+        if kind is not None and ours is not None and kind != ours:
+            raise ValueError(f"the model reads {ours} ({type(self.model).__name__}) but the "
+                             f"data module {type(dm).__name__} gives {kind}")
+        if isinstance(self.model, TextEncoder):  # the data's tokens must fit the model
+            vocab, length = getattr(dm, "vocab_size", None), getattr(dm, "max_length", None)
+            cfg = self.model.config
+            if isinstance(vocab, int) and vocab > cfg.vocab_size:
+                raise ValueError(f"the data's tokenizer has {vocab} tokens but the model's "
+                                 f"embedding has {cfg.vocab_size} rows (vocab_size): use the "
+                                 "model's own tokenizer (data tokenizer: the model folder)")
+            if isinstance(length, int) and length > cfg.max_len:
+                raise ValueError(f"data max_length {length} exceeds the model's max_len "
+                                 f"{cfg.max_len}")
+        rate, wants = getattr(dm, "sample_rate", None), getattr(self.model.config,
+                                                               "sample_rate", None)
+        if getattr(dm, "features", True) is False and isinstance(rate, int) \
+                and isinstance(wants, int) and rate != wants:
+            raise ValueError(f"the data's waveforms are at {rate} Hz but the model's front end "
+                             f"expects {wants} Hz (its sample_rate)")
         n = getattr(dm, "num_classes", None)
         if n is not None and n != self.num_classes:
-            raise ValueError(f"the data has {n} classes but the model's head has "
-                             f"{self.num_classes}: set model num_classes to {n}")
+            if self._explicit or self._trainer_has_state():
+                raise ValueError(f"the data has {n} classes but the model's head has "
+                                 f"{self.num_classes}: set model num_classes to {n}")
+            self._new_head(self.model, int(n))
+            self.num_classes = int(n)
+            self.class_names = [str(i) for i in range(n)]
+            self._build_metrics()
+        if self.num_classes < 2:
+            raise ValueError("the model has no classifier head and the data module gives "
+                             "no num_classes: set num_classes")
         names = getattr(dm, "class_names", None)
         if names:
             self.class_names = list(names)
         hook = getattr(self.model, "setup_from_data", None)  # e.g. audio: share feature stats
-        if callable(hook):
+        if callable(hook) and not self._pretrained:
             hook(dm)
 
+    def _trainer_has_state(self) -> bool:
+        """A run resumed / tested from a checkpoint keeps the checkpoint's head."""
+        trainer = self._trainer
+        return bool(trainer is not None and getattr(trainer, "ckpt_path", None))
+
     def forward(self, inputs: Any) -> Tensor:
+        if isinstance(self.model, TextEncoder):  # hidden states -> [CLS] head
+            if not isinstance(inputs, dict):
+                inputs = {"input_ids": inputs}
+            hidden = self.model(inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
+            return self.model.classify(hidden)
         return self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
 
     @staticmethod
@@ -133,4 +256,6 @@ class ClassificationTask(ModelTask):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        self.class_names = list(checkpoint.get("class_names", self.class_names))
+        names = checkpoint.get("class_names")
+        if names:
+            self.class_names = list(names)

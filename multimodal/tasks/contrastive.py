@@ -34,10 +34,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from multimodal.hub import _load_any_tokenizer
 from multimodal.models.clip import CLIP, tokenize_texts
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.captioning import caption_tokenizer_of
-from multimodal.tokenizers.text import TextTokenizer, load_tokenizer
+from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pretrained import check_vocab, folder_tokenizer, task_model
+from multimodal.tokenizers.hf_json import HFTokenizer
+from multimodal.tokenizers.text import TextTokenizer
 
 __all__ = ["ContrastiveTask", "clip_loss", "gather_with_grad", "recall_at_k", "siglip_loss",
            "zero_shot_sets_of"]
@@ -137,7 +141,7 @@ class ContrastiveTask(ModelTask):
 
     def __init__(
         self,
-        model: CLIP,
+        model: CLIP | None = None,
         tokenizer: Literal["word", "wordpiece"] = "word",
         lr: float = 1e-3,
         weight_decay: float = 0.1,
@@ -148,10 +152,13 @@ class ContrastiveTask(ModelTask):
         zero_shot_size: int = 500,
         zero_shot_ensemble: Literal["mean", "sum"] = "mean",
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        if not isinstance(model, CLIP):
-            raise ValueError(f"model must be a CLIP, got {type(model).__name__}")
-        super().__init__(model, compile=compile)
+        model, source = task_model(model, pretrained, overrides, task="ContrastiveTask",
+                                   accept=(CLIP,))
+        super().__init__(model, compile=compile, finetune=finetune)
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
         if zero_shot_ensemble not in ("mean", "sum"):
@@ -161,6 +168,10 @@ class ContrastiveTask(ModelTask):
             raise ValueError(f"recall_ks must be positive integers, got {recall_ks}")
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer: TextTokenizer | None = None
+        self.tokenizer = folder_tokenizer(source)  # a pretrained folder's own tokenizer
+        if self.tokenizer is not None:
+            check_vocab(self.tokenizer, self.model.config.text.vocab_size,
+                        f"pretrained {pretrained}")
         self._outputs: dict[str, list[tuple[Tensor, Tensor, list[str]]]] = {}
         self._zero_shot: dict[str, dict[str, Any]] = {}
 
@@ -177,7 +188,13 @@ class ContrastiveTask(ModelTask):
         if self.tokenizer is None:
             raise ValueError("the tokenizer is not trained yet: call setup() (fit/test do)")
         self.model.check_tokenizer(self.tokenizer)
-        batch = tokenize_texts(self.tokenizer, captions, self.model.config.text_pool)
+        if isinstance(self.tokenizer, HFTokenizer):  # a pretrained folder's: its own specials
+            pool, context = self.model.config.text_pool, self.model.config.text.max_len
+            batch = self.tokenizer.encode_batch(  # "last" pooling (SigLIP): full context
+                list(captions), max_length=context,
+                padding="max_length" if pool == "last" else True)
+        else:
+            batch = tokenize_texts(self.tokenizer, captions, self.model.config.text_pool)
         return {k: v.to(self.device) for k, v in batch.items()}
 
     # -- loss ------------------------------------------------------------------------------
@@ -269,4 +286,4 @@ class ContrastiveTask(ModelTask):
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "tokenizer.json"
                 path.write_text(text, encoding="utf-8")
-                self.tokenizer = load_tokenizer(path)
+                self.tokenizer = _load_any_tokenizer(path)

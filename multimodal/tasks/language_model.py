@@ -18,6 +18,8 @@ from torchmetrics import Metric
 
 from multimodal.models.text import TextDecoder
 from multimodal.tasks.base import ModelTask
+from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pretrained import task_model
 
 __all__ = ["LanguageModelTask", "TokenNLL", "next_token_nll"]
 
@@ -79,17 +81,20 @@ class LanguageModelTask(ModelTask):
 
     def __init__(
         self,
-        model: TextDecoder,
+        model: TextDecoder | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
         warmup_fraction: float = 0.05,
         min_lr_ratio: float = 0.1,
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        if not isinstance(model, TextDecoder):
-            raise ValueError(f"model must be a TextDecoder, got {type(model).__name__}")
-        super().__init__(model, compile=compile)
+        model, _ = task_model(model, pretrained, overrides, task="LanguageModelTask",
+                              accept=(TextDecoder,))
+        super().__init__(model, compile=compile, finetune=finetune)
         if model.config.cross_attention:
             raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "
                              "has cross_attention=True (use Seq2SeqTask)")

@@ -21,6 +21,8 @@ from multimodal.hub import from_pretrained
 from multimodal.models.text import TextEncoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask
+from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.text import MASK_ID, SPECIAL_TOKENS
 
 __all__ = ["MaskedLMTask", "SequenceClassificationTask", "load_encoder_weights",
@@ -91,7 +93,7 @@ class MaskedLMTask(ModelTask):
 
     def __init__(
         self,
-        model: TextEncoder,
+        model: TextEncoder | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.05,
@@ -99,11 +101,18 @@ class MaskedLMTask(ModelTask):
         mask_prob: float = 0.15,
         save_dir: str | None = None,
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        if not isinstance(model, TextEncoder) or model.mlm is None:
+        if pretrained is not None:  # continued pre-training: a folder without an MLM head
+            overrides = {"mlm_head": True, **(overrides or {})}  # gets one (tied decoder)
+        model, _ = task_model(model, pretrained, overrides, task="MaskedLMTask",
+                              accept=(TextEncoder,), modality="text")
+        if model.mlm is None:
             raise ValueError("model must be a TextEncoder built with mlm_head=True, got "
-                             f"{type(model).__name__}")
-        super().__init__(model, compile=compile)
+                             f"{type(model).__name__} without one")
+        super().__init__(model, compile=compile, finetune=finetune)
         self.save_hyperparameters(ignore=["model"])
 
     def step(self, batch: dict[str, Tensor],
@@ -177,7 +186,7 @@ class SequenceClassificationTask(ClassificationTask):
 
     def __init__(
         self,
-        model: TextEncoder,
+        model: TextEncoder | None = None,
         lr: float = 5e-4,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.1,
@@ -185,14 +194,24 @@ class SequenceClassificationTask(ClassificationTask):
         label_smoothing: float = 0.0,
         init_from: str | None = None,
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        num_classes: int | None = None,
+        class_names: list[str] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        if not isinstance(model, TextEncoder):
+        if model is not None and not isinstance(model, TextEncoder):
             raise ValueError(f"model must be a TextEncoder, got {type(model).__name__}")
         if init_from:
+            if model is None:
+                raise ValueError("init_from loads weights into a model: give model, or use "
+                                 "pretrained: PATH alone")
             load_encoder_weights(model, init_from)
         super().__init__(model, lr=lr, weight_decay=weight_decay,
                          warmup_fraction=warmup_fraction, min_lr_ratio=min_lr_ratio,
-                         label_smoothing=label_smoothing, compile=compile)
+                         label_smoothing=label_smoothing, compile=compile,
+                         pretrained=pretrained, overrides=overrides, num_classes=num_classes,
+                         class_names=class_names, modality="text", finetune=finetune)
 
     def forward(self, inputs: Any) -> Tensor:
         if not isinstance(inputs, dict):

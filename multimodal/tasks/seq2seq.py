@@ -11,6 +11,8 @@ reference exactly (every token up to and including ``[EOS]``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -18,7 +20,9 @@ from torch import Tensor
 from multimodal.models.rnn import RNNSeq2Seq
 from multimodal.models.seq2seq import Seq2Seq
 from multimodal.tasks.base import ModelTask
-from multimodal.tokenizers.text import EOS_ID, PAD_ID
+from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pretrained import task_model
+from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["Seq2SeqTask", "exact_match"]
 
@@ -47,7 +51,7 @@ class Seq2SeqTask(ModelTask):
 
     def __init__(
         self,
-        model: Seq2Seq | RNNSeq2Seq,
+        model: Seq2Seq | RNNSeq2Seq | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.05,
@@ -55,14 +59,27 @@ class Seq2SeqTask(ModelTask):
         label_smoothing: float = 0.0,
         num_beams: int = 1,
         compile: bool = False,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        finetune: FinetuneConfig | None = None,
     ) -> None:
-        if not isinstance(model, (Seq2Seq, RNNSeq2Seq)):
-            raise ValueError(f"model must be a Seq2Seq or RNNSeq2Seq, got {type(model).__name__}")
-        super().__init__(model, compile=compile)
+        model, _ = task_model(model, pretrained, overrides, task="Seq2SeqTask",
+                              accept=(Seq2Seq, RNNSeq2Seq))
+        super().__init__(model, compile=compile, finetune=finetune)
         self.save_hyperparameters(ignore=["model"])
+
+    # the target's special ids: the package's, or the data module's (a Hugging Face
+    # tokenizer's own, e.g. BERT [CLS] / [SEP] / [PAD]; TextPairsDataModule)
+    bos_token_id: int = BOS_ID
+    eos_token_id: int = EOS_ID
+    pad_token_id: int = PAD_ID
 
     def setup(self, stage: str) -> None:
         dm = self.datamodule
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(dm, name, None)
+            if value is not None:
+                setattr(self, name, int(value))
         cfg = self.model.config
         for side in ("source", "target"):
             n = getattr(dm, f"{side}_vocab_size", None)
@@ -74,7 +91,7 @@ class Seq2SeqTask(ModelTask):
     def loss(self, batch: dict[str, Tensor]) -> Tensor:
         target = batch["target_ids"]
         logits = self.model(batch["source_ids"], target[:, :-1], batch.get("source_mask"))
-        labels = target[:, 1:].masked_fill(target[:, 1:] == PAD_ID, IGNORE_INDEX)
+        labels = target[:, 1:].masked_fill(target[:, 1:] == self.pad_token_id, IGNORE_INDEX)
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
                                ignore_index=IGNORE_INDEX,
                                label_smoothing=self.hparams.label_smoothing)
@@ -90,8 +107,11 @@ class Seq2SeqTask(ModelTask):
         out = self.model.generate(batch["source_ids"], batch.get("source_mask"),
                                   max_new_tokens=min(target.shape[1] + 1,
                                                      self.model.config.max_target_len - 1),
-                                  num_beams=self.hparams.num_beams)
-        em = exact_match(out, target).mean()
+                                  num_beams=self.hparams.num_beams,
+                                  bos_token_id=self.bos_token_id,
+                                  eos_token_id=self.eos_token_id,
+                                  pad_token_id=self.pad_token_id)
+        em = exact_match(out, target, self.eos_token_id).mean()
         self.log_mean(f"{split}/exact_match", em, target.shape[0], prog_bar=True)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:

@@ -1,0 +1,198 @@
+"""Fine-tuning regimes as config keys: full, linear probe, LoRA, frozen first blocks,
+layer-wise learning-rate decay and a separate head learning rate.
+
+Every task takes ``finetune: {...}`` (a :class:`FinetuneConfig`); the default is full
+fine-tuning with one learning rate, as before.
+
+Layer-wise decay (BEiT, Bao et al. 2022; timm's ``param_groups_layer_decay``): with ``L``
+blocks in a tower, the embeddings (patch / token / position embeddings, class and register
+tokens) get layer id 0, block ``i`` id ``i + 1``, the blocks' final norm id ``L`` (with the
+last block, as timm groups it), everything else (the head) id ``L + 1``, and a parameter of
+layer id ``l`` learns at
+
+    lr_l = lr * layer_decay ** (L + 1 - l)
+
+so the head learns at ``lr`` and the embeddings at ``lr * layer_decay ** (L + 1)``.
+``head_lr`` (when set) replaces the head's rate. Models with two towers (CLIP, encoder-
+decoders) count the blocks of each tower separately.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from multimodal.nn.lora import apply_lora, lora_layers, merge_lora
+
+__all__ = ["FinetuneConfig", "apply_regime", "layer_ids", "merged_model", "param_groups"]
+
+REGIMES = ("full", "linear_probe", "lora")
+_BLOCK = re.compile(r"^(.*?)(?:transformer\.)?blocks\.(\d+)\.")
+
+
+@dataclass
+class FinetuneConfig:
+    """How a pretrained model is adapted (module docstring).
+
+    ``regime``: ``full`` (every weight trains), ``linear_probe`` (only the head trains: the
+    backbone is frozen and kept in eval mode), ``lora`` (low-rank adapters of rank
+    ``lora_rank`` and scale ``lora_alpha / lora_rank`` on the Linears named by
+    ``lora_targets``, plus the head; merged into plain weights by ``save_pretrained``).
+    ``freeze_blocks``: with ``full``, the embeddings and the first k blocks stay frozen.
+    ``layer_decay``: layer-wise learning-rate decay factor in (0, 1]; ``head_lr``: the
+    head's learning rate (default: the task's ``lr``).
+    """
+
+    regime: Literal["full", "linear_probe", "lora"] = "full"
+    freeze_blocks: int = 0
+    layer_decay: float | None = None
+    head_lr: float | None = None
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: list[str] = field(default_factory=lambda: ["qkv", "proj"])
+    lora_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.regime not in REGIMES:
+            problems.append(f"regime must be one of {REGIMES}, got {self.regime!r}")
+        if self.freeze_blocks < 0:
+            problems.append(f"freeze_blocks must be >= 0, got {self.freeze_blocks}")
+        if self.freeze_blocks and self.regime != "full":
+            problems.append(f"freeze_blocks goes with regime 'full' (the {self.regime} "
+                            "regime already freezes the backbone)")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            problems.append(f"layer_decay must be in (0, 1], got {self.layer_decay}")
+        if self.head_lr is not None and not self.head_lr > 0:
+            problems.append(f"head_lr must be > 0, got {self.head_lr}")
+        if self.lora_rank < 1:
+            problems.append(f"lora_rank must be >= 1, got {self.lora_rank}")
+        if problems:
+            raise ValueError("finetune: " + "; ".join(problems))
+
+    @classmethod
+    def of(cls, value: FinetuneConfig | dict[str, Any] | None) -> FinetuneConfig:
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise ValueError(f"finetune: unknown key(s) {unknown}; keys: "
+                                 f"{sorted(cls.__dataclass_fields__)}")
+            return cls(**value)
+        raise ValueError(f"finetune must be a mapping of FinetuneConfig keys, got {value!r}")
+
+
+def _is_head(name: str, heads: tuple[str, ...]) -> bool:
+    return name.split(".", 1)[0] in heads
+
+
+def _is_embedding(name: str) -> bool:
+    parts = name.split(".")
+    return any("embed" in p or p.endswith("_token") or p in ("pos_table", "norm_pre")
+               for p in parts[:-1] or parts)
+
+
+def _towers(model: nn.Module) -> dict[str, int]:
+    """prefix -> number of blocks, for every ``blocks.<i>`` stack in ``model``."""
+    depth: dict[str, int] = {}
+    for name, _ in model.named_parameters():
+        m = _BLOCK.match(name)
+        if m:
+            depth[m.group(1)] = max(depth.get(m.group(1), 0), int(m.group(2)) + 1)
+    return depth
+
+
+def layer_ids(model: nn.Module, heads: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """name -> ``(layer id, L)`` of every parameter (module docstring): 0 for embeddings,
+    ``i + 1`` for block ``i``, ``L`` for the final norm, ``L + 1`` for the rest; ``L`` is the
+    depth of its tower."""
+    towers = _towers(model)
+    out = {}
+    for name, _ in model.named_parameters():
+        m = _BLOCK.match(name)
+        if m:
+            out[name] = (int(m.group(2)) + 1, towers[m.group(1)])
+            continue
+        prefixes = [p for p in towers if name.startswith(p)]
+        depth = towers[max(prefixes, key=len)] if prefixes else max(towers.values(), default=0)
+        emb = _is_embedding(name) and not _is_head(name, heads)
+        last = name[len(max(prefixes, key=len)) if prefixes else 0:].startswith(
+            "transformer.norm.")  # the blocks' final norm goes with the last block (timm)
+        out[name] = (0 if emb else depth if last else depth + 1, depth)
+    return out
+
+
+def apply_regime(model: nn.Module, config: FinetuneConfig, heads: tuple[str, ...]) -> None:
+    """Freeze / wrap ``model`` in place for ``config``'s regime (module docstring)."""
+    head = [n for n, _ in model.named_modules() if n and n.split(".")[0] in heads and
+            "." not in n]
+    head_params = [n for n, _ in model.named_parameters() if _is_head(n, heads)]
+    if config.regime == "linear_probe":
+        if not head_params:
+            raise ValueError(f"finetune: linear_probe trains the head, and "
+                             f"{type(model).__name__} has none (no {', '.join(heads)})")
+        for name, p in model.named_parameters():
+            p.requires_grad_(_is_head(name, heads))
+    elif config.regime == "lora":
+        apply_lora(model, config.lora_rank, config.lora_alpha, tuple(config.lora_targets),
+                   dropout=config.lora_dropout, trainable=tuple(head))
+    elif config.freeze_blocks:
+        ids = layer_ids(model, heads)
+        depth = max((d for _, d in ids.values()), default=0)
+        if config.freeze_blocks > depth:
+            raise ValueError(f"finetune: freeze_blocks={config.freeze_blocks} but "
+                             f"{type(model).__name__} has {depth} blocks")
+        for name, p in model.named_parameters():
+            if ids[name][0] <= config.freeze_blocks:  # embeddings (0) and blocks 1..k
+                p.requires_grad_(False)
+
+
+def param_groups(model: nn.Module, lr: float, weight_decay: float, config: FinetuneConfig,
+                 heads: tuple[str, ...]) -> list[dict[str, Any]]:
+    """AdamW parameter groups: the trainable parameters by (learning rate, decay or not);
+    weight decay on matrices only (not on biases, norms, ``*_token``, ``pos_embed``), the
+    rate of each from ``layer_decay`` / ``head_lr`` (module docstring). Each group has a
+    ``name`` (``layer<id>`` or ``head``, ``/decay`` or ``/no_decay``)."""
+    ids = layer_ids(model, heads) if config.layer_decay is not None else {}
+    groups: dict[str, dict[str, Any]] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        skip = p.dim() < 2 or name.endswith("_token") or "pos_embed" in name
+        if config.head_lr is not None and _is_head(name, heads):
+            key, rate = "head", config.head_lr
+        elif config.layer_decay is not None:
+            layer, depth = ids[name]
+            key, rate = f"layer{layer}", lr * config.layer_decay ** (depth + 1 - layer)
+        else:
+            key, rate = "all", lr
+        key += "/no_decay" if skip else "/decay"
+        group = groups.setdefault(key, {"params": [], "lr": rate, "name": key,
+                                        "weight_decay": 0.0 if skip else weight_decay})
+        group["params"].append(p)
+    return list(groups.values())
+
+
+def merged_model(model: nn.Module) -> nn.Module:
+    """``model`` with its LoRA adapters folded in (a copy), or ``model`` itself."""
+    return merge_lora(model) if lora_layers(model) else model
+
+
+def lora_settings(model: nn.Module) -> dict[str, Any] | None:
+    return getattr(model, "_lora_settings", None)
+
+
+def build_adamw(groups: list[dict[str, Any]], lr: float,
+                betas: tuple[float, float]) -> torch.optim.AdamW:
+    params = [p for g in groups for p in g["params"]]
+    if not params:
+        raise ValueError("finetune: no parameter is trainable")
+    fused = all(p.is_cuda for p in params)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)

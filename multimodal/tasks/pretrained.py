@@ -1,0 +1,334 @@
+"""``pretrained: PATH`` for every task: the model (architecture and weights) from a folder or
+a checkpoint, the YAML's model keys as overrides, one line saying what was loaded.
+
+PATH is one of
+
+* a Hugging Face layout folder (``config.json`` + safetensors: anything
+  :func:`multimodal.convert.from_hf_folder` reads),
+* a folder written by ``save_pretrained`` (ours: ``config.json`` with a nested ``config``),
+* a Lightning ``.ckpt`` of one of our tasks (its model; class names when it has them),
+* a llama.cpp ``.gguf`` file of the Llama family (dequantised: ``mm.from_hf`` reads it).
+
+A task takes the *part* of that model it can train: an image classifier takes a ViT, or
+the vision tower of a CLIP / SigLIP folder or of a captioner; a text classifier a
+TextEncoder or CLIP's text tower; an audio classifier an AudioClassifier. A folder with no
+such part is an error naming what it holds and what the task needs.
+
+``overrides`` (a dict of config fields: ``num_classes``, ``drop_path``, ``dropout`` ...)
+rebuild the model with those fields changed; every weight whose name and shape still fit is
+copied, the others (a head of another class count) keep their fresh initialisation. Weights
+outside the head that do not fit are an error: an override that changes the architecture
+(``dim``, ``depth``) cannot start from PATH.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from multimodal.hub import (
+    _is_hf_folder,
+    from_pretrained,
+    model_from_checkpoint,
+    read_checkpoint,
+)
+from multimodal.weights import CONFIG_NAME
+
+__all__ = ["Pretrained", "head_names", "load_pretrained", "rebuild_with", "select_part",
+           "task_model"]
+
+# Top-level modules that make a model's head: re-initialised when their shape changes,
+# trained by a linear probe, given ``head_lr``.
+HEAD_MODULES = ("head", "head_dist", "head_norm", "attn_pool", "mlm", "visual_projection",
+                "text_projection", "logit_scale", "logit_bias")
+
+
+@dataclass
+class Pretrained:
+    """What ``pretrained: PATH`` gave: the whole model, where it came from (``kind``:
+    ``"hf"``, ``"save_pretrained"``, ``"checkpoint"`` or ``"gguf"``) and, from a
+    checkpoint, its class names and task class."""
+
+    model: nn.Module
+    path: Path
+    kind: str
+    class_names: list[str] | None = None
+    task_class: str | None = None
+
+
+def load_pretrained(path: str | Path) -> Pretrained:
+    """Read PATH (module docstring). Errors name the path and the problem: missing, a file
+    that is not a checkpoint, a folder without a model."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"pretrained: {p} does not exist (expected a Hugging Face "
+                                "folder, a save_pretrained folder or a Lightning .ckpt)")
+    if p.is_file() and (p.suffix.lower() == ".gguf" or _is_gguf(p)):
+        from multimodal.convert import from_hf
+
+        return Pretrained(from_hf(p).train(), p, "gguf")  # llama.cpp's one file
+    if p.is_file():
+        import zipfile
+
+        if not zipfile.is_zipfile(p):  # torch.save writes a zip archive
+            raise ValueError(f"pretrained: {p} is not a checkpoint file (expected a Lightning "
+                             ".ckpt of one of multimodal's tasks, or a model folder)")
+        ckpt = read_checkpoint(p)  # ValueError: not a (safe) checkpoint
+        model = model_from_checkpoint(ckpt, p)
+        hp = ckpt.get("hyper_parameters") or {}
+        names = ckpt.get("class_names")
+        return Pretrained(model.train(), p, "checkpoint",
+                          list(names) if isinstance(names, (list, tuple)) else None,
+                          hp.get("_class_path") if isinstance(hp, dict) else None)
+    if not (p / CONFIG_NAME).is_file():
+        raise FileNotFoundError(f"pretrained: {p} has no {CONFIG_NAME}: not a Hugging Face "
+                                "folder nor one written by save_pretrained")
+    if _is_hf_folder(p):
+        from multimodal.convert import from_hf_folder
+
+        return Pretrained(from_hf_folder(p).train(), p, "hf")
+    return Pretrained(from_pretrained(p).train(), p, "save_pretrained")
+
+
+def _is_gguf(path: Path) -> bool:
+    from multimodal.convert.gguf import is_gguf_file
+
+    return is_gguf_file(path)
+
+
+def _parts(model: nn.Module) -> dict[str, nn.Module]:
+    """The single-modality parts of ``model`` by modality (the model itself included)."""
+    parts: dict[str, nn.Module] = {}
+    modality = getattr(model, "modality", None)
+    if modality in ("image", "text", "audio"):
+        parts[modality] = model
+    for attr in ("vision_model", "text_model", "encoder"):  # CLIP's towers, an encoder-
+        sub = getattr(model, attr, None)                     # decoder's encoder
+        kind = getattr(sub, "modality", None)
+        if kind in ("image", "text", "audio") and kind not in parts:
+            parts[kind] = sub
+    return parts
+
+
+def select_part(model: nn.Module, modality: str | None, accept: tuple[type, ...],
+                path: Path | str, task: str) -> nn.Module:
+    """The part of ``model`` (from ``path``) that ``task`` trains: ``model`` itself when it is
+    one of ``accept``, else its tower of ``modality`` (CLIP's vision / text tower, a
+    captioner's image encoder) when that is one of ``accept``. Anything else is a ValueError
+    naming what the folder holds and what the task needs."""
+    if isinstance(model, accept) and (modality is None
+                                      or getattr(model, "modality", modality) == modality):
+        return model
+    parts = _parts(model)
+    if modality is None:
+        usable = [m for m in parts.values() if isinstance(m, accept)]
+        if len(usable) == 1:
+            return usable[0]
+        if len(usable) > 1:
+            raise ValueError(f"pretrained: {path} holds a {type(model).__name__} with "
+                             f"{' and '.join(sorted(parts))} parts; set the task's modality "
+                             f"to one of {sorted(parts)}")
+    elif modality in parts and isinstance(parts[modality], accept):
+        return parts[modality]
+    held = type(model).__name__
+    kind = getattr(model, "modality", "?")
+    wanted = " or ".join(c.__name__ for c in accept)
+    what = f" as {'an' if modality in ('image', 'audio') else 'a'} {modality} model" \
+        if modality else ""
+    raise ValueError(f"pretrained: {path} holds a {held} ({kind} model): it has no part "
+                     f"{task} can train{what} (needs a {wanted})")
+
+
+def head_names(model: nn.Module) -> list[str]:
+    """The names of ``model``'s parameters that belong to its head (:data:`HEAD_MODULES`)."""
+    return [n for n, _ in model.named_parameters() if n.split(".", 1)[0] in HEAD_MODULES]
+
+
+def rebuild_with(model: nn.Module, overrides: dict[str, Any], where: str) -> tuple[
+        nn.Module, list[str], list[str]]:
+    """``model`` rebuilt with config fields ``overrides`` and every weight that still fits
+    copied; returns ``(model, new parameter names, left-out names of the old model)``.
+    A weight outside the head that no longer fits is a ValueError."""
+    config = model.config
+    known = {f.name for f in dataclasses.fields(config)} | set(getattr(
+        config, "__dataclass_fields__", {}))
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        fields = sorted(n for n in known if not n.startswith("_"))
+        raise ValueError(f"{where}: {type(config).__name__} has no field(s) {unknown}; "
+                         f"fields: {fields}")
+    new = type(model)(dataclasses.replace(config, **overrides))
+    old_state = model.state_dict()
+    own = new.state_dict()
+    fits = {k: v for k, v in old_state.items() if k in own and own[k].shape == v.shape}
+    new.load_state_dict(fits, strict=False)
+    heads = set(head_names(new)) | {k for k in own if k.split(".", 1)[0] in HEAD_MODULES}
+    broken = [k for k in own if k not in fits and k not in heads]
+    if broken:
+        raise ValueError(f"{where}: the overrides {overrides} change the architecture: "
+                         f"{', '.join(broken[:6])}{' ...' if len(broken) > 6 else ''} no longer "
+                         f"fit the pretrained weights (only head fields and regularisation "
+                         f"such as num_classes, drop_path, dropout can be overridden)")
+    new_names = [k for k in own if k not in fits]
+    left_out = [k for k in old_state if k not in fits]
+    return new.train(model.training), new_names, left_out
+
+
+def _short(names: list[str]) -> str:
+    if not names:
+        return "nothing"
+    tops = sorted({n.rsplit(".", 1)[0] if n.count(".") <= 1 else n.split(".", 1)[0]
+                   for n in names})
+    return ", ".join(tops[:8]) + (" ..." if len(tops) > 8 else "")
+
+
+def task_model(model: nn.Module | None, pretrained: str | Path | None,
+               overrides: dict[str, Any] | None, *, task: str, accept: tuple[type, ...],
+               modality: str | None = None) -> tuple[nn.Module, Pretrained | None]:
+    """The model a task trains: ``model`` as given (no ``pretrained``), or the part of
+    PATH's model the task can train, with ``overrides``. Logs one line: what was loaded,
+    what is new, what was left out."""
+    if pretrained is None:
+        if model is None:
+            raise ValueError(f"{task} needs a model or pretrained: PATH")
+        if overrides:
+            raise ValueError(f"{task}: overrides apply to a pretrained model; set the fields "
+                             "in the model's config instead")
+        if not isinstance(model, accept):
+            wanted = " or ".join(c.__name__ for c in accept)
+            raise ValueError(f"{task}: model must be a {wanted}, got {type(model).__name__}")
+        return model, None
+    if model is not None:
+        raise ValueError(f"{task}: give model or pretrained, not both (the architecture "
+                         "comes from pretrained; put changed fields in overrides; on the "
+                         "command line, --model.init_args.model null drops a config's model)")
+    source = load_pretrained(pretrained)
+    whole = source.model
+    part = select_part(whole, modality, accept, source.path, task)
+    total = dict(whole.named_parameters())
+    own = dict(part.named_parameters())
+    left = [n for n, p in total.items() if not any(p is q for q in own.values())]
+    new: list[str] = []
+    if overrides:
+        part, new, more = rebuild_with(part, dict(overrides), f"pretrained {source.path}")
+        left += more
+    loaded = [n for n in part.state_dict() if n not in new]
+    msg = (f"pretrained: {type(part).__name__} from {source.path} ({source.kind}): "
+           f"loaded {len(loaded)} tensors; new: {_short(new)}; left out: {_short(left)}")
+    rank_zero_info(msg)
+    return part, source
+
+
+def folder_tokenizer(source: Pretrained | None) -> Any:
+    """The tokenizer that came with PATH: a folder's ``tokenizer.json`` (a Hugging Face one
+    through :class:`~multimodal.tokenizers.hf_json.HFTokenizer`, else ours) or the tokenizer a
+    checkpoint carries; None when there is none."""
+    if source is None:
+        return None
+    from multimodal.hub import TOKENIZER_NAME, _load_any_tokenizer
+
+    if source.kind == "gguf":  # the tokenizer its metadata describes
+        from multimodal.convert import gguf_tokenizer
+
+        return gguf_tokenizer(source.path)
+    if source.kind == "checkpoint":
+        text = read_checkpoint(source.path).get("tokenizer")
+        if not isinstance(text, str):
+            return None
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            file = Path(tmp) / TOKENIZER_NAME
+            file.write_text(text, encoding="utf-8")
+            return _load_any_tokenizer(file)
+    file = source.path / TOKENIZER_NAME
+    return _load_any_tokenizer(file) if file.is_file() else None
+
+
+def check_vocab(tokenizer: Any, vocab_size: int, where: str) -> None:
+    """A tokenizer with more ids than the model's embedding has rows is an error."""
+    size = getattr(tokenizer, "vocab_size", None)
+    if isinstance(size, int) and size > vocab_size:
+        raise ValueError(f"{where}: the tokenizer has {size} tokens but the model's embedding "
+                         f"has {vocab_size} rows (vocab_size): they do not belong together")
+
+
+# ======================================================================================
+# the data follows the model: preprocessing settings from PATH
+# ======================================================================================
+
+PREPROCESSING_KEYS = ("image_size", "resize", "interpolation", "in_channels", "mean", "std",
+                      "features", "n_mels", "tokenizer", "max_length")
+
+
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+def _side(size: Any) -> tuple[str, int] | None:
+    if isinstance(size, int):
+        return "square", size
+    if isinstance(size, dict):
+        if isinstance(size.get("shortest_edge"), int):
+            return "shortest", size["shortest_edge"]
+        if isinstance(size.get("height"), int):
+            return "square", size["height"]
+    return None
+
+
+def _image_settings(pre: dict[str, Any]) -> dict[str, Any]:
+    """An image processor's settings as image data module arguments: ``image_size`` (the
+    crop, or the resized square), ``resize`` (the shorter side before a centre crop),
+    ``interpolation``, ``mean`` / ``std``."""
+    out: dict[str, Any] = {}
+    resized = _side(pre.get("size")) if pre.get("do_resize", True) else None
+    crop = _side(pre.get("crop_size")) if pre.get("do_center_crop") else None
+    if crop is not None:
+        out["image_size"] = crop[1]
+        if resized is not None and resized[0] == "shortest":
+            out["resize"] = resized[1]
+    elif resized is not None:
+        out["image_size"] = resized[1]
+    if pre.get("resample") in _RESAMPLE:
+        out["interpolation"] = _RESAMPLE[pre["resample"]]
+    if pre.get("do_normalize", True) and pre.get("image_mean") is not None:
+        out["mean"] = [float(v) for v in pre["image_mean"]]
+        out["std"] = [float(v) for v in pre["image_std"]]
+    if out:
+        out["in_channels"] = 3
+    return out
+
+
+def data_settings(path: str | Path) -> dict[str, Any]:
+    """The data settings PATH implies (the keys of :data:`PREPROCESSING_KEYS` a data module
+    may take): from a folder's ``preprocessor_config.json`` (images: size after resize /
+    crop, mean, std; audio: waveforms for the model's own front end, whose sampling rate and
+    filter bank the folder set) and ``tokenizer.json`` (the folder itself); from one of our
+    checkpoints, the non-empty preprocessing arguments its data module was trained with."""
+    from multimodal.convert.hf_preprocess import AUDIO_EXTRACTORS, read_preprocessor_config
+    from multimodal.hub import TOKENIZER_NAME, datamodule_arguments
+
+    p = Path(path)
+    if p.is_file():
+        try:
+            ckpt = read_checkpoint(p)
+        except (ValueError, FileNotFoundError):
+            return {}
+        saved = datamodule_arguments(ckpt)
+        return {k: v for k, v in saved.items() if k in PREPROCESSING_KEYS and v is not None}
+    out: dict[str, Any] = {}
+    if not p.is_dir():
+        return out
+    pre = read_preprocessor_config(p)
+    if pre is not None:
+        if pre.get("feature_extractor_type") in AUDIO_EXTRACTORS:
+            out["features"] = False  # waveforms: the model's front end makes its features
+        else:
+            out.update(_image_settings(pre))
+    if (p / TOKENIZER_NAME).is_file():
+        out["tokenizer"] = str(p)
+    return out
