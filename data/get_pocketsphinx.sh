@@ -2,7 +2,7 @@
 # Real recorded English speech with reference transcripts (Debian pocketsphinx-testdata:
 # five LibriVox clips and five "cards" clips, 16 kHz) for benchmarks/asr_real.py and the
 # slow Whisper tests. Files stay where Debian puts them: /usr/share/pocketsphinx/test/data.
-# Not part of `get.sh all`: it needs the Debian package.
+# Part of `get.sh all`, so that CI runs the real-speech slow tests instead of skipping them.
 set -euo pipefail
 src=/usr/share/pocketsphinx/test/data
 if [[ ! -d "$src/librivox" ]]; then

@@ -108,7 +108,8 @@ def test_a_new_backbone_field_reaches_every_model_config() -> None:
     TransformerConfig field, so a new backbone switch needs no model-config edit."""
     configs = {n: c for n, c in ((n, cls.config_class) for n, cls in MODEL_CLASSES.items())}
     nested = {"Captioner": ("encoder", "decoder"), "Seq2Seq": ("encoder", "decoder"),
-              "CLIP": ("vision", "text"), "CodecLM": ("ar", "nar")}
+              "CLIP": ("vision", "text"), "CodecLM": ("ar", "nar"),
+              "Whisper": ("encoder", "decoder")}
     recurrent = {"RNNSeq2Seq"}  # GRU/LSTM baselines: no transformer backbone to configure
     for name in recurrent:
         assert not hasattr(configs.pop(name)(), "backbone"), name
