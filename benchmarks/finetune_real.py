@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 SOURCES = ("bible", "fortunes", "shakespeare")
-REGIMES = ("full", "lora", "linear_probe", "scratch", "own_mlm")
+REGIMES = ("full", "lora", "lora_head", "linear_probe", "scratch", "own_mlm")
 KS = ("8", "32", "128", "all")
 
 
@@ -138,7 +138,7 @@ def scratch_folder(out: Path, seed: int) -> Path:
 
 
 def regime_args(regime: str, out: Path, seed: int, own: Path, own_tokenizer: Path,
-                lora_rank: int) -> tuple[list[str], int]:
+                lora_rank: int, head_lr: float) -> tuple[list[str], int]:
     """CLI overrides of a regime (the pretrained folder, the tokenizer where the folder has
     none, the ``finetune`` keys) and its max_length."""
     m = "--model.init_args."
@@ -148,16 +148,20 @@ def regime_args(regime: str, out: Path, seed: int, own: Path, own_tokenizer: Pat
                 raise FileNotFoundError(f"{path} not found: run `multimodal fit --config "
                                         f"configs/bert_mlm.yaml` first")
         # our save_pretrained folder holds no tokenizer: the MLM run's WordPiece file
-        return ([m + "pretrained", str(own), m + "finetune.regime", "full",
+        finetune = {"regime": "full", "layer_decay": None, "head_lr": None}
+        return ([m + "pretrained", str(own), m + "finetune", json.dumps(finetune),
                  "--data.init_args.tokenizer", str(own_tokenizer)], 64)
     folder = scratch_folder(out, seed) if regime == "scratch" else minilm_folder()
     # the tokenizer follows the folder (its tokenizer.json): no data tokenizer argument
     args = [m + "pretrained", str(folder)]
-    if regime == "lora":
-        args += [m + "finetune.regime", "lora", m + "finetune.lora_rank", str(lora_rank),
-                 m + "finetune.lora_alpha", str(2 * lora_rank)]
+    # the whole finetune block (a config's layer_decay / head_lr do not leak in)
+    if regime in ("lora", "lora_head"):
+        finetune = {"regime": "lora", "lora_rank": lora_rank, "lora_alpha": 2 * lora_rank}
+        if regime == "lora_head":  # the new head at the linear probe's rate
+            finetune["head_lr"] = head_lr
     else:
-        args += [m + "finetune.regime", "linear_probe" if regime == "linear_probe" else "full"]
+        finetune = {"regime": "linear_probe" if regime == "linear_probe" else "full"}
+    args += [m + "finetune", json.dumps({"layer_decay": None, "head_lr": None, **finetune})]
     return args, 128
 
 
@@ -170,9 +174,9 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
     n = len(train.read_text(encoding="utf-8").splitlines())
     run = out / regime / f"k{k}" / f"seed{seed}"
     model, max_length = regime_args(regime, out, seed, opts.own_encoder, opts.own_tokenizer,
-                                    opts.lora_rank)
+                                    opts.lora_rank, opts.lr_probe)
     lr = {"linear_probe": opts.lr_probe, "scratch": opts.lr_scratch, "own_mlm": opts.lr_own,
-          "lora": opts.lr_lora}.get(regime, opts.lr)
+          "lora": opts.lr_lora, "lora_head": opts.lr_lora}.get(regime, opts.lr)
     batches = math.ceil(n / opts.batch_size)
     if batches > opts.steps:  # "all": one pass over a random `steps` batches of it
         length = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches",
@@ -182,7 +186,10 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
         length = ["--trainer.max_epochs", str(epochs),
                   "--trainer.check_val_every_n_epoch", str(epochs)]
     fit = [
-        "fit", "--config", str(opts.config), *model,
+        "fit", "--config", str(opts.config),
+        # the measured settings, whatever the config's defaults: one learning rate for
+        # every trained weight (no layer decay, no head rate), the folder's own dropout
+        "--model.init_args.overrides", "null", *model,
         "--model.init_args.lr", str(lr),
         "--data.init_args.train", str(train), "--data.init_args.val", str(data / "val.jsonl"),
         "--data.init_args.test", str(data / "test.jsonl"),
@@ -230,6 +237,12 @@ def run_all(opts) -> None:
         if opts.dry_run:
             print(shlex.join(["multimodal", *fit]))
             continue
+        acc = test_accuracy(run)
+        if acc is not None:  # tested by an earlier, interrupted invocation: keep it
+            row = {"regime": regime, "k": k, "seed": seed, "test_acc": acc, "seconds": None}
+            with open(results, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            continue
         start = time.perf_counter()
         subprocess.run([*cli, *fit], check=True)
         acc = test_accuracy(run)
@@ -256,7 +269,11 @@ def report(out: Path, figure: Path | None = None) -> str:
     for r in rows:  # a run whose accuracy was not read then: from its test metrics now
         if r["test_acc"] is None:
             r["test_acc"] = test_accuracy(out / r["regime"] / f"k{r['k']}" / f"seed{r['seed']}")
-    rows = [r for r in rows if r["test_acc"] is not None]
+    first: dict[tuple, dict] = {}
+    for r in rows:  # one row per (regime, k, seed): the first that has an accuracy
+        if r["test_acc"] is not None:
+            first.setdefault((r["regime"], r["k"], r["seed"]), r)
+    rows = list(first.values())
     if not rows:
         raise SystemExit(f"no results in {out / 'results.jsonl'}: run the `run` step first")
     ks = [k for k in KS if any(r["k"] == k for r in rows)]
