@@ -11,11 +11,11 @@ Three steps, each a subcommand:
     #    and configs/bert_mlm.yaml make them (seed 0, 10 % val, 10 % test), so neither
     #    pre-training nor any k-shot training set saw a test document
     PYTHONPATH=. python benchmarks/finetune_real.py data --out runs/finetune_real/data
-    # 2. the runs: every (regime, k, seed) is `multimodal fit` then `multimodal test` in its
-    #    own process, through the CLI (--dry-run prints the commands only)
+    # 2. the runs: every (regime, k, seed) is one `multimodal fit --config
+    #    configs/finetune_text.yaml ...` (test after fit), through the CLI (--dry-run prints them)
     PYTHONPATH=. nice python benchmarks/finetune_real.py run --data runs/finetune_real/data \
         --out runs/finetune_real/runs --regimes full lora linear_probe scratch own_mlm \
-        --k 8 32 128 all --seeds 0 1
+        --k 8 32 128 all --seeds 0 1 --steps 24 --max-length 64
     # 3. the learning curves: a Markdown table (mean and range over seeds) and a figure
     PYTHONPATH=. python benchmarks/finetune_real.py report --out runs/finetune_real/runs
 
@@ -33,6 +33,7 @@ data module's ``tokenizer`` set to that folder's tokenizer (``finetune`` keys: s
 =============  ==================================================================
 full           MiniLM, every weight trained (``finetune.regime: full``)
 lora           MiniLM, LoRA adapters + head (``finetune.regime: lora``, rank 8)
+lora_head      the same with the head at the probe's rate (``finetune.head_lr``)
 linear_probe   MiniLM frozen, head only (``finetune.regime: linear_probe``)
 scratch        MiniLM's architecture and tokenizer, random weights (a
                ``save_pretrained`` folder written by this script)
@@ -40,9 +41,10 @@ own_mlm        ``runs/bert_mlm/encoder`` + ``runs/bert_mlm/tokenizer.json``
                (run ``multimodal fit --config configs/bert_mlm.yaml`` first)
 =============  ==================================================================
 
-Training length: few-shot sets are tiny, so every run takes ``--steps`` optimiser steps
-(epochs = ceil(steps / batches per epoch)), except ``all``, which takes ``--epochs-all``
-epochs. The checkpoint tested is the last one (no selection on val; val is logged).
+Training length: every run takes about ``--steps`` optimiser steps: whole epochs of the
+k-shot set (epochs = ceil(steps / batches per epoch)), or for ``all`` one pass over a random
+``--steps`` batches of it. Val is checked once, at the end; the test after fit scores that
+(last) checkpoint. Results go to ``OUT/results.jsonl``; a rerun skips what is there.
 """
 
 from __future__ import annotations
