@@ -49,10 +49,17 @@ def _set(cfg: dict, dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
-def _build_model(spec: dict, num_classes: int) -> torch.nn.Module:
-    """The config's model; its class count comes from the data, as the CLI links it."""
+def _build_model(task: dict, num_classes: int) -> torch.nn.Module:
+    """The config's model (a ``preset`` name plus ``overrides``, or a ``model`` spelled out);
+    its class count comes from the data, as the CLI links it."""
     import importlib
 
+    if task.get("preset") is not None:
+        import multimodal as mm
+
+        return mm.create_model(task["preset"], **{"num_classes": num_classes,
+                                                  **(task.get("overrides") or {})})
+    spec = task["model"]
     module, _, name = spec["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     config = cls.config_class(**{"num_classes": num_classes, **spec["init_args"]["config"]})
@@ -67,7 +74,7 @@ class Recipe:
         task = cfg["model"]["init_args"]
         data_args = dict(cfg["data"]["init_args"])
         self.data = ImageClassificationDataModule(**data_args)
-        self.model = _build_model(task["model"], self.data.num_classes)
+        self.model = _build_model(task, self.data.num_classes)
         self.smoothing = float(task.get("label_smoothing", 0.0))
         self.opt = adamw(self.model, float(task.get("lr", 1e-3)),
                          float(task.get("weight_decay", 0.05)))

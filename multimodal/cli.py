@@ -22,6 +22,10 @@ When standard output is not a terminal (a log file, a batch job) every validatio
 one plain line of metrics instead of Lightning's progress bar
 (``--trainer.enable_progress_bar true`` brings the bar back).
 
+A config says only what differs from the CLI's trainer defaults (:func:`add_run_defaults`):
+TensorBoard + CSV loggers, a ``ModelCheckpoint`` (``last.ckpt`` and the best by the task's
+metric, or ``--monitor`` / ``--monitor_mode``) and a ``LearningRateMonitor``.
+
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
 checkpoints go to ``<root>/checkpoints`` unless a ModelCheckpoint names its own ``dirpath``,
@@ -43,11 +47,11 @@ import inspect
 import os
 import sys
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
@@ -116,6 +120,72 @@ def place_run_outputs(config: Namespace) -> str:
             callback["init_args.dirpath"] = os.path.join(root, "checkpoints")
     _share_logger_version(config.get("trainer.logger"))
     return root
+
+
+DEFAULT_LOGGERS = ("lightning.pytorch.loggers.TensorBoardLogger",
+                   "lightning.pytorch.loggers.CSVLogger")
+"""The loggers a run gets when its config names none: both write ``<root>/version_N``."""
+
+DEFAULT_MONITOR = ("val/loss", "min")
+"""What the default ``ModelCheckpoint`` ranks by when neither ``--monitor`` nor the task's
+``default_monitor`` says otherwise."""
+
+
+_LOWER_IS_BETTER = ("loss", "bpd", "perplexity", "wer", "cer")
+
+
+def _has_callback(callbacks: list[Any], base: type) -> bool:
+    for callback in callbacks:
+        cls = _class_of(callback.get("class_path")) if isinstance(callback, Namespace) \
+            else type(callback)
+        if cls is not None and issubclass(cls, base):
+            return True
+    return False
+
+
+def add_run_defaults(config: Namespace) -> None:
+    """The CLI's trainer defaults, so that a config says only what differs; ``config`` (one
+    subcommand's, after overrides) is changed in place, before :func:`place_run_outputs`.
+
+    * ``trainer.logger`` unset (or ``true``): TensorBoard and CSV, both in
+      ``${trainer.default_root_dir}`` with no name, so one run's logs are ``<root>/version_N``;
+      ``--trainer.logger false`` keeps a run without loggers;
+    * no ``ModelCheckpoint`` among ``trainer.callbacks`` (and checkpointing not switched off):
+      one keeping ``last.ckpt`` and the best ``best-<epoch>-<value>.ckpt`` by the metric of
+      ``--monitor`` / ``--monitor_mode`` (in a config: top-level ``monitor:`` /
+      ``monitor_mode:``), by default the task class's ``default_monitor``
+      (:data:`DEFAULT_MONITOR` when it has none);
+    * a ``LearningRateMonitor`` when there is a logger and the config names none.
+    """
+    root = ROOT_PLACEHOLDER
+    trainer = config.get("trainer")
+    if not isinstance(trainer, Namespace):
+        return
+    if trainer.get("logger") in (None, True):
+        trainer["logger"] = [Namespace(class_path=path, init_args=Namespace(
+            save_dir=root, name="", version=None)) for path in DEFAULT_LOGGERS]
+    callbacks = trainer.get("callbacks")
+    callbacks = list(callbacks) if isinstance(callbacks, list) else \
+        [] if callbacks is None else [callbacks]
+    if trainer.get("enable_checkpointing") is not False and \
+            not _has_callback(callbacks, ModelCheckpoint):
+        task = _class_of(config.get("model.class_path"))
+        metric, mode = getattr(task, "default_monitor", None) or DEFAULT_MONITOR
+        if config.get("monitor") and config["monitor"] != metric:
+            metric = str(config["monitor"])
+            mode = "min" if any(k in metric for k in _LOWER_IS_BETTER) else "max"
+        mode = config.get("monitor_mode") or mode
+        callbacks.append(Namespace(
+            class_path="lightning.pytorch.callbacks.ModelCheckpoint",
+            init_args=Namespace(monitor=metric, mode=mode, save_last=True,
+                                filename=f"best-{{epoch}}-{{{metric}:.4f}}",
+                                auto_insert_metric_name=False)))
+    if trainer.get("logger") not in (None, False, []) and \
+            not _has_callback(callbacks, LearningRateMonitor):
+        callbacks.append(Namespace(
+            class_path="lightning.pytorch.callbacks.LearningRateMonitor",
+            init_args=Namespace()))
+    trainer["callbacks"] = callbacks
 
 
 def _share_logger_version(loggers: Any) -> None:
@@ -226,6 +296,7 @@ def _data_class_names(datamodule: Any) -> list[str] | None:
 class MultimodalCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        add_run_defaults(config)
         place_run_outputs(config)
         ckpt_path, init = config.get("ckpt_path"), config.get("model.init_args")
         if ckpt_path and Path(str(ckpt_path)).is_file() and isinstance(init, Namespace) \
@@ -251,6 +322,12 @@ class MultimodalCLI(LightningCLI):
         # ignore the link; an explicit num_classes that disagrees is the task's error)
         parser.link_arguments("data", "model.init_args.class_names",
                               compute_fn=_data_class_names, apply_on="instantiate")
+        parser.add_argument("--monitor", type=str | None, default=None,
+                            help="metric the default ModelCheckpoint keeps the best of "
+                                 "(default: the task's, e.g. val/acc)")
+        parser.add_argument("--monitor_mode", type=Literal["max", "min"] | None, default=None,
+                            help="max or min (default: min for a loss, else max; or the "
+                                 "task's)")
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")
@@ -354,6 +431,7 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
         raise ValueError(f"{ckpt_path}: the checkpoint does not say its task; give --config")
     model_args = {k: v for k, v in hp.items() if not k.startswith("_")}
     model_args.update(pretrained=str(ckpt_path), overrides=None)
+    model_args.pop("preset", None)  # the checkpoint holds the architecture
     model_args.pop("init_from", None)  # the checkpoint already holds those weights
     data_hp = dict(ckpt.get("datamodule_hyper_parameters") or {})
     data_path = data_hp.pop("_class_path", None)

@@ -566,6 +566,27 @@ def tokenizer_from_json(text: str) -> Any:
         return _load_any_tokenizer(file)
 
 
+def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Any:
+    """The tokenizer a task checkpoint's run used, or None: the task's own entry
+    (``ckpt["tokenizer"]``, captioning / contrastive), a tokenizer a text data module trained
+    and saved in its state (Lightning keeps it under the data module's class name), or the
+    ``tokenizer`` file / folder the data module was given (a fine-tuned text classifier from
+    a Hugging Face folder), when that path still exists."""
+    if isinstance(ckpt.get("tokenizer"), str):
+        return tokenizer_from_json(ckpt["tokenizer"])
+    for value in ckpt.values():
+        if isinstance(value, dict) and isinstance(value.get("tokenizer"), str) \
+                and value["tokenizer"].lstrip().startswith("{"):
+            return tokenizer_from_json(value["tokenizer"])
+    given = datamodule_arguments(ckpt).get("tokenizer")
+    if isinstance(given, str) and given:
+        file = Path(given)
+        file = file / TOKENIZER_NAME if file.is_dir() else file
+        if file.is_file():
+            return _load_any_tokenizer(file)
+    return None
+
+
 def checkpoint_image_preprocessor(ckpt: dict[str, Any], model: nn.Module) -> Any:
     """An :class:`ImagePreprocessor` with the image size, channels and normalisation a
     task checkpoint's data module recorded (``datamodule_hyper_parameters``: ``image_size``,
@@ -635,8 +656,8 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
         if path.is_file() and path.suffix == ".ckpt":
             ckpt = read_checkpoint(path)
             model = model_from_checkpoint(ckpt, path)
-            if tokenizer is None and isinstance(ckpt.get("tokenizer"), str):
-                tokenizer = tokenizer_from_json(ckpt["tokenizer"])
+            if tokenizer is None:
+                tokenizer = checkpoint_tokenizer(ckpt)
             if getattr(model, "modality", None) in ("image", "image+text"):
                 preprocessor = checkpoint_image_preprocessor(ckpt, model)
         elif path.suffix.lower() == ".gguf" or is_gguf_file(path):  # model + tokenizer
@@ -707,7 +728,7 @@ def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
 __all__ = [  # the weight-format names are re-exported for code that imported them from here
     "CHECKPOINT_HINT", "CONFIG_NAME", "FORMAT_VERSION", "MODEL_CLASSES", "TOKENIZER_NAME",
     "WEIGHTS_NAME", "Encoder", "PretrainedMixin", "TokenFeatures",
-    "checkpoint_image_preprocessor", "config_from_dict", "config_to_dict",
+    "checkpoint_image_preprocessor", "checkpoint_tokenizer", "config_from_dict", "config_to_dict",
     "create_model", "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
     "load_encoder", "load_safetensors", "load_state_dict_checked", "model_from_checkpoint",
     "read_checkpoint", "read_config", "sniff_checkpoint", "tokenizer_from_json",

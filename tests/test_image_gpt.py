@@ -182,7 +182,7 @@ def test_sampling_follows_processed_distribution() -> None:
 def test_preset_builds() -> None:
     model = multimodal.create_model("igpt_fashion_mnist", depth=1)
     assert isinstance(model, ImageGPT)
-    assert model.config.vocab_size == 256
+    assert model.config.vocab_size == 16  # configs/igpt_fashion_mnist.yaml: 4-bit grey
 
 
 def test_samples_can_be_trained_on() -> None:

@@ -407,7 +407,7 @@ def test_caption_a_task_checkpoint_measures_its_data_normalisation(tmp_path):
                      batch_size=8)
     dm = CaptionDataModule(**data_args)
     dm.setup("fit")
-    torch.manual_seed(0)
+    torch.manual_seed(1)  # an untrained captioner whose captions are not empty
     task = CaptioningTask(mm.create_model("captioner_scenes"))
     task.tokenizer = mm.WordTokenizer.train(dm.train_captions())
     ckpt = {"state_dict": task.state_dict(),

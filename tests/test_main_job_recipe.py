@@ -23,8 +23,9 @@ def _bench():
 
 def _digits_config() -> dict:
     cfg = yaml.safe_load((ROOT / "configs" / "vit_fashion_mnist.yaml").read_text())
-    vit = cfg["model"]["init_args"]["model"]["init_args"]["config"]
-    vit.update(image_size=8, patch_size=2, dim=32, heads=4, mlp_dim=64, depth=1)
+    assert cfg["model"]["init_args"]["preset"] == "vit_fashion_mnist"
+    cfg["model"]["init_args"]["overrides"] = dict(image_size=8, patch_size=2, dim=32, heads=4,
+                                                  mlp_dim=64, depth=1)
     cfg["data"]["init_args"].update(dataset="digits", batch_size=64, val_size=0.2,
                                     image_size=None)
     cfg["trainer"]["max_epochs"] = 7

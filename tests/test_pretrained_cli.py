@@ -258,3 +258,12 @@ def test_text_fine_tuning_from_a_folder_through_the_cli(tmp_path, capsys):
               "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "p")])
     lines = [ln.split("\t") for ln in capsys.readouterr().out.splitlines() if "\t" in ln]
     assert len(lines) == 2 and all(ln[1] in ("food", "sky") for ln in lines)
+    # embed from the checkpoint alone: its tokenizer is the folder's the data module was given
+    from multimodal.hub import load_encoder
+    from multimodal.tokenizers.hf_json import HFTokenizer
+
+    texts = ["soup and bread", "snow and wind today"]
+    found = load_encoder(last)
+    assert found.tokenizer is not None
+    given = load_encoder(last, tokenizer=HFTokenizer.from_file(bert / "tokenizer.json"))
+    torch.testing.assert_close(found.encode(texts), given.encode(texts))

@@ -132,8 +132,8 @@ def test_config_errors():
 
 def test_presets_and_save_load(tmp_path):
     vit = mm.create_model("vit_fashion_mnist", depth=1)
-    assert vit.config.depth == 1 and vit.config.image_size == 28
-    x = torch.randn(2, 1, 28, 28)
+    assert vit.config.depth == 1 and vit.config.image_size == 32
+    x = torch.randn(2, 1, 32, 32)
     vit.eval().save_pretrained(tmp_path)
     torch.testing.assert_close(mm.from_pretrained(tmp_path)(x), vit(x), atol=0, rtol=0)
     with pytest.raises(ValueError, match="unknown preset"):

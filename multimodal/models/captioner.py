@@ -294,9 +294,12 @@ def cut_at_eos(ids: Tensor, eos_token_id: int = EOS_ID) -> list[list[int]]:
 
 @register_preset("captioner_scenes")
 def captioner_scenes(**overrides: Any) -> Captioner:
-    """Small captioner for 32x32 procedural scenes (8x8 grid of 4x4 patches, conv stem:
-    the model of configs/caption_scenes.yaml)."""
-    defaults = {"encoder": dataclasses.replace(_default_encoder(), stem="conv")}
+    """Small captioner for 32x32 procedural scenes (8x8 grid of 4x4 patches, conv stem,
+    width 96, a 32-word vocabulary): the model of configs/caption_scenes.yaml."""
+    defaults = {
+        "encoder": dataclasses.replace(_default_encoder(), stem="conv", dim=96, mlp_dim=192),
+        "decoder": dataclasses.replace(_default_decoder(), vocab_size=32, max_len=24, dim=96,
+                                       mlp_dim=192)}
     return Captioner(CaptionerConfig(**{**defaults, **overrides}))
 
 

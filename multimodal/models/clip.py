@@ -373,7 +373,12 @@ class CLIP(PretrainedMixin, nn.Module):
 
 @register_preset("clip_scenes")
 def clip_scenes(**overrides: Any) -> CLIP:
-    """Small CLIP for 32x32 procedural scenes (conv stem, word-level captions)."""
-    defaults = {"vision": dataclasses.replace(_default_vision(), stem="conv")}
+    """Small CLIP for 32x32 procedural scenes (conv stem, word-level captions, width 96):
+    the model of configs/clip_scenes.yaml."""
+    defaults = {
+        "vision": dataclasses.replace(_default_vision(), stem="conv", dim=96, mlp_dim=192),
+        "text": dataclasses.replace(_default_text(), vocab_size=32, max_len=24, dim=96,
+                                    mlp_dim=192),
+        "embed_dim": 96}
     return CLIP(CLIPConfig(**{**defaults, **overrides}))
 

@@ -322,9 +322,11 @@ class ImageGPT(PretrainedMixin, nn.Module):
 
 @register_preset("igpt_fashion_mnist")
 def igpt_fashion_mnist(**overrides: Any) -> ImageGPT:
-    """A small model for 28x28 grey images with 256 levels (CPU-trainable)."""
-    return ImageGPT(ImageGPTConfig(**{"image_size": 28, "vocab_size": 256, "dim": 128,
-                                      "depth": 4, "heads": 4, "mlp_dim": 512, **overrides}))
+    """The CPU model of configs/igpt_fashion_mnist.yaml: 14x14 grey images quantised to 16
+    levels, 4 layers of width 128, unconditional."""
+    return ImageGPT(ImageGPTConfig(**{"image_size": 14, "vocab_size": 16, "dim": 128,
+                                      "depth": 4, "heads": 4, "mlp_dim": 512,
+                                      "num_classes": 0, **overrides}))
 
 
 @register_preset("igpt_s_32")

@@ -191,12 +191,18 @@ class TextEncoderConfig:
 
     vocab_size: int = 8000
     max_len: int = 256
-    pos_embed: Literal["learned", "sinusoidal"] = "learned"
+    # "none": no added positions, for a backbone with rope="1d"
+    pos_embed: Literal["learned", "sinusoidal", "none"] = "learned"
     type_vocab_size: int = 0  # BERT's segment embeddings (2); 0 = none
     embed_norm: bool = False  # LayerNorm on the summed embeddings (BERT: True)
     num_classes: int = 0  # > 0: a classification head on the [CLS] token
     mlm_head: bool = True  # BERT's masked-LM head (dense, act, norm, tied decoder)
     pooler: bool = False  # BERT's tanh pooler on [CLS] before the classifier
+
+    def __post_init__(self) -> None:
+        if self.pos_embed not in ("learned", "sinusoidal", "none"):
+            raise ValueError(f"pos_embed must be 'learned', 'sinusoidal' or 'none', "
+                             f"got {self.pos_embed!r}")
 
 
 class MaskedLMHead(nn.Module):
@@ -280,7 +286,9 @@ class TextEncoder(ClassifierHeadMixin, PretrainedMixin, nn.Module):
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, "
                              f"got {tuple(attention_mask.shape)}")
-        x = self.pos_embed(self.tok_embed(input_ids))
+        x = self.tok_embed(input_ids)
+        if self.pos_embed is not None:
+            x = self.pos_embed(x)
         if self.type_embed is not None:
             types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
             x = x + self.type_embed(types)

@@ -217,6 +217,8 @@ _vit_preset("vit_tiny_patch16_224", dim=192, depth=12, heads=3)
 _vit_preset("vit_small_patch16_224", dim=384, depth=12, heads=6)
 _vit_preset("vit_base_patch16_224", dim=768, depth=12, heads=12)
 _vit_preset("vit_large_patch16_224", dim=1024, depth=24, heads=16)
-# A small ViT for 28x28 grayscale (Fashion-MNIST / MNIST): 7x7 = 49 patches of 4x4.
-_vit_preset("vit_fashion_mnist", image_size=28, patch_size=4, in_channels=1, num_classes=10,
-            dim=128, depth=6, heads=4, mlp_dim=256)
+# The main job's ViT (configs/vit_fashion_mnist.yaml): 28x28 grayscale resized to 32x32, a conv
+# stem (three 3x3 stride-2 convs 1 -> 16 -> 32 -> 64, then 1x1 to dim) making a 4x4 grid
+# of 16 tokens, mean pooling.
+_vit_preset("vit_fashion_mnist", image_size=32, patch_size=8, in_channels=1, num_classes=10,
+            stem="conv", dim=128, depth=4, heads=4, mlp_dim=256, pool="mean")

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from multimodal.models.image_gpt import ImageGPT
 from multimodal.tasks.base import ModelTask
+from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.image import PixelTokenizer
 
 __all__ = ["AutoregressiveImageTask"]
@@ -48,9 +49,11 @@ class AutoregressiveImageTask(ModelTask):
     validation images completed by the model).
     """
 
+    default_monitor = ("val/bpd", "min")  # the CLI's default ModelCheckpoint ranks by it
+
     def __init__(
         self,
-        model: ImageGPT,
+        model: ImageGPT | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         warmup_fraction: float = 0.05,
@@ -60,7 +63,11 @@ class AutoregressiveImageTask(ModelTask):
         sample_top_k: int | None = None,
         sample_seed: int = 0,
         compile: bool = False,
+        preset: str | None = None,
+        overrides: dict[str, Any] | None = None,
     ) -> None:
+        model, _ = task_model(model, None, overrides, task="AutoregressiveImageTask",
+                              accept=(ImageGPT,), preset=preset)
         if not isinstance(model, ImageGPT):
             raise ValueError(f"model must be an ImageGPT, got {type(model).__name__}")
         super().__init__(model, compile=compile)

@@ -47,6 +47,8 @@ class ModelTask(L.LightningModule):
     """
 
     head_modules: tuple[str, ...] = HEAD_MODULES
+    default_monitor: tuple[str, str] = ("val/loss", "min")
+    """(metric, "min" | "max") the CLI's default ``ModelCheckpoint`` keeps the best of."""
 
     def __init__(self, model: nn.Module, compile: bool = False,
                  finetune: FinetuneConfig | dict[str, Any] | None = None) -> None:

@@ -101,6 +101,8 @@ class CaptioningTask(ModelTask):
     example captions and writes them to ``captions_test.txt`` in the run's log folder.
     """
 
+    default_monitor = ("val/bleu4", "max")  # the CLI's default ModelCheckpoint ranks by it
+
     def __init__(
         self,
         model: Captioner | None = None,
@@ -118,9 +120,10 @@ class CaptioningTask(ModelTask):
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         finetune: FinetuneConfig | None = None,
+        preset: str | None = None,
     ) -> None:
         model, source = task_model(model, pretrained, overrides, task="CaptioningTask",
-                                   accept=(Captioner,))
+                                   accept=(Captioner,), preset=preset)
         super().__init__(model, compile=compile, finetune=finetune)
         if not 0.0 <= input_dropout <= 1.0:
             raise ValueError(f"input_dropout must be in [0, 1], got {input_dropout}")

@@ -57,6 +57,8 @@ class ClassificationTask(ModelTask):
     classifier shares its feature normalisation with it).
     """
 
+    default_monitor = ("val/acc", "max")  # the CLI's default ModelCheckpoint ranks by it
+
     def __init__(
         self,
         model: nn.Module | None = None,
@@ -72,6 +74,7 @@ class ClassificationTask(ModelTask):
         class_names: list[str] | None = None,
         modality: Literal["image", "audio", "text"] | None = None,
         finetune: FinetuneConfig | None = None,
+        preset: str | None = None,
     ) -> None:
         data_n = len(class_names) if class_names else None
         if num_classes is not None and data_n is not None and num_classes != data_n:
@@ -84,10 +87,12 @@ class ClassificationTask(ModelTask):
             overrides.setdefault("num_classes", want)  # a new head in the one log line
         model, source = task_model(model, pretrained, overrides or None,
                                    task=type(self).__name__, accept=CLASSIFIERS,
-                                   modality=modality)
+                                   modality=modality, preset=preset)
         # the model's own count is the user's choice when set away from its default
-        model_explicit = source is None and \
-            model.config.num_classes != _default_num_classes(model)
+        # (a preset's count is its default: only overrides' num_classes is the user's)
+        model_explicit = source is None and (
+            "num_classes" in overrides if preset is not None
+            else model.config.num_classes != _default_num_classes(model))
         explicit = num_classes is not None or model_explicit
         if want is not None and want != model.config.num_classes:
             if model_explicit:

@@ -139,6 +139,8 @@ class ContrastiveTask(ModelTask):
     ``zero_shot_ensemble``: see :meth:`CLIP.zero_shot`).
     """
 
+    default_monitor = ("val/t2i_R@1", "max")  # the CLI's default ModelCheckpoint ranks by it
+
     def __init__(
         self,
         model: CLIP | None = None,
@@ -155,9 +157,10 @@ class ContrastiveTask(ModelTask):
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         finetune: FinetuneConfig | None = None,
+        preset: str | None = None,
     ) -> None:
         model, source = task_model(model, pretrained, overrides, task="ContrastiveTask",
-                                   accept=(CLIP,))
+                                   accept=(CLIP,), preset=preset)
         super().__init__(model, compile=compile, finetune=finetune)
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")

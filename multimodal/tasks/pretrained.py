@@ -36,6 +36,7 @@ from torch import nn
 from multimodal.convert.ctranslate2 import is_ctranslate2_dir
 from multimodal.hub import (
     _is_hf_folder,
+    create_model,
     from_pretrained,
     model_from_checkpoint,
     read_checkpoint,
@@ -196,16 +197,30 @@ def _short(names: list[str]) -> str:
 
 def task_model(model: nn.Module | None, pretrained: str | Path | None,
                overrides: dict[str, Any] | None, *, task: str, accept: tuple[type, ...],
-               modality: str | None = None) -> tuple[nn.Module, Pretrained | None]:
-    """The model a task trains: ``model`` as given (no ``pretrained``), or the part of
-    PATH's model the task can train, with ``overrides``. Logs one line: what was loaded,
-    what is new, what was left out."""
+               modality: str | None = None, preset: str | None = None
+               ) -> tuple[nn.Module, Pretrained | None]:
+    """The model a task trains: ``model`` as given, the named ``preset``
+    (:func:`multimodal.hub.create_model`, new weights) with ``overrides`` changing fields of
+    its config, or the part of PATH's model (``pretrained``) the task can train, with
+    ``overrides``. Exactly one of the three. Logs one line for ``pretrained``: what was
+    loaded, what is new, what was left out."""
+    if preset is not None:
+        if model is not None or pretrained is not None:
+            raise ValueError(f"{task}: give one of model, preset or pretrained (preset "
+                             f"{preset!r} names the architecture; put changed fields in "
+                             "overrides)")
+        model = create_model(preset, **dict(overrides or {}))
+        if not isinstance(model, accept):
+            wanted = " or ".join(c.__name__ for c in accept)
+            raise ValueError(f"{task}: preset {preset!r} builds a {type(model).__name__}, "
+                             f"not a {wanted}")
+        return model, None
     if pretrained is None:
         if model is None:
-            raise ValueError(f"{task} needs a model or pretrained: PATH")
+            raise ValueError(f"{task} needs a model, preset: NAME or pretrained: PATH")
         if overrides:
-            raise ValueError(f"{task}: overrides apply to a pretrained model; set the fields "
-                             "in the model's config instead")
+            raise ValueError(f"{task}: overrides apply to a preset or pretrained model; set "
+                             "the fields in the model's config instead")
         if not isinstance(model, accept):
             wanted = " or ".join(c.__name__ for c in accept)
             raise ValueError(f"{task}: model must be a {wanted}, got {type(model).__name__}")

@@ -49,6 +49,8 @@ class Seq2SeqTask(ModelTask):
     with AdamW, warm-up + cosine and label smoothing; logs ``val/loss``,
     ``val/exact_match`` (greedy decoding), and the same for test."""
 
+    default_monitor = ("val/exact_match", "max")  # the CLI's default ModelCheckpoint ranks by it
+
     def __init__(
         self,
         model: Seq2Seq | RNNSeq2Seq | None = None,
