@@ -112,9 +112,7 @@ def test_auto_precision_gpu_picks_bf16_where_supported_whatever_the_size() -> No
 
 CONFIG = Path(__file__).parents[1] / "configs" / "vit_fashion_mnist.yaml"
 # the main job's config widened to ViT-Tiny's shape (192 wide, 14 x 14 patches of 2 px + cls)
-WIDE = ["--model.init_args.model.init_args.config.dim", "192",
-        "--model.init_args.model.init_args.config.heads", "3",
-        "--model.init_args.model.init_args.config.patch_size", "2"]
+WIDE = ["--model.init_args.overrides", '{"dim": 192, "heads": 3, "patch_size": 2}']
 
 
 class _Built(Exception):
