@@ -22,9 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.shards import (
     ShardLoaderMixin,
-    read_shard_file,
     read_shard_meta,
-    shard_dataset,
+    shard_splits,
 )
 from multimodal.data.splits import SplitDataModule, held_out
 from multimodal.data.text import PadCollate, PassageDataset
@@ -39,10 +38,10 @@ from multimodal.data.text_tokenizer import (
     SpecialIds,
     TrainedTokenizerState,
     encode_for_encoder,
-    load_text_tokenizer,
+    given_tokenizer,
     same_on_every_rank,
+    shard_tokenizer,
     special_ids,
-    specials_from_dict,
     tokenizer_file,
     tokenizer_from_text,
 )
@@ -279,13 +278,10 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         split."""
         if self._tokenizer is None:
             if self._meta is not None:
-                self._specials = specials_from_dict(self._meta["specials"])
-                self._tokenizer = tokenizer_from_text(
-                    read_shard_file(self.shards, "tokenizer.json"), self._specials)  # type: ignore[arg-type]
+                self._tokenizer, self._specials = shard_tokenizer(
+                    self.shards, self._meta)  # type: ignore[arg-type]
             elif self.tokenizer_spec is not None:
-                path = tokenizer_file(self.tokenizer_spec)
-                self._tokenizer = load_text_tokenizer(path)
-                self._specials = special_ids(self._tokenizer, path.parent)
+                self._tokenizer, self._specials = given_tokenizer(self.tokenizer_spec)
             else:
                 texts = self.read_splits()["train"].texts
                 self._tokenizer = WordPieceTokenizer.train(
@@ -323,10 +319,8 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
             return
         if self._meta is not None:
             self.tokenizer  # noqa: B018
-            self.datasets = {split: shard_dataset(self.shards, split,  # type: ignore[arg-type]
-                                                  LabelledShardDecoder(),
-                                                  shuffle=split == "train", seed=self.seed)
-                             for split in self._meta["sizes"]}
+            self.datasets = shard_splits(self.shards, self._meta["sizes"],  # type: ignore[arg-type]
+                                         LabelledShardDecoder(), self.seed)
             return
         if self.tokenizer_spec is None:  # trained here: every rank must use rank 0's
             self._tokenizer = same_on_every_rank(self, self.tokenizer)

@@ -26,9 +26,8 @@ from torch.utils.data import Dataset
 
 from multimodal.data.shards import (
     ShardLoaderMixin,
-    read_shard_file,
     read_shard_meta,
-    shard_dataset,
+    shard_splits,
 )
 from multimodal.data.splits import SplitDataModule, held_out
 from multimodal.data.text_labelled import TextPairs, read_text_pairs
@@ -38,10 +37,10 @@ from multimodal.data.text_tokenizer import (
     TrainedTokenizerState,
     encode_for_encoder,
     encode_plain,
-    load_text_tokenizer,
+    given_tokenizer,
     same_on_every_rank,
+    shard_tokenizer,
     special_ids,
-    specials_from_dict,
     tokenizer_file,
     tokenizer_from_text,
 )
@@ -218,18 +217,14 @@ class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModu
             return
         if self._meta is not None:
             for side in ("source", "target"):
-                self._specials[side] = specials_from_dict(self._meta[f"{side}_specials"])
-                self._tokenizers[side] = tokenizer_from_text(
-                    read_shard_file(self.shards, f"{side}_tokenizer.json"),  # type: ignore[arg-type]
-                    self._specials[side])
+                self._tokenizers[side], self._specials[side] = shard_tokenizer(
+                    self.shards, self._meta, side)  # type: ignore[arg-type]
             return
         trained: dict[str, AnyTextTokenizer] = {}
         for side in ("source", "target"):
             spec = self.tokenizer_specs[side]
             if spec is not None:
-                path = tokenizer_file(spec)
-                self._tokenizers[side] = load_text_tokenizer(path)
-                self._specials[side] = special_ids(self._tokenizers[side], path.parent)
+                self._tokenizers[side], self._specials[side] = given_tokenizer(spec)
                 continue
             train = self.read_splits()["train"]
             key = "shared" if self.shared_vocabulary else side
@@ -336,10 +331,8 @@ class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModu
             return
         self._load_tokenizers()
         if self._meta is not None:
-            self.datasets = {split: shard_dataset(self.shards, split,  # type: ignore[arg-type]
-                                                  PairShardDecoder(),
-                                                  shuffle=split == "train", seed=self.seed)
-                             for split in self._meta["sizes"]}
+            self.datasets = shard_splits(self.shards, self._meta["sizes"],  # type: ignore[arg-type]
+                                         PairShardDecoder(), self.seed)
             return
         for side in self._trained_sides():  # trained here: every rank must use rank 0's
             tok = self._tokenizers[side]

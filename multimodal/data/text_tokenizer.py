@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multimodal.data.shards import read_shard_file, read_shard_meta
 from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
 from multimodal.tokenizers.text import (
     BOS_ID,
@@ -43,8 +44,10 @@ __all__ = [
     "TrainedTokenizerState",
     "encode_for_encoder",
     "encode_plain",
+    "given_tokenizer",
     "load_text_tokenizer",
     "same_on_every_rank",
+    "shard_tokenizer",
     "special_ids",
     "specials_from_dict",
     "specials_to_dict",
@@ -211,6 +214,28 @@ def same_on_every_rank(datamodule: object, tok: AnyTextTokenizer) -> AnyTextToke
     agreed = trainer.strategy.broadcast(mine, src=0)
     return tok if agreed == mine else tokenizer_from_text(agreed)
 
+
+
+def given_tokenizer(spec: str) -> tuple[AnyTextTokenizer, SpecialIds]:
+    """The ``tokenizer.json`` that ``spec`` names (the file or a folder holding one) and its
+    special ids (a Hugging Face one's read from the files beside it)."""
+    path = tokenizer_file(spec)
+    tok = load_text_tokenizer(path)
+    return tok, special_ids(tok, path.parent)
+
+
+def shard_tokenizer(shards: str, meta: dict[str, Any] | None = None, side: str = ""
+                    ) -> tuple[AnyTextTokenizer, SpecialIds]:
+    """The tokenizer shards were encoded with, and its special ids, both kept in the shards
+    (``side``: ``"source"`` / ``"target"`` of pair shards, whose files and meta keys it
+    prefixes). ``meta``: the shards' ``multimodal.json``, read when not given; shards written
+    before the special ids were kept get the package's own."""
+    meta = read_shard_meta(shards) if meta is None else meta
+    prefix = f"{side}_" if side else ""
+    key = f"{prefix}specials"
+    specials = specials_from_dict(meta[key]) if key in meta else OWN_SPECIAL_IDS
+    return tokenizer_from_text(read_shard_file(shards, f"{prefix}tokenizer.json"), specials), \
+        specials
 
 class TrainedTokenizerState:
     """Checkpoints of a text data module keep the WordPiece(s) it trained, and its splits.
