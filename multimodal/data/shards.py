@@ -59,6 +59,7 @@ __all__ = [
     "read_shard_meta",
     "shard_dataset",
     "shard_image_dataset",
+    "shard_splits",
     "write_image_shards",
     "write_shards",
 ]
@@ -280,6 +281,15 @@ def shard_dataset(
     return litdata.StreamingDataset(f"{shards.rstrip('/')}/{split}", shuffle=shuffle,
                                     seed=seed, **kwargs)
 
+
+
+def shard_splits(
+    shards: str, splits: Any, transform: Callable[[dict[str, Any]], Any], seed: int
+) -> dict[str, Any]:
+    """``split -> StreamingDataset`` of each of ``splits`` (the names in a shard meta's
+    ``sizes``); only ``train`` is shuffled."""
+    return {split: shard_dataset(shards, split, transform, shuffle=split == "train", seed=seed)
+            for split in splits}
 
 class _ShardDecoder:
     """``StreamingDataset`` transform: an item's encoded image -> ``(x, label)``, or None

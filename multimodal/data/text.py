@@ -32,7 +32,7 @@ from multimodal.data.documents import (
     split_documents,
     split_sentences,
 )
-from multimodal.data.shards import ShardLoaderMixin, read_shard_file, read_shard_meta, shard_dataset
+from multimodal.data.shards import ShardLoaderMixin, read_shard_meta, shard_splits
 from multimodal.data.sources import GET_TEXT
 from multimodal.data.sources.bible import parse_bible, read_bible
 from multimodal.data.sources.corpora import SOURCES, check_sources, load_corpus
@@ -46,17 +46,15 @@ from multimodal.data.sources.shakespeare import (
 from multimodal.data.splits import SplitDataModule
 from multimodal.data.text_files import read_text_documents
 from multimodal.data.text_tokenizer import (
-    OWN_SPECIAL_IDS,
     AnyTextTokenizer,
     SpecialIds,
     encode_for_encoder,
     encode_plain,
-    load_text_tokenizer,
+    given_tokenizer,
     same_on_every_rank,
+    shard_tokenizer,
     special_ids,
-    specials_from_dict,
     tokenizer_file,
-    tokenizer_from_text,
 )
 from multimodal.tokenizers.text import WordPieceTokenizer
 
@@ -217,12 +215,10 @@ class _TextDataModule(SplitDataModule):
             path = Path(self.tokenizer_path) if self.tokenizer_path else None
             shards = getattr(self, "shards", None)
             if shards is not None:  # the one the shards' ids were encoded with
-                self._tokenizer, self._specials = _shard_tokenizer(shards)
+                self._tokenizer, self._specials = shard_tokenizer(shards)
                 return self._tokenizer
             if self.tokenizer_spec is not None:
-                file = tokenizer_file(self.tokenizer_spec)
-                self._tokenizer = load_text_tokenizer(file)
-                self._specials = special_ids(self._tokenizer, file.parent)
+                self._tokenizer, self._specials = given_tokenizer(self.tokenizer_spec)
                 return self._tokenizer
             if path is not None and path.is_file():
                 self._tokenizer = WordPieceTokenizer.load(path)
@@ -271,15 +267,6 @@ class _TextDataModule(SplitDataModule):
     def split_dataset(self, split: str) -> Dataset:
         self.setup()
         return self.datasets[split]
-
-
-def _shard_tokenizer(shards: str) -> tuple[AnyTextTokenizer, SpecialIds]:
-    """The tokenizer the shards were encoded with, and its special ids (kept in the shards'
-    ``multimodal.json``; shards written before they were kept: the package's own)."""
-    meta = read_shard_meta(shards)
-    specials = specials_from_dict(meta["specials"]) if "specials" in meta else OWN_SPECIAL_IDS
-    tok = tokenizer_from_text(read_shard_file(shards, "tokenizer.json"), specials)
-    return tok, specials
 
 
 class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
@@ -358,9 +345,7 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
         if self.datasets:
             return
         if self.shards is not None:
-            self.datasets = {split: shard_dataset(self.shards, split, block_item,
-                                                  shuffle=split == "train", seed=self.seed)
-                             for split in self._shard_sizes}
+            self.datasets = shard_splits(self.shards, self._shard_sizes, block_item, self.seed)
             return
         splits = self._load_splits()
         tok = self._agreed_tokenizer()

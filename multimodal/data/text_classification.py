@@ -22,9 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.shards import (
     ShardLoaderMixin,
-    read_shard_file,
     read_shard_meta,
-    shard_dataset,
+    shard_splits,
 )
 from multimodal.data.splits import SplitDataModule, held_out
 from multimodal.data.text import PadCollate, PassageDataset
@@ -37,14 +36,14 @@ from multimodal.data.text_labelled import (
 from multimodal.data.text_tokenizer import (
     AnyTextTokenizer,
     SpecialIds,
+    TrainedTokenizerState,
     encode_for_encoder,
-    load_text_tokenizer,
+    given_tokenizer,
     same_on_every_rank,
+    shard_tokenizer,
     special_ids,
-    specials_from_dict,
     tokenizer_file,
     tokenizer_from_text,
-    tokenizer_text,
 )
 from multimodal.tokenizers.text import WordPieceTokenizer
 
@@ -130,7 +129,7 @@ def read_predict_texts(source: str | os.PathLike, text_key: str = "text"
     return texts, names
 
 
-class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
+class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModule):
     """Your own labelled texts (or LitData shards of them) for text classification.
 
     Args:
@@ -279,13 +278,10 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         split."""
         if self._tokenizer is None:
             if self._meta is not None:
-                self._specials = specials_from_dict(self._meta["specials"])
-                self._tokenizer = tokenizer_from_text(
-                    read_shard_file(self.shards, "tokenizer.json"), self._specials)  # type: ignore[arg-type]
+                self._tokenizer, self._specials = shard_tokenizer(
+                    self.shards, self._meta)  # type: ignore[arg-type]
             elif self.tokenizer_spec is not None:
-                path = tokenizer_file(self.tokenizer_spec)
-                self._tokenizer = load_text_tokenizer(path)
-                self._specials = special_ids(self._tokenizer, path.parent)
+                self._tokenizer, self._specials = given_tokenizer(self.tokenizer_spec)
             else:
                 texts = self.read_splits()["train"].texts
                 self._tokenizer = WordPieceTokenizer.train(
@@ -323,10 +319,8 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
             return
         if self._meta is not None:
             self.tokenizer  # noqa: B018
-            self.datasets = {split: shard_dataset(self.shards, split,  # type: ignore[arg-type]
-                                                  LabelledShardDecoder(),
-                                                  shuffle=split == "train", seed=self.seed)
-                             for split in self._meta["sizes"]}
+            self.datasets = shard_splits(self.shards, self._meta["sizes"],  # type: ignore[arg-type]
+                                         LabelledShardDecoder(), self.seed)
             return
         if self.tokenizer_spec is None:  # trained here: every rank must use rank 0's
             self._tokenizer = same_on_every_rank(self, self.tokenizer)
@@ -337,37 +331,21 @@ class TextClassificationDataModule(ShardLoaderMixin, SplitDataModule):
             raise ValueError(f"{self.files['train']}: no training text left after holding "
                              f"out val / test")
 
-    def split_dataset(self, split: str) -> Dataset:
-        self.setup()
-        if split not in self.datasets:
-            raise ValueError(f"{self.shards} has no {split} split")
-        return self.datasets[split]
-
     def collate_fn(self) -> Callable[[list[Any]], dict[str, torch.Tensor]]:
         return PadCollate(self.pad_token_id)
 
-    # --- checkpoints keep a trained tokenizer ---------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """A WordPiece trained here travels in the checkpoint: ``tokenizers`` does not train
-        the same ids twice (ties are broken in hash order), so a run resumed, tested or
-        predicting from the checkpoint must not train its own again."""
-        state = dict(super().state_dict())
-        if self._tokenizer is not None and self.tokenizer_spec is None and self._meta is None:
-            state["tokenizer"] = tokenizer_text(self._tokenizer)
-        return state
+    # --- checkpoints keep a trained tokenizer (TrainedTokenizerState) ---------------------------
+    def _trained_keys(self) -> list[str]:
+        return ["tokenizer"] if self.tokenizer_spec is None and self._meta is None else []
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores a trained tokenizer; texts already encoded with another are encoded
-        again when next asked for."""
-        super().load_state_dict(state_dict)
-        text = state_dict.get("tokenizer")
-        if text is None or self.tokenizer_spec is not None or self._meta is not None:
-            return
-        if self._tokenizer is not None and tokenizer_text(self._tokenizer) == text:
-            return
-        self._tokenizer = tokenizer_from_text(text)
+    def _trained_tokenizers(self) -> dict[str, AnyTextTokenizer]:
+        if self._tokenizer is None:
+            return {}
+        return {k: self._tokenizer for k in self._trained_keys()}
+
+    def _restore_tokenizers(self, texts: dict[str, str]) -> None:
+        self._tokenizer = tokenizer_from_text(texts["tokenizer"])
         self._specials = special_ids(self._tokenizer)
-        self.datasets = {}
 
     def predict_dataloader(self) -> DataLoader:
         if self.predict is None:

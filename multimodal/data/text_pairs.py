@@ -26,24 +26,23 @@ from torch.utils.data import Dataset
 
 from multimodal.data.shards import (
     ShardLoaderMixin,
-    read_shard_file,
     read_shard_meta,
-    shard_dataset,
+    shard_splits,
 )
 from multimodal.data.splits import SplitDataModule, held_out
 from multimodal.data.text_labelled import TextPairs, read_text_pairs
 from multimodal.data.text_tokenizer import (
     AnyTextTokenizer,
     SpecialIds,
+    TrainedTokenizerState,
     encode_for_encoder,
     encode_plain,
-    load_text_tokenizer,
+    given_tokenizer,
     same_on_every_rank,
+    shard_tokenizer,
     special_ids,
-    specials_from_dict,
     tokenizer_file,
     tokenizer_from_text,
-    tokenizer_text,
 )
 from multimodal.tokenizers.hf_json import HFTokenizer
 from multimodal.tokenizers.text import WordPieceTokenizer
@@ -115,7 +114,7 @@ class PairShardDecoder:
         return [int(i) for i in item["source"]], [int(i) for i in item["target"]]
 
 
-class TextPairsDataModule(ShardLoaderMixin, SplitDataModule):
+class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModule):
     """Your own ``(source, target)`` text pairs (or LitData shards of them).
 
     Args:
@@ -218,18 +217,14 @@ class TextPairsDataModule(ShardLoaderMixin, SplitDataModule):
             return
         if self._meta is not None:
             for side in ("source", "target"):
-                self._specials[side] = specials_from_dict(self._meta[f"{side}_specials"])
-                self._tokenizers[side] = tokenizer_from_text(
-                    read_shard_file(self.shards, f"{side}_tokenizer.json"),  # type: ignore[arg-type]
-                    self._specials[side])
+                self._tokenizers[side], self._specials[side] = shard_tokenizer(
+                    self.shards, self._meta, side)  # type: ignore[arg-type]
             return
         trained: dict[str, AnyTextTokenizer] = {}
         for side in ("source", "target"):
             spec = self.tokenizer_specs[side]
             if spec is not None:
-                path = tokenizer_file(spec)
-                self._tokenizers[side] = load_text_tokenizer(path)
-                self._specials[side] = special_ids(self._tokenizers[side], path.parent)
+                self._tokenizers[side], self._specials[side] = given_tokenizer(spec)
                 continue
             train = self.read_splits()["train"]
             key = "shared" if self.shared_vocabulary else side
@@ -336,10 +331,8 @@ class TextPairsDataModule(ShardLoaderMixin, SplitDataModule):
             return
         self._load_tokenizers()
         if self._meta is not None:
-            self.datasets = {split: shard_dataset(self.shards, split,  # type: ignore[arg-type]
-                                                  PairShardDecoder(),
-                                                  shuffle=split == "train", seed=self.seed)
-                             for split in self._meta["sizes"]}
+            self.datasets = shard_splits(self.shards, self._meta["sizes"],  # type: ignore[arg-type]
+                                         PairShardDecoder(), self.seed)
             return
         for side in self._trained_sides():  # trained here: every rank must use rank 0's
             tok = self._tokenizers[side]
@@ -354,12 +347,6 @@ class TextPairsDataModule(ShardLoaderMixin, SplitDataModule):
             raise ValueError(f"{self.files['train']}: no training pair left after holding "
                              f"out val / test")
 
-    def split_dataset(self, split: str) -> Dataset:
-        self.setup()
-        if split not in self.datasets:
-            raise ValueError(f"{self.shards} has no {split} split")
-        return self.datasets[split]
-
     def collate_fn(self) -> Callable[[list[Any]], dict[str, torch.Tensor]]:
         return PairCollate(self.specials("source").pad, self.pad_token_id)
 
@@ -369,31 +356,20 @@ class TextPairsDataModule(ShardLoaderMixin, SplitDataModule):
             return []
         return [side for side in ("source", "target") if self.tokenizer_specs[side] is None]
 
-    def state_dict(self) -> dict[str, Any]:
-        """WordPieces trained here travel in the checkpoint (``tokenizers`` does not train
-        the same ids twice: ties are broken in hash order)."""
-        state = dict(super().state_dict())
-        if self._tokenizers:
-            for side in self._trained_sides():
-                state[f"{side}_tokenizer"] = tokenizer_text(self._tokenizers[side])
-        return state
+    def _trained_keys(self) -> list[str]:
+        return [f"{side}_tokenizer" for side in self._trained_sides()]
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores trained tokenizers; pairs already encoded with others are encoded again
-        when next asked for."""
-        super().load_state_dict(state_dict)
-        restored = {side: text for side in self._trained_sides()
-                    if (text := state_dict.get(f"{side}_tokenizer")) is not None}
-        if not restored:
-            return
-        if self._tokenizers and all(tokenizer_text(self._tokenizers[side]) == text
-                                    for side, text in restored.items()):
-            return
+    def _trained_tokenizers(self) -> dict[str, AnyTextTokenizer]:
+        if not self._tokenizers:
+            return {}
+        return {f"{side}_tokenizer": self._tokenizers[side] for side in self._trained_sides()}
+
+    def _restore_tokenizers(self, texts: dict[str, str]) -> None:
         self._load_tokenizers()  # the sides given as files
+        restored = {k.removesuffix("_tokenizer"): text for k, text in texts.items()}
         shared = restored.get("source") == restored.get("target")
         for side, text in restored.items():
             tok = self._tokenizers["source"] if shared and side == "target" \
                 else tokenizer_from_text(text)
             self._tokenizers[side] = tok
             self._specials[side] = special_ids(tok)
-        self.datasets = {}

@@ -25,7 +25,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from multimodal.data.shards import read_shard_file, read_shard_meta
 from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
 from multimodal.tokenizers.text import (
     BOS_ID,
@@ -39,10 +41,13 @@ from multimodal.tokenizers.text import (
 __all__ = [
     "AnyTextTokenizer",
     "SpecialIds",
+    "TrainedTokenizerState",
     "encode_for_encoder",
     "encode_plain",
+    "given_tokenizer",
     "load_text_tokenizer",
     "same_on_every_rank",
+    "shard_tokenizer",
     "special_ids",
     "specials_from_dict",
     "specials_to_dict",
@@ -208,3 +213,75 @@ def same_on_every_rank(datamodule: object, tok: AnyTextTokenizer) -> AnyTextToke
     mine = tokenizer_text(tok)
     agreed = trainer.strategy.broadcast(mine, src=0)
     return tok if agreed == mine else tokenizer_from_text(agreed)
+
+
+
+def given_tokenizer(spec: str) -> tuple[AnyTextTokenizer, SpecialIds]:
+    """The ``tokenizer.json`` that ``spec`` names (the file or a folder holding one) and its
+    special ids (a Hugging Face one's read from the files beside it)."""
+    path = tokenizer_file(spec)
+    tok = load_text_tokenizer(path)
+    return tok, special_ids(tok, path.parent)
+
+
+def shard_tokenizer(shards: str, meta: dict[str, Any] | None = None, side: str = ""
+                    ) -> tuple[AnyTextTokenizer, SpecialIds]:
+    """The tokenizer shards were encoded with, and its special ids, both kept in the shards
+    (``side``: ``"source"`` / ``"target"`` of pair shards, whose files and meta keys it
+    prefixes). ``meta``: the shards' ``multimodal.json``, read when not given; shards written
+    before the special ids were kept get the package's own."""
+    meta = read_shard_meta(shards) if meta is None else meta
+    prefix = f"{side}_" if side else ""
+    key = f"{prefix}specials"
+    specials = specials_from_dict(meta[key]) if key in meta else OWN_SPECIAL_IDS
+    return tokenizer_from_text(read_shard_file(shards, f"{prefix}tokenizer.json"), specials), \
+        specials
+
+class TrainedTokenizerState:
+    """Checkpoints of a text data module keep the WordPiece(s) it trained, and its splits.
+
+    ``tokenizers`` does not train the same ids twice (ties are broken in hash order), so a run
+    resumed, tested or predicting from the checkpoint must not train its own again. A module
+    lists its trained tokenizers under their checkpoint keys (:meth:`_trained_keys`,
+    :meth:`_trained_tokenizers`) and restores them (:meth:`_restore_tokenizers`); texts
+    already encoded with another tokenizer are encoded again when next asked for. List it
+    before the other bases.
+    """
+
+    datasets: dict[str, Any]
+    shards: str | None
+
+    def _trained_keys(self) -> list[str]:
+        """Checkpoint keys of the tokenizers trained here (none from files or shards)."""
+        raise NotImplementedError
+
+    def _trained_tokenizers(self) -> dict[str, AnyTextTokenizer]:
+        """``key -> tokenizer`` of those trained so far (empty before training)."""
+        raise NotImplementedError
+
+    def _restore_tokenizers(self, texts: dict[str, str]) -> None:
+        """Installs the tokenizers of ``key -> tokenizer.json text``."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        state = dict(super().state_dict())  # type: ignore[misc]
+        state.update({k: tokenizer_text(t) for k, t in self._trained_tokenizers().items()})
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        restored = {k: text for k in self._trained_keys()
+                    if (text := state_dict.get(k)) is not None}
+        if not restored:
+            return
+        current = self._trained_tokenizers()
+        if current and all(tokenizer_text(current[k]) == text for k, text in restored.items()):
+            return
+        self._restore_tokenizers(restored)
+        self.datasets = {}
+
+    def split_dataset(self, split: str) -> Any:
+        self.setup()  # type: ignore[attr-defined]
+        if split not in self.datasets:
+            raise ValueError(f"{self.shards} has no {split} split")
+        return self.datasets[split]
