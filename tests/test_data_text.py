@@ -269,3 +269,34 @@ def test_real_shakespeare():
     assert {"HAMLET, PRINCE OF DENMARK", "THE SONNETS", "MACBETH"} <= titles
     assert not any("Gutenberg" in d.text for d in docs)
     assert all(not d.text.startswith("by William") for d in docs)
+
+
+def test_every_rank_joins_the_tokenizer_broadcast_even_when_it_loads_rank_zeros_file(tmp_path):
+    """A rank that finds the WordPiece rank 0 has just saved to ``tokenizer_path`` loads it
+    instead of training one; it must still make the collective broadcast rank 0 makes, or
+    the two ranks wait on different calls for ever (seen as a hang in the 2-process test)."""
+    from types import SimpleNamespace
+
+    from multimodal.data.documents import Document
+    from multimodal.data.text import SourceClassificationDataModule
+
+    docs = [Document(f"word{i} text{i % 3} more words here. again{i}.", src, f"{src}{i}")
+            for i in range(6) for src in ("bible", "fortunes", "shakespeare")]
+    path = tmp_path / "tok.json"
+    first = SourceClassificationDataModule(documents=docs, vocab_size=60, max_length=16,
+                                           val_fraction=0.0, test_fraction=0.0,
+                                           tokenizer_path=str(path))
+    first.tokenizer  # trains and saves: what rank 0 does first
+    assert path.is_file()
+    calls = []
+
+    def broadcast(obj, src=0):
+        calls.append(src)
+        return obj
+
+    second = SourceClassificationDataModule(documents=docs, vocab_size=60, max_length=16,
+                                            val_fraction=0.0, test_fraction=0.0,
+                                            tokenizer_path=str(path))
+    second.trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(broadcast=broadcast))
+    second.setup("fit")  # loads the saved file, as the late rank does
+    assert calls == [0]

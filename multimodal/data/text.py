@@ -18,6 +18,7 @@ of them, a glob, or JSONL with a ``text`` field; :mod:`multimodal.data.text_file
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -176,7 +177,6 @@ class _TextDataModule(SplitDataModule):
         self.splits: dict[str, list[Document]] | None = None
         self._tokenizer: AnyTextTokenizer | None = None
         self._specials: SpecialIds | None = None
-        self._trained_here = False  # the WordPiece was trained by this module
 
     # --- corpus ---------------------------------------------------------------------------
     def _load_splits(self) -> dict[str, list[Document]]:
@@ -227,9 +227,8 @@ class _TextDataModule(SplitDataModule):
                 self._tokenizer = WordPieceTokenizer.train(
                     (d.text for d in train), vocab_size=self.vocab_size_target,
                     lowercase=self.lowercase)
-                self._trained_here = True
                 if path is not None:
-                    self._tokenizer.save(path)
+                    _save_whole(self._tokenizer, path)
         return self._tokenizer
 
     def _agreed_tokenizer(self) -> AnyTextTokenizer:
@@ -237,12 +236,16 @@ class _TextDataModule(SplitDataModule):
         differently numbered WordPieces: :func:`~multimodal.data.text_tokenizer.
         same_on_every_rank`) and then saved again to ``tokenizer_path``."""
         tok = self.tokenizer
-        if getattr(self, "_trained_here", False):
+        # Decided by the configuration, never by whether ``tokenizer_path`` exists yet: a rank
+        # that finds rank 0's freshly saved file loads it instead of training, and if it then
+        # skipped this collective call the ranks would deadlock (rank 0 in the broadcast, the
+        # other at the next barrier).
+        if self.tokenizer_spec is None and getattr(self, "shards", None) is None:
             agreed = same_on_every_rank(self, tok)
             if agreed is not tok:
                 self._tokenizer, self._specials = agreed, None
                 if self.tokenizer_path:
-                    agreed.save(self.tokenizer_path)
+                    _save_whole(agreed, Path(self.tokenizer_path))
         return self._tokenizer  # type: ignore[return-value]
 
     @property
@@ -461,3 +464,13 @@ __all__ = [
     "split_sentences",
     "strip_gutenberg",
 ]
+
+
+def _save_whole(tok: AnyTextTokenizer, path: Path) -> None:
+    """``tok.save(path)`` through a temporary file and a rename: another process (a second
+    rank of a distributed run) that reads ``path`` sees no file or the whole file, never a
+    half-written one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tok.save(tmp)
+    os.replace(tmp, path)
