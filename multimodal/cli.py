@@ -80,14 +80,8 @@ def _substitute(value: Any, root: str) -> Any:
 
 
 def _is_model_checkpoint(class_path: Any) -> bool:
-    if not isinstance(class_path, str) or "." not in class_path:
-        return False
-    module, name = class_path.rsplit(".", 1)
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return False
-    return isinstance(cls, type) and issubclass(cls, ModelCheckpoint)
+    cls = _class_of(class_path)
+    return cls is not None and issubclass(cls, ModelCheckpoint)
 
 
 def place_run_outputs(config: Namespace) -> str:
