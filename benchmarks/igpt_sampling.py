@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def run_ours() -> torch.Tensor:
         gen = torch.Generator(device=args.device).manual_seed(0)
-        last["ours"] = ours.generate(num_images=args.batch, generator=gen)
+        last["ours"] = ours.generate(num_images=args.batch, do_sample=True, generator=gen)
         return last["ours"]
 
     @torch.no_grad()
@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.compile:
         def run_compiled() -> torch.Tensor:
             gen = torch.Generator(device=args.device).manual_seed(0)
-            return ours.generate(num_images=args.batch, generator=gen, compile=True)
+            return ours.generate(num_images=args.batch, do_sample=True, generator=gen,
+                                 compile=True)
 
         start = time.perf_counter()
         first = run_compiled()

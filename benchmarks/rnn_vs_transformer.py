@@ -464,7 +464,8 @@ def plot_alignment(model: RNNSeq2Seq, numbers: tuple[int, ...], path: Path) -> s
     src_tok, tgt_tok = source_tokenizer(separator=lists), target_tokenizer(separator=lists)
     src = torch.tensor([src_tok.encode(numbers_to_words(numbers))])
     out = model.generate(src)
-    _, weights = model(src, out, return_attention=True)
+    _, maps = model(src, out, return_attention=True)
+    weights = maps.cross_attn[0][:, 0]  # the one layer, one head: (B, T, S)
     digits = tgt_tok.decode(out[0, 1:].tolist())
     steps = len(digits) + 1  # the digits and [EOS]
     plt = _pyplot()
@@ -490,10 +491,10 @@ def plot_cross_attention(model: Seq2Seq, numbers: tuple[int, ...], path: Path) -
     out = model.generate(src, max_new_tokens=model.config.max_target_len - 1)
     memory, pad = model.encode(src)
     _, maps = model.decoder.forward_features(out, memory=memory, memory_padding_mask=pad,
-                                             return_attention=True)
+                                             return_attention=True)  # AttentionMaps
     digits = tgt_tok.decode(out[0, 1:].tolist())
     steps = min(len(digits) + 1, out.shape[1])
-    cross = [m[0, :, :steps].float() for m in maps["cross"]]  # (heads, T, S) per layer
+    cross = [m[0, :, :steps].float() for m in maps.cross_attn]  # (heads, T, S) per layer
     panels = [(f"layer {i + 1}, mean of heads", m.mean(0)) for i, m in enumerate(cross)]
     panels += [(f"layer {len(cross)}, head {h + 1}", cross[-1][h])
                for h in range(cross[-1].shape[0])]

@@ -142,8 +142,8 @@ class SpeakerJudge:
         x = torch.from_numpy(trim_silence(wave16k.numpy().astype(np.float32), SAMPLE_RATE))
         x = x if x.numel() >= 400 else F.pad(x, (0, 400 - x.numel()))
         feats, lengths = self.model.features_from_waveform(x[None], sample_rate=SAMPLE_RATE)
-        tokens, pad = self.model.forward_features(feats, lengths, return_padding_mask=True)
-        return F.normalize(self.model.pool(tokens, pad)[0], dim=0)
+        tokens, mask = self.model.forward_features(feats, lengths, return_attention_mask=True)
+        return F.normalize(self.model.pool(tokens, attention_mask=mask)[0], dim=0)
 
     @staticmethod
     def nearest(emb: Tensor, centroids: dict[str, Tensor]) -> str:

@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "AudioClassifierConfig": "multimodal.models.audio",
     "CLIP": "multimodal.models.clip",
     "CLIPConfig": "multimodal.models.clip",
+    "AttentionMaps": "multimodal.models.api",  # what return_attention=True returns
     # tokenizers
     "WordPieceTokenizer": "multimodal.tokenizers.text",
     "WordTokenizer": "multimodal.tokenizers.text",

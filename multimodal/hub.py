@@ -361,12 +361,7 @@ class Encoder(nn.Module):
             return features
         if self.pooling is not None:
             return pool_tokens(features, attention_mask, self.pooling.mode)
-        if self.modality == "image":
-            return self.backbone.pool(features)
-        if self.modality == "audio":
-            pad = None if attention_mask is None else ~attention_mask.bool()
-            return self.backbone.pool(features, pad)
-        return self.backbone.pool(features, attention_mask)
+        return self.backbone.pool(features, attention_mask=attention_mask)
 
     def preprocess(self, inputs: Any, sample_rate: int | None = None) -> torch.Tensor:
         """Raw inputs -> model inputs. Images: paths / PIL images / uint8 tensors through
@@ -514,8 +509,8 @@ class Encoder(nn.Module):
             return (out[0] if isinstance(out, tuple) else out), mask
         if kind == "audio":
             features, lengths = prepared
-            tokens, pad = model.forward_features(features, lengths, return_padding_mask=True)
-            return tokens, (~pad).long()
+            tokens, mask = model.forward_features(features, lengths, return_attention_mask=True)
+            return tokens, mask.long()
         tower = model.vision_model if self.modality == "image+text" else model
         tokens = tower.forward_features(prepared)
         return tokens, tokens.new_ones(tokens.shape[:2], dtype=torch.long)

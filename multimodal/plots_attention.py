@@ -130,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     take = list(range(min(args.num, len(dataset))))
     images = torch.stack([dataset[i][0] for i in take])
     refs = [dataset[i][1] for i in take]
-    ids, maps = model.generate(images, return_attention=True)
+    ids = model.generate(images)
+    maps = model.cross_attention_maps(images, ids)
     captions = decode_captions(ids, tok, model.config.eos_token_id)
     out = Path(args.out)
     shown = dm.denormalize(images)

@@ -89,13 +89,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     k = cfg.num_classes
     if k:
         labels = torch.arange(k).repeat_interleave(args.per_class)
-        tokens = model.generate(len(labels), temperature=args.temperature, generator=gen,
-                                class_label=labels)
+        tokens = model.generate(num_images=len(labels), do_sample=True,
+                                temperature=args.temperature, generator=gen, class_label=labels)
         images = tokenizer.decode(tokens)[:, None].view(k, args.per_class, 1, *cfg.grid)
         names = [str(i) for i in range(k)]
     else:
-        tokens = model.generate(4 * args.per_class, temperature=args.temperature,
-                                generator=gen)
+        tokens = model.generate(num_images=4 * args.per_class, do_sample=True,
+                                temperature=args.temperature, generator=gen)
         images = tokenizer.decode(tokens)[:, None].view(4, args.per_class, 1, *cfg.grid)
         names = None
     print(plot_samples(images, out / f"{args.name}_samples.png", names))
@@ -105,8 +105,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     originals, labels = evenly_spaced_items(dm.split_dataset("test"), args.num)
     half = cfg.grid[0] // 2
     tokens = tokenizer.encode(originals, flatten=True)
-    done = model.generate(prompt=tokens[:, : half * cfg.grid[1]], temperature=args.temperature,
-                          generator=gen, class_label=labels if k else None)
+    done = model.generate(prompt=tokens[:, : half * cfg.grid[1]], do_sample=True,
+                          temperature=args.temperature, generator=gen,
+                          class_label=labels if k else None)
     quantised = tokenizer.decode(tokens.view(-1, *cfg.grid))
     print(plot_completions(quantised[:, None], tokenizer.decode(done)[:, None], half,
                            out / f"{args.name}_completion.png"))

@@ -5,21 +5,33 @@ timm's idea, extended to text, audio and encoder-decoders:
 ``forward_features(*inputs)``
     the last hidden states ``(B, N, num_features)``, after the final norm
     (encoder-decoders: the decoder's; ViT / audio: prefix tokens included).
-``pool(features)``
+``pool(features, *, attention_mask=None)``
     one vector per input ``(B, num_features)``: class token or mean (ViT, audio), ``[CLS]``
-    through the pooler if any (TextEncoder), the last real token (decoders). Models whose
-    inputs pad take their mask as a keyword (``attention_mask``, 1 = token;
-    AudioClassifier: ``padding_mask``, True = padding); without one every token counts.
-``forward_head(features, pre_logits=False)``
+    through the pooler if any (TextEncoder), the last real token (decoders).
+    ``attention_mask`` ``(B, N)`` is 1 (True) at real tokens, 0 at padding, for every model
+    (audio included); None: every token counts. Models whose inputs never pad (images)
+    accept it and, where their pooling reads one token that is always real, ignore it.
+``forward_head(features, pre_logits=False, *, attention_mask=None)``
     the head's output: class logits (ViT, AudioClassifier, a TextEncoder with
     ``num_classes``), next-token logits ``(B, N, vocab)`` (decoders), masked-LM logits (a
-    TextEncoder with only its MLM head); ``pre_logits=True`` gives ``pool(features)``;
-    a model without a head returns the pooled features.
+    TextEncoder with only its MLM head); ``pre_logits=True`` gives
+    ``pool(features, attention_mask=attention_mask)``; a model without a head returns the
+    pooled features.
+``return_attention=True``
+    (a keyword of ``forward`` / ``forward_features`` where a model has it) returns
+    ``(output, AttentionMaps)``: :class:`AttentionMaps` holds ``self_attn`` and
+    ``cross_attn``, each a list of per-layer tensors ``(B, heads, queries, keys)`` in layer
+    order (``cross_attn`` empty for a model without cross-attention).
 ``model(*inputs)``
     ``forward_head(forward_features(*inputs))`` — except the TextEncoder, whose call returns
     ``forward_features`` (hidden states, as ``BertModel`` does).
-``generate(...)``
-    where the model decodes (TextDecoder, ImageGPT, Captioner, Seq2Seq).
+``generate(inputs, max_new_tokens, *, do_sample=False, temperature=1.0, top_k=None,
+top_p=None, num_beams=1, generator=None, use_cache=True, compile=False, ...)``
+    where the model decodes (TextDecoder, ImageGPT, Captioner, Seq2Seq, RNNSeq2Seq,
+    Whisper, the codec LM): the names and defaults of
+    :func:`multimodal.generation.generate` (:data:`GENERATE_DEFAULTS`), greedy unless
+    ``do_sample=True``; ``max_new_tokens=None`` is as many as the model's context (or
+    image) has room for, the default everywhere but the TextDecoder's (20).
 ``example_inputs(batch_size)``
     a tuple of valid random inputs, ``model(*model.example_inputs())`` runs.
 ``config`` / ``config_class`` / ``num_features`` / ``modality`` / ``num_params()`` /
@@ -31,6 +43,7 @@ it over every registered model class and preset.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -40,13 +53,53 @@ from torch import Tensor
 from multimodal.generation import generate
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["MODALITIES", "ClassifierHeadMixin", "DecoderHeadMixin", "Model", "linear_head"]
+__all__ = ["GENERATE_DEFAULTS", "MODALITIES", "AttentionMaps", "ClassifierHeadMixin",
+           "DecoderHeadMixin", "Model", "linear_head", "with_attention_maps"]
 
 # what a model reads: one modality, the two of an encoder-decoder ("source-target": image
 # in, text out for the Captioner; audio in, text out for Whisper), or two read side by side
 # by a dual encoder ("image+text": CLIP / SigLIP, one embedding space for both)
 MODALITIES = ("image", "text", "audio", "image+text", "image-text", "text-text", "text-audio",
               "audio-text")
+
+
+# The decoding arguments every model's ``generate`` takes as keywords, with these defaults
+# (those of :func:`multimodal.generation.generate`, and transformers': greedy unless
+# do_sample=True). ``max_new_tokens`` comes second, after the model's inputs; its default is
+# the room the model has left (the rest of the image, of the target context), except the
+# TextDecoder's open-ended continuation: 20 tokens, as transformers' default length.
+GENERATE_DEFAULTS: dict[str, Any] = {
+    "do_sample": False, "temperature": 1.0, "top_k": None, "top_p": None, "num_beams": 1,
+    "generator": None, "use_cache": True, "compile": False,
+}
+
+
+@dataclass(frozen=True)
+class AttentionMaps:
+    """What ``return_attention=True`` returns beside a model's output, for every model:
+    the attention weights of each layer, in layer order, each ``(B, heads, queries, keys)``
+    (rows sum to 1 over the keys; masked keys weigh 0). ``self_attn``: self-attention
+    (encoder-decoders: the decoder's); ``cross_attn``: cross-attention over the encoder's
+    output (empty without cross-attention)."""
+
+    self_attn: list[Tensor]
+    cross_attn: list[Tensor] = field(default_factory=list)
+
+    @classmethod
+    def from_layers(cls, maps: dict[str, list[Tensor]]) -> AttentionMaps:
+        """From :class:`~multimodal.nn.block.Transformer`'s ``{"self": [...], "cross":
+        [...]}``."""
+        return cls(list(maps.get("self", [])), list(maps.get("cross", [])))
+
+
+def with_attention_maps(out: Any, return_attention: bool) -> Any:
+    """A :class:`~multimodal.nn.block.Transformer`'s output as a model returns it:
+    ``hidden`` unchanged, ``(hidden, {"self": ..., "cross": ...})`` as
+    ``(hidden, AttentionMaps)``."""
+    if not return_attention:
+        return out
+    hidden, maps = out
+    return hidden, AttentionMaps.from_layers(maps)
 
 
 @runtime_checkable
@@ -62,10 +115,10 @@ class Model(Protocol):
 
     def forward_features(self, *inputs: Any, **kwargs: Any) -> Any: ...
 
-    def pool(self, features: Tensor, *args: Any, **kwargs: Any) -> Tensor: ...
+    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor: ...
 
-    def forward_head(self, features: Tensor, *args: Any, pre_logits: bool = False,
-                     **kwargs: Any) -> Tensor: ...
+    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
+                     attention_mask: Tensor | None = None) -> Tensor: ...
 
     def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]: ...
 
@@ -125,14 +178,14 @@ class DecoderHeadMixin:
     def num_features(self) -> int:
         return self.decoder.num_features
 
-    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
         """The last real target token's features (B, decoder.dim)."""
-        return self.decoder.pool(features, attention_mask)
+        return self.decoder.pool(features, attention_mask=attention_mask)
 
-    def forward_head(self, features: Tensor, pre_logits: bool = False,
+    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
                      attention_mask: Tensor | None = None) -> Tensor:
         """Next-token logits (B, T, vocab) (``pre_logits``: :meth:`pool`)."""
-        return self.decoder.forward_head(features, pre_logits, attention_mask)
+        return self.decoder.forward_head(features, pre_logits, attention_mask=attention_mask)
 
     def decoding_inputs(self, source_ids: Tensor,
                         source_mask: Tensor | None = None) -> dict[str, Any]:
@@ -142,13 +195,18 @@ class DecoderHeadMixin:
 
     @torch.no_grad()
     def generate(self, source_ids: Tensor, source_mask: Tensor | None = None,
-                 max_new_tokens: int | None = None, *, bos_token_id: int = BOS_ID,
+                 max_new_tokens: int | None = None, *, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, num_beams: int = 1,
+                 generator: torch.Generator | None = None, use_cache: bool = True,
+                 compile: bool = False, bos_token_id: int = BOS_ID,
                  eos_token_id: int | None = EOS_ID, pad_token_id: int = PAD_ID,
                  **kwargs: Any) -> Tensor:
         """Decode a target for each source, starting from ``[BOS]``; returns
         (B, 1 + generated) ids, ``[PAD]`` after ``[EOS]``; at most ``max_target_len - 1``
-        new tokens by default. Other keyword arguments (``num_beams``, ``do_sample``,
-        ``top_p``, ``use_cache`` ...) go to :func:`multimodal.generation.generate`."""
+        new tokens by default. The decoding arguments are :data:`GENERATE_DEFAULTS`'; other
+        keyword arguments (``length_penalty``, ``static_cache`` ...) go to
+        :func:`multimodal.generation.generate`."""
         was_training = self.training  # type: ignore[attr-defined]
         self.eval()  # type: ignore[attr-defined]
         try:
@@ -156,7 +214,10 @@ class DecoderHeadMixin:
             start = source_ids.new_full((source_ids.shape[0], 1), bos_token_id)
             steps = max_new_tokens if max_new_tokens is not None \
                 else self.config.max_target_len - 1  # type: ignore[attr-defined]
-            return generate(self.decoder, start, steps, eos_token_id=eos_token_id,
+            return generate(self.decoder, start, steps, do_sample=do_sample,
+                            temperature=temperature, top_k=top_k, top_p=top_p,
+                            num_beams=num_beams, generator=generator, use_cache=use_cache,
+                            compile=compile, eos_token_id=eos_token_id,
                             pad_token_id=pad_token_id, **source, **kwargs)
         finally:
             self.train(was_training)  # type: ignore[attr-defined]

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from multimodal.models.api import ClassifierHeadMixin
+from multimodal.models.api import AttentionMaps, ClassifierHeadMixin
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import Transformer
 from multimodal.nn.init import init_weights, off_meta
@@ -146,8 +146,9 @@ class AudioClassifier(ClassifierHeadMixin, PretrainedMixin, nn.Module):
     ``forward(features=(B, F, n_mels), lengths=frames)`` or
     ``forward(waveform=(B, T) | (T,) | (B, C, T) | list, lengths=samples, sample_rate=...)``;
     the keyword names are those of the data module's batches, so ``model(**batch)`` works.
-    ``return_attention=True`` also returns each layer's attention map
-    ``(B, heads, tokens, tokens)`` (the class token first when ``pool="cls"``).
+    ``return_attention=True`` also returns the
+    :class:`~multimodal.models.api.AttentionMaps` (``self_attn``: one ``(B, heads, tokens,
+    tokens)`` map per layer, the class token first when ``pool="cls"``).
     """
 
     config_class = AudioClassifierConfig
@@ -323,42 +324,46 @@ class AudioClassifier(ClassifierHeadMixin, PretrainedMixin, nn.Module):
         return (torch.randn(batch_size, frames, self.config.n_mels),)
 
     def _encode(self, features: Tensor, lengths: Tensor | None, return_attention: bool
-                ) -> tuple[Tensor, Tensor, list[Tensor] | None]:
+                ) -> tuple[Tensor, Tensor, AttentionMaps | None]:
+        """Tokens ``(B, prefix + N, dim)``, their attention mask (True = real token) and the
+        attention maps (None unless ``return_attention``)."""
         features, lengths = self._check_features(features, lengths)
         x, pad = self.embed_tokens(features, lengths)
         mask = pad if pad.any() else None
         out = self.transformer(x, key_padding_mask=mask, return_attention=return_attention)
         if return_attention:
-            return out[0], pad, out[1]["self"]
-        return out, pad, None
+            return out[0], ~pad, AttentionMaps.from_layers(out[1])
+        return out, ~pad, None
 
     def forward_features(
         self, features: Tensor, lengths: Tensor | None = None, return_attention: bool = False,
-        return_padding_mask: bool = False,
+        return_attention_mask: bool = False,
     ) -> Tensor | tuple[Tensor, ...]:
         """Encoder output ``(B, prefix + N, dim)`` after the final norm; with
-        ``return_padding_mask`` also its padding mask ``(B, prefix + N)`` (True = padding),
-        with ``return_attention`` also the attention maps (in that order)."""
-        tokens, pad, maps = self._encode(features, lengths, return_attention)
-        out = (tokens, *((pad,) if return_padding_mask else ()),
+        ``return_attention_mask`` also its attention mask ``(B, prefix + N)`` (True = real
+        token, False = padding, as :meth:`pool` takes it), with ``return_attention`` also
+        the :class:`~multimodal.models.api.AttentionMaps` (in that order)."""
+        tokens, valid, maps = self._encode(features, lengths, return_attention)
+        out = (tokens, *((valid,) if return_attention_mask else ()),
                *((maps,) if return_attention else ()))
         return out if len(out) > 1 else tokens
 
-    def pool(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
         """Class token (with a distillation token: ``(x_cls + x_dist) / 2``, as AST), or
-        the mean over valid tokens: ``sum_n m_n x_n / sum_n m_n`` (``padding_mask`` True at
-        padding; None: every token is valid), by :func:`multimodal.nn.pool.mean_pool`."""
+        the mean over real tokens: ``sum_n m_n x_n / sum_n m_n`` (``attention_mask`` m is
+        1 at real tokens; None: every token is real), by
+        :func:`multimodal.nn.pool.mean_pool`."""
         if self.config.pool == "cls":
-            return (tokens[:, 0] + tokens[:, 1]) / 2 if self.dist_token is not None \
-                else tokens[:, 0]
-        return mean_pool(tokens, None if padding_mask is None else ~padding_mask)
+            return (features[:, 0] + features[:, 1]) / 2 if self.dist_token is not None \
+                else features[:, 0]
+        return mean_pool(features, attention_mask)
 
-    def forward_head(self, tokens: Tensor, padding_mask: Tensor | None = None,
-                     pre_logits: bool = False) -> Tensor:
+    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
+                     attention_mask: Tensor | None = None) -> Tensor:
         """Class logits ``(B, num_classes)`` of the pooled tokens, ``head(head_norm(pooled))``
         (``pre_logits``: the pooled tokens; ``num_classes=0``: the pooled tokens through
         ``head_norm``)."""
-        pooled = self.pool(tokens, padding_mask)
+        pooled = self.pool(features, attention_mask=attention_mask)
         return pooled if pre_logits else self.head(self.head_norm(pooled))
 
     def forward(
@@ -368,7 +373,7 @@ class AudioClassifier(ClassifierHeadMixin, PretrainedMixin, nn.Module):
         waveform: Any = None,
         sample_rate: int | None = None,
         return_attention: bool = False,
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+    ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """Logits ``(B, num_classes)`` (pooled features when ``num_classes == 0``).
 
         Give exactly one of ``features`` (normalised log-mel, ``lengths`` in frames) or
@@ -379,8 +384,8 @@ class AudioClassifier(ClassifierHeadMixin, PretrainedMixin, nn.Module):
                              "waveform=(B, samples)")
         if waveform is not None:
             features, lengths = self.features_from_waveform(waveform, lengths, sample_rate)
-        tokens, pad, maps = self._encode(features, lengths, return_attention)
-        logits = self.forward_head(tokens, pad)
+        tokens, valid, maps = self._encode(features, lengths, return_attention)
+        logits = self.forward_head(tokens, attention_mask=valid)
         return (logits, maps) if return_attention else logits
 
     @torch.no_grad()

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.generation import generate
-from multimodal.models.api import DecoderHeadMixin
+from multimodal.models.api import AttentionMaps, DecoderHeadMixin
 from multimodal.models.text import TextDecoder, TextDecoderConfig, check_token_ids
 from multimodal.models.vit import ViT, ViTConfig
 from multimodal.registry import register_model, register_preset
@@ -92,8 +92,8 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
     """Images (B, C, H, W) + caption ids (B, T) -> next-token logits (B, T, vocab).
 
     ``generate(images)`` returns ``[BOS] + generated ids`` (B, 1 + T), ``[PAD]`` after
-    ``[EOS]``; with ``return_attention=True`` also the cross-attention of every generated
-    token over the patch grid (see :meth:`cross_attention_maps`).
+    ``[EOS]``; :meth:`cross_attention_maps` then gives the cross-attention of every
+    generated token over the patch grid.
     """
 
     config_class = CaptionerConfig
@@ -155,12 +155,17 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
         return self.forward_head(self.forward_features(images, input_ids, attention_mask))
 
     def forward_features(self, images: Tensor, input_ids: Tensor,
-                         attention_mask: Tensor | None = None) -> Tensor:
-        """The decoder's hidden states (B, T, decoder.dim) after its final norm."""
+                         attention_mask: Tensor | None = None, *,
+                         return_attention: bool = False) -> Any:
+        """The decoder's hidden states (B, T, decoder.dim) after its final norm; with
+        ``return_attention`` ``(hidden, AttentionMaps)``: the decoder's self-attention and
+        its cross-attention over the memory tokens, per layer
+        (:meth:`cross_attention_maps` lays the latter over the patch grid)."""
         self._check_images(images)
         self._check_ids(input_ids, images.shape[0])
         memory = self.encode(images)
-        return self.decoder.forward_features(input_ids, attention_mask, memory=memory)
+        return self.decoder.forward_features(input_ids, attention_mask, memory=memory,
+                                             return_attention=return_attention)
 
     def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
         """Random images and caption ids ``[BOS] + 7 random tokens`` (fewer if the decoder's
@@ -197,7 +202,7 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
         if ids.shape[1] < 2:
             raise ValueError("ids must hold at least [BOS] and one generated token")
         _, maps = self.decoder(ids[:, :-1], memory=memory, return_attention=True)
-        cross = maps["cross"]  # per layer (B, H, T-1, P)
+        cross = maps.cross_attn  # per layer (B, H, T-1, P)
         att = cross[-1].mean(dim=1) if layers == "last" \
             else torch.stack(cross).mean(dim=(0, 2))
         att = att[..., self.memory_prefix :]
@@ -221,20 +226,22 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
         pad_token_id: int | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
-        return_attention: bool = False,
-        attention_layers: Literal["last", "mean"] = "last",
         compile: bool = False,
         static_cache: bool | None = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """Caption ids (B, 1 + T) starting with ``[BOS]``; the image is encoded once.
 
         Strategies are those of :func:`multimodal.generation.generate` (greedy, sampling
         with ``temperature`` / ``top_k`` / ``top_p``, beam search with ``num_beams`` and
         ``length_penalty``). ``max_new_tokens`` defaults to the decoder context minus the
-        BOS token. With ``return_attention`` also returns (B, T, rows, cols) maps: row t
-        is the cross-attention that produced generated token t (:meth:`cross_attention_maps`;
-        rows after ``[EOS]`` belong to padding). ``compile`` / ``static_cache``: static-cache
-        decoding (:func:`multimodal.generation.generate`), the same tokens.
+        BOS token. With ``return_attention`` also the decoder's
+        :class:`~multimodal.models.api.AttentionMaps` of the T steps that produced the
+        generated tokens (query t produced token t; rows after ``[EOS]`` belong to padding;
+        cross-attention keys: the memory tokens), from one teacher-forced pass over the
+        finished sequence; ``cross_attention_maps(images, ids)`` lays them over the patch
+        grid. ``compile`` / ``static_cache``: static-cache decoding
+        (:func:`multimodal.generation.generate`), the same tokens.
         """
         cfg = self.config
         bos = cfg.bos_token_id if bos_token_id is None else bos_token_id
@@ -244,7 +251,6 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
         was_training = self.training
         self.eval()
         try:
-            grid = self.patch_grid(images) if isinstance(images, Tensor) else None
             memory = self.encode(images)
             start = torch.full((memory.shape[0], 1), bos, dtype=torch.long,
                                device=memory.device)
@@ -256,10 +262,10 @@ class Captioner(DecoderHeadMixin, PretrainedMixin, nn.Module):
                            static_cache=static_cache, memory=memory)
             if not return_attention:
                 return ids
-            if ids.shape[1] < 2:
-                empty = memory.new_zeros(ids.shape[0], 0, *grid)
-                return ids, empty
-            return ids, self.cross_attention_maps(memory, ids, grid, attention_layers)
+            if ids.shape[1] < 2:  # nothing generated: no step to show
+                return ids, AttentionMaps([], [])
+            _, maps = self.decoder(ids[:, :-1], memory=memory, return_attention=True)
+            return ids, maps
         finally:
             self.train(was_training)
 
@@ -270,7 +276,7 @@ def caption(model: Captioner, images: Tensor, tokenizer: Any, **generate_kwargs:
     (structural special tokens dropped, ``[UNK]`` kept visible, everything after the first
     ``[EOS]`` cut)."""
     ids = model.generate(images, **generate_kwargs)
-    if isinstance(ids, tuple):
+    if isinstance(ids, tuple):  # return_attention=True
         ids = ids[0]
     return decode_captions(ids, tokenizer, model.config.eos_token_id)
 

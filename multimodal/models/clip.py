@@ -271,15 +271,18 @@ class CLIP(PretrainedMixin, nn.Module):
         return torch.stack([self.encode_image(images),
                             self.encode_text(input_ids, attention_mask)], dim=1)
 
-    def pool(self, features: Tensor) -> Tensor:
-        """The image embeddings (B, embed_dim) of :meth:`forward_features`."""
+    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """The image embeddings (B, embed_dim) of :meth:`forward_features` (the text mask
+        was applied by ``forward_features``; ``attention_mask`` is accepted for the common
+        API)."""
         return features[:, 0]
 
-    def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
+    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
+                     attention_mask: Tensor | None = None) -> Tensor:
         """``logits_per_image`` (B, B) = ``exp(logit_scale) · I Tᵀ`` (+ bias with the sigmoid
         loss) of paired features; ``pre_logits``: :meth:`pool`."""
         if pre_logits:
-            return self.pool(features)
+            return self.pool(features, attention_mask=attention_mask)
         logits = self.scale() * features[:, 0] @ features[:, 1].T
         return logits + self.logit_bias if self.logit_bias is not None else logits
 

@@ -339,14 +339,18 @@ class CodecAR(PretrainedMixin, nn.Module):
 
     @torch.no_grad()
     def generate(self, phonemes: Tensor, phoneme_lengths: Tensor, prompt: Tensor,
-                 prompt_lengths: Tensor, max_new_tokens: int | None = None,
-                 min_new_tokens: int = 0, **kwargs: Any) -> tuple[Tensor, Tensor]:
+                 prompt_lengths: Tensor, max_new_tokens: int | None = None, *,
+                 do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, num_beams: int = 1,
+                 generator: torch.Generator | None = None, use_cache: bool = True,
+                 compile: bool = False, min_new_tokens: int = 0,
+                 **kwargs: Any) -> tuple[Tensor, Tensor]:
         """Codebook-1 tokens of new speech: ``(codes (B, T), lengths (B,))``, right-padded
         with 0, each row ending before its EOS (or after ``max_new_tokens``); EOS is not
         allowed before ``min_new_tokens`` frames.
 
-        ``kwargs`` go to :func:`multimodal.generation.generate` (``do_sample``,
-        ``temperature``, ``top_k``, ``top_p``, ``generator``, ``use_cache``).
+        The decoding arguments are those of :func:`multimodal.generation.generate` (greedy
+        unless ``do_sample=True``); ``kwargs`` go there too.
         """
         ids, lengths, _ = self.build_stream(phonemes, phoneme_lengths, prompt, prompt_lengths)
         left, mask = _left_align(ids, lengths)
@@ -360,7 +364,9 @@ class CodecAR(PretrainedMixin, nn.Module):
             kwargs["eos_from"] = lengths - 1 + min_new_tokens
         out = generate(self, left, max_new_tokens=budget, eos_token_id=self.eos_id,
                        pad_token_id=self.eos_id, attention_mask=mask,
-                       phoneme_lengths=phoneme_lengths, **kwargs)
+                       phoneme_lengths=phoneme_lengths, do_sample=do_sample,
+                       temperature=temperature, top_k=top_k, top_p=top_p, num_beams=num_beams,
+                       generator=generator, use_cache=use_cache, compile=compile, **kwargs)
         new = out[:, left.shape[1]:]
         ended = new == self.eos_id
         first_eos = torch.where(ended.any(1), ended.float().argmax(1),
@@ -577,14 +583,16 @@ class CodecLM(PretrainedMixin, nn.Module):
         """The AR's hidden states ``(B, N, dim)`` (:meth:`CodecAR.forward_features`)."""
         return self.ar.forward_features(input_ids, attention_mask, **kwargs)
 
-    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
         """The last real token's features ``(B, dim)``."""
         return last_token(features, attention_mask)
 
-    def forward_head(self, features: Tensor, pre_logits: bool = False,
+    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
                      attention_mask: Tensor | None = None) -> Tensor:
         """Next-token logits ``(B, N, K + 1)`` (``pre_logits``: :meth:`pool`)."""
-        return self.pool(features, attention_mask) if pre_logits else self.ar.head(features)
+        if pre_logits:
+            return self.pool(features, attention_mask=attention_mask)
+        return self.ar.head(features)
 
     def forward(self, *args: Any, **kwargs: Any) -> Tensor:
         """The AR logits (:meth:`CodecAR.forward`)."""

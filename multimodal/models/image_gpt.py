@@ -24,11 +24,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from multimodal.generation import check_sampling_args, generate, next_token
+from multimodal.models.api import with_attention_maps
 from multimodal.models.backbone import model_config
 from multimodal.models.text import embed_tokens
 from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
+from multimodal.nn.pool import last_token
 from multimodal.nn.position import LearnedPositions
 from multimodal.registry import register_model, register_preset
 from multimodal.tokenizers.image import _pair
@@ -179,13 +181,17 @@ class ImageGPT(PretrainedMixin, nn.Module):
             return self.forward_head(out[0]), out[1]
         return self.forward_head(out)
 
-    def pool(self, features: Tensor) -> Tensor:
-        """The last position's features ``(B, dim)`` (it has seen every pixel given)."""
-        return features[:, -1]
+    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """The last real position's features ``(B, dim)`` (it has seen every pixel given;
+        images do not pad, so without a mask the last position)."""
+        return last_token(features, attention_mask)
 
-    def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
+    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
+                     attention_mask: Tensor | None = None) -> Tensor:
         """Next-pixel logits ``(B, N, vocab)`` (``pre_logits``: :meth:`pool`)."""
-        return self.pool(features) if pre_logits else self.lm_head(features)
+        if pre_logits:
+            return self.pool(features, attention_mask=attention_mask)
+        return self.lm_head(features)
 
     def forward_features(
         self,
@@ -216,7 +222,8 @@ class ImageGPT(PretrainedMixin, nn.Module):
             raise ValueError(f"{past + x.shape[1] - 1} pixel tokens exceed the image's "
                              f"{self.config.num_pixels}")
         x = self.drop(self.pos_embed(x, offset=past))
-        return self.transformer(x, cache=cache, return_attention=return_attention)
+        out = self.transformer(x, cache=cache, return_attention=return_attention)
+        return with_attention_maps(out, return_attention)
 
     # -- likelihood ------------------------------------------------------------------
     def _as_sequence(self, tokens: Tensor, name: str) -> Tensor:
@@ -253,26 +260,33 @@ class ImageGPT(PretrainedMixin, nn.Module):
     @torch.no_grad()
     def generate(
         self,
+        prompt: Tensor | None = None,
+        max_new_tokens: int | None = None,
+        *,
         num_images: int = 4,
+        class_label: Tensor | int | None = None,
+        do_sample: bool = False,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        prompt: Tensor | None = None,
+        num_beams: int = 1,
         generator: torch.Generator | None = None,
-        class_label: Tensor | int | None = None,
-        do_sample: bool = True,
         use_cache: bool = True,
         compile: bool = False,
         static_cache: bool | None = None,
     ) -> Tensor:
-        """Sample ``num_images`` images; returns pixel tokens (num_images, H, W).
+        """Complete images: pixel tokens (num_images, H, W), or ``(num_images, k + T)`` in
+        raster order when ``max_new_tokens`` stops before the image is whole.
 
         ``prompt``: the first pixels of each image in raster order, (num_images, k) tokens
         or (num_images, rows, W) whole rows (e.g. the top half); they are kept and the rest
-        is completed. ``class_label`` (conditional models): an int or (num_images,) labels;
-        default ``arange(num_images) % num_classes``. ``do_sample=False``: greedy.
-        ``compile`` / ``static_cache``: static-cache decoding with a compiled (or eager)
-        fixed-shape step, see :func:`multimodal.generation.generate`; the same tokens.
+        is completed (no prompt: ``num_images`` images from nothing). ``max_new_tokens``:
+        the rest of the image by default. ``class_label`` (conditional models): an int or
+        (num_images,) labels; default ``arange(num_images) % num_classes``. Decoding is
+        :func:`multimodal.generation.generate`'s, with its defaults: greedy unless
+        ``do_sample=True`` (then ``temperature`` / ``top_k`` / ``top_p``); ``num_beams``,
+        ``compile`` / ``static_cache`` as there (the first pixel of an empty prompt is
+        drawn alone, greedily or sampled, before the loop).
         """
         check_sampling_args(temperature, top_k, top_p)
         h, w = self.config.grid
@@ -295,6 +309,13 @@ class ImageGPT(PretrainedMixin, nn.Module):
             prompt = prompt.long().to(device)
         if not isinstance(num_images, int) or num_images < 1:
             raise ValueError(f"num_images must be a positive int, got {num_images!r}")
+        given = 0 if prompt is None else prompt.shape[1]
+        room = self.config.num_pixels - given
+        if max_new_tokens is None:
+            max_new_tokens = room
+        if not isinstance(max_new_tokens, int) or not 0 <= max_new_tokens <= room:
+            raise ValueError(f"max_new_tokens must be an int in [0, {room}] (the pixels left "
+                             f"after a prompt of {given}), got {max_new_tokens!r}")
         if self.config.num_classes and class_label is None:
             class_label = torch.arange(num_images, device=device) % self.config.num_classes
         if class_label is not None:
@@ -307,17 +328,21 @@ class ImageGPT(PretrainedMixin, nn.Module):
         self.eval()
         try:
             with torch.inference_mode():  # lighter per-step dispatch than no_grad
-                if prompt is None or prompt.shape[1] == 0:
+                if prompt is None:
+                    prompt = torch.zeros(num_images, 0, dtype=torch.long, device=device)
+                if prompt.shape[1] == 0 and max_new_tokens > 0:
                     # The decoding loop needs one given token: draw the first pixel here.
-                    empty = torch.zeros(num_images, 0, dtype=torch.long, device=device)
-                    logits = self(empty, class_label=class_label)[:, -1]
+                    logits = self(prompt, class_label=class_label)[:, -1]
                     prompt = next_token(logits, **sampling)[:, None]
-                out = generate(self, prompt, self.config.num_pixels - prompt.shape[1],
+                    max_new_tokens -= 1
+                out = generate(self, prompt, max_new_tokens, num_beams=num_beams,
                                use_cache=use_cache, class_label=class_label,
-                               compile=compile, static_cache=static_cache, **sampling)
+                               compile=compile, static_cache=static_cache, **sampling) \
+                    if max_new_tokens > 0 else prompt
         finally:
             self.train(was_training)
-        return out.clone().view(num_images, h, w)  # clone: a normal tensor, usable in autograd
+        out = out.clone()  # clone: a normal tensor, usable in autograd
+        return out.view(num_images, h, w) if out.shape[1] == self.config.num_pixels else out
 
 
 @register_preset("igpt_fashion_mnist")

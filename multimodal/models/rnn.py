@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from multimodal.models.api import DecoderHeadMixin
+from multimodal.models.api import AttentionMaps, DecoderHeadMixin
 from multimodal.models.text import NextTokenHead, check_token_ids
 from multimodal.nn.alignment import AdditiveScore, MultiplicativeScore, attend
 from multimodal.registry import register_model
@@ -169,9 +169,11 @@ class RNNDecoder(NextTokenHead, nn.Module):
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                          cache: RecurrentState | None = None, *, encoder_state: Tensor,
                          memory: Tensor | None = None, memory_padding_mask: Tensor | None = None,
-                         return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
+                         return_attention: bool = False) -> Tensor | tuple[Tensor, AttentionMaps]:
         """``o_t = tanh(W_o [s_t; c_t])`` (B, T, hidden_dim), with ``return_attention``
-        also the attention weights (B, T, S) (None without attention)."""
+        also the :class:`~multimodal.models.api.AttentionMaps`: no self-attention, and the
+        one-head attention over the encoder states as one layer of cross-attention
+        ``(B, 1, T, S)`` (none without attention)."""
         check_token_ids(input_ids, self.config.target_vocab_size, "target_ids")
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("the RNN decoder reads unpadded prefixes only (every row starts "
@@ -202,7 +204,9 @@ class RNNDecoder(NextTokenHead, nn.Module):
             cache.hidden = new_hidden if isinstance(new_hidden, tuple) else (new_hidden,)
             cache.keys = keys
             cache.length = past + input_ids.shape[1]
-        return (features, weights) if return_attention else features
+        if not return_attention:
+            return features
+        return features, AttentionMaps([], [] if weights is None else [weights[:, None]])
 
 
 @register_model
@@ -258,7 +262,7 @@ class RNNSeq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
 
     def forward(self, source_ids: Tensor, target_ids: Tensor,
                 source_mask: Tensor | None = None, return_attention: bool = False
-                ) -> Tensor | tuple[Tensor, Tensor | None]:
+                ) -> Tensor | tuple[Tensor, AttentionMaps]:
         out = self.forward_features(source_ids, target_ids, source_mask, return_attention)
         if isinstance(out, tuple):
             return self.forward_head(out[0]), out[1]
@@ -266,9 +270,10 @@ class RNNSeq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
 
     def forward_features(self, source_ids: Tensor, target_ids: Tensor,
                          source_mask: Tensor | None = None, return_attention: bool = False
-                         ) -> Tensor | tuple[Tensor, Tensor | None]:
+                         ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """The decoder's features ``o_t`` (B, T, hidden_dim) (module docstring), with
-        ``return_attention`` also the attention weights (B, T, S)."""
+        ``return_attention`` also the :class:`~multimodal.models.api.AttentionMaps`
+        (``cross_attn[0][:, 0]``: the attention weights (B, T, S))."""
         if target_ids.dim() == 2 and target_ids.shape[1] == 0:
             raise ValueError("target_ids is empty: give at least [BOS]")
         if target_ids.dim() == 2 and source_ids.dim() == 2 \

@@ -141,11 +141,15 @@ class Seq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
         return self.forward_head(self.forward_features(source_ids, target_ids, source_mask))
 
     def forward_features(self, source_ids: Tensor, target_ids: Tensor,
-                         source_mask: Tensor | None = None) -> Tensor:
-        """The decoder's hidden states (B, T, decoder.dim) after its final norm."""
+                         source_mask: Tensor | None = None, *,
+                         return_attention: bool = False) -> Any:
+        """The decoder's hidden states (B, T, decoder.dim) after its final norm; with
+        ``return_attention`` ``(hidden, AttentionMaps)``: the decoder's self-attention and
+        its cross-attention over the source tokens, per layer."""
         memory, pad = self.encode(source_ids, source_mask)
         return self.decoder.forward_features(target_ids, memory=memory,
-                                             memory_padding_mask=pad)
+                                             memory_padding_mask=pad,
+                                             return_attention=return_attention)
 
     def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
         """Random source ids and target ids starting with ``[BOS]``."""

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.generation import generate
-from multimodal.models.api import ClassifierHeadMixin
+from multimodal.models.api import ClassifierHeadMixin, with_attention_maps
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import ACTIVATIONS, Transformer
 from multimodal.nn.cache import KVCache
@@ -75,14 +75,16 @@ class NextTokenHead:
     token's features ``(B, dim)``, ``forward_head`` = logits ``(B, N, vocab)``, ``forward``
     = both in one call (attention passed through when ``forward_features`` returns it)."""
 
-    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
         """The last real token's features ``(B, dim)`` (the last one when no mask)."""
         return last_token(features, attention_mask)
 
-    def forward_head(self, features: Tensor, pre_logits: bool = False,
+    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
                      attention_mask: Tensor | None = None) -> Tensor:
         """Next-token logits ``(B, N, vocab)`` (``pre_logits``: :meth:`pool`)."""
-        return self.pool(features, attention_mask) if pre_logits else self.lm_head(features)
+        if pre_logits:
+            return self.pool(features, attention_mask=attention_mask)
+        return self.lm_head(features)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 **kwargs: Any) -> Any:
@@ -169,19 +171,29 @@ class TextDecoder(NextTokenHead, PretrainedMixin, nn.Module):
         padding = None if attention_mask is None or bool(attention_mask.all()) \
             else ~attention_mask.bool()
         rotary = self.config.backbone.rope != "none"
-        return self.transformer(
+        out = self.transformer(
             self.drop(x), memory, key_padding_mask=padding,
             memory_padding_mask=memory_padding_mask, cache=cache,
             return_attention=return_attention,
             positions=position_ids if rotary else None,
         )
+        return with_attention_maps(out, return_attention)
 
     @torch.no_grad()
-    def generate(self, input_ids: Tensor, max_new_tokens: int = 20, **kwargs: Any) -> Tensor:
-        """Continue ``input_ids`` (B, N); see :func:`multimodal.generation.generate` for
-        ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``num_beams``,
-        ``length_penalty``, ``eos_token_id``, ``attention_mask``, ``generator``."""
-        return generate(self, input_ids, max_new_tokens=max_new_tokens, **kwargs)
+    def generate(self, input_ids: Tensor, max_new_tokens: int | None = 20, *,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, num_beams: int = 1,
+                 generator: torch.Generator | None = None, use_cache: bool = True,
+                 compile: bool = False, **kwargs: Any) -> Tensor:
+        """Continue ``input_ids`` (B, N) by ``max_new_tokens`` (None: up to ``max_len``
+        tokens in all); see :func:`multimodal.generation.generate` for the strategies and
+        the other keywords (``length_penalty``, ``eos_token_id``, ``attention_mask`` ...)."""
+        if max_new_tokens is None:
+            max_new_tokens = max(self.max_len - input_ids.shape[-1], 0)
+        return generate(self, input_ids, max_new_tokens, do_sample=do_sample,
+                        temperature=temperature, top_k=top_k, top_p=top_p,
+                        num_beams=num_beams, generator=generator, use_cache=use_cache,
+                        compile=compile, **kwargs)
 
 
 @model_config(dim=256, depth=6, heads=8, norm_eps=1e-6, activation="gelu")
@@ -281,7 +293,7 @@ class TextEncoder(ClassifierHeadMixin, PretrainedMixin, nn.Module):
         return_attention: bool = False,
     ) -> Any:
         """Hidden states ``(B, N, dim)`` after the final norm (with ``return_attention``
-        also the attention maps)."""
+        ``(hidden, AttentionMaps)``)."""
         check_token_ids(input_ids, self.config.vocab_size)
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, "
@@ -295,14 +307,15 @@ class TextEncoder(ClassifierHeadMixin, PretrainedMixin, nn.Module):
         x = self.drop(self.embed_norm(x))
         padding = None if attention_mask is None or bool(attention_mask.all()) \
             else ~attention_mask.bool()
-        return self.transformer(x, key_padding_mask=padding, return_attention=return_attention)
+        out = self.transformer(x, key_padding_mask=padding, return_attention=return_attention)
+        return with_attention_maps(out, return_attention)
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         if self.mlm is None:
             raise ValueError("this TextEncoder was built with mlm_head=False")
         return self.mlm(hidden)
 
-    def pool(self, features: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
         """The ``[CLS]`` (first) token, through BERT's tanh pooler when the model has one:
         ``(B, dim)``. ``attention_mask`` is accepted for the common API; the first token is
         always real."""
@@ -311,13 +324,13 @@ class TextEncoder(ClassifierHeadMixin, PretrainedMixin, nn.Module):
 
     pooled = pool  # the name used before the common API
 
-    def forward_head(self, features: Tensor, pre_logits: bool = False,
+    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
                      attention_mask: Tensor | None = None) -> Tensor:
         """The classification logits ``(B, num_classes)`` when the model has a classifier,
         else the masked-LM logits ``(B, N, vocab)``, else (no head) the pooled features;
         ``pre_logits``: :meth:`pool`."""
         if pre_logits or (self.head is None and self.mlm is None):
-            return self.pool(features, attention_mask)
+            return self.pool(features, attention_mask=attention_mask)
         return self.classify(features) if self.head is not None else self.mlm_logits(features)
 
     def classify(self, hidden: Tensor) -> Tensor:

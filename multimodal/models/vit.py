@@ -8,11 +8,11 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from multimodal.models.api import ClassifierHeadMixin
+from multimodal.models.api import AttentionMaps, ClassifierHeadMixin
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import ACTIVATIONS, NORM_LAYERS, Transformer
 from multimodal.nn.init import init_weights
-from multimodal.nn.pool import AttentionPool
+from multimodal.nn.pool import AttentionPool, mean_pool
 from multimodal.nn.position import grid_positions, resample_grid, sincos_2d_positions
 from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.image import ConvStem, PatchEmbed, _pair, check_images
@@ -170,7 +170,7 @@ class ViT(ClassifierHeadMixin, PretrainedMixin, nn.Module):
 
     def forward_features(
         self, images: Tensor, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+    ) -> Tensor | tuple[Tensor, AttentionMaps]:
         positions = None
         if self.config.backbone.rope == "2d":
             grid = self.patch_embed.grid_size(*images.shape[-2:])
@@ -179,21 +179,31 @@ class ViT(ClassifierHeadMixin, PretrainedMixin, nn.Module):
                                positions=positions)
         if return_attention:
             x, maps = out
-            return x, maps["self"]
+            return x, AttentionMaps.from_layers(maps)
         return out
 
-    def pool(self, features: Tensor) -> Tensor:
-        """The class token, the mean of the patch tokens, or attention pooling: ``(B, dim)``."""
+    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """The class token, the mean of the patch tokens, or attention pooling: ``(B, dim)``.
+        Images do not pad; an ``attention_mask`` ``(B, prefix + N)`` (1 = real token) is
+        honoured by the mean (over real patch tokens) and attention pooling (padded keys
+        weigh 0); the class token is always real."""
         if self.config.pool == "cls":
             return features[:, 0]
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None  # every token real: the unmasked path, bit for bit
         if self.attn_pool is not None:
-            return self.attn_pool(features)
-        return features[:, self.num_prefix_tokens :].mean(dim=1)
+            padding = None if attention_mask is None else ~attention_mask.bool()
+            return self.attn_pool(features, key_padding_mask=padding)
+        patches = features[:, self.num_prefix_tokens :]
+        if attention_mask is None:
+            return patches.mean(dim=1)
+        return mean_pool(patches, attention_mask[:, self.num_prefix_tokens :])
 
-    def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
+    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
+                     attention_mask: Tensor | None = None) -> Tensor:
         """Class logits ``(B, num_classes)`` of the pooled features (``pre_logits``: the pooled
         features; ``num_classes=0``: likewise)."""
-        pooled = self.pool(features)
+        pooled = self.pool(features, attention_mask=attention_mask)
         if pre_logits:
             return pooled
         if self.head_dist is not None:  # DeiT at inference: mean of the two classifiers
@@ -202,7 +212,7 @@ class ViT(ClassifierHeadMixin, PretrainedMixin, nn.Module):
 
     def forward(
         self, images: Tensor, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+    ) -> Tensor | tuple[Tensor, AttentionMaps]:
         if return_attention:
             features, maps = self.forward_features(images, return_attention=True)
             return self.forward_head(features), maps

@@ -227,9 +227,9 @@ class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
                          return_attention: bool = False) -> Any:
         """The decoder's hidden states (B, T, dim) after its final norm.
 
-        ``return_attention=True`` returns ``(hidden, {"self": [...], "cross": [...]})``,
-        one ``(B, heads, T, keys)`` map of attention probabilities per decoder layer;
-        ``"cross"[l][b, h, t]`` is where token ``t`` looked among the 1500 encoder frames
+        ``return_attention=True`` returns ``(hidden, AttentionMaps)``: ``self_attn`` and
+        ``cross_attn``, one ``(B, heads, T, keys)`` map of attention probabilities per decoder
+        layer; ``cross_attn[l][b, h, t]`` is where token ``t`` looked among the 1500 encoder frames
         (20 ms each) in layer ``l``, head ``h`` (transformers' ``cross_attentions``).
         Teacher-force the ids ``generate`` returned to see where each word was heard."""
         return self.decoder.forward_features(input_ids, memory=self.encode(features),
@@ -290,12 +290,12 @@ class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
     def generate(
         self,
         features: Tensor | None = None,
+        max_new_tokens: int | None = None,
         *,
         waveform: Any = None,
         sample_rate: int | None = None,
         language: str | None = None,
         task: str = "transcribe",
-        max_new_tokens: int | None = None,
         num_beams: int = 1,
         length_penalty: float = 1.0,
         early_stopping: bool | str = False,
@@ -305,12 +305,15 @@ class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
         top_p: float | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        compile: bool = False,
+        static_cache: bool | None = None,
     ) -> Tensor:
         """Token ids (B, P + T): the prompt (:meth:`prompt`), the transcript, then
         ``<|endoftext|>`` (rows that end early are padded with it). One 30 s window per
         row; the encoder runs once per call. ``max_new_tokens`` defaults to the rest of
         the decoder's 448 positions. Beam search stops as transformers' does by default
-        (``early_stopping=False``: see :func:`multimodal.generation.generate`)."""
+        (``early_stopping=False``: see :func:`multimodal.generation.generate`).
+        ``compile`` / ``static_cache``: static-cache decoding, the same tokens."""
         cfg = self.config
         was_training = self.training
         self.eval()
@@ -332,7 +335,7 @@ class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
                             eos_token_id=cfg.eot_token_id, pad_token_id=cfg.eot_token_id,
                             generator=generator, use_cache=use_cache,
                             logits_processor=rules, early_stopping=early_stopping,
-                            memory=memory)
+                            compile=compile, static_cache=static_cache, memory=memory)
         finally:
             self.train(was_training)
 

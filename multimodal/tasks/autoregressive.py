@@ -131,7 +131,7 @@ class AutoregressiveImageTask(ModelTask):
         ``prompts`` (images, labels; default :meth:`_prompt_images`) are given and the
         rest completed."""
         gen = torch.Generator(device=self.device).manual_seed(self.hparams.sample_seed)
-        kw: dict[str, Any] = dict(temperature=self.hparams.sample_temperature,
+        kw: dict[str, Any] = dict(do_sample=True, temperature=self.hparams.sample_temperature,
                                   top_k=self.hparams.sample_top_k, generator=gen)
         if prompt_rows:
             prompts = prompts if prompts is not None else self._prompt_images(num)
