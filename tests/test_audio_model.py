@@ -53,7 +53,8 @@ def test_output_and_attention_shapes(kw) -> None:
     assert logits.shape == (2, 3)
     patches = 1 + ((50 - 8) // 6 + 1) * ((20 - 8) // 6 + 1)  # class token + time x freq
     tokens = 50 // 2 if kw["mode"] == "frames" else patches
-    assert len(maps) == 2 and maps[0].shape == (2, 4, tokens, tokens)
+    assert len(maps.self_attn) == 2 and maps.self_attn[0].shape == (2, 4, tokens, tokens)
+    assert maps.cross_attn == []
     assert model(features=features).shape == (2, 3)
 
 
@@ -62,7 +63,7 @@ def test_attention_gives_padded_keys_zero_weight() -> None:
     _, maps = model(features=torch.randn(2, 40, 20), lengths=torch.tensor([40, 14]),
                     return_attention=True)
     valid = 14 // 2
-    for w in maps:
+    for w in maps.self_attn:
         assert torch.all(w[1, :, :, valid:] == 0)
         torch.testing.assert_close(w[1].sum(-1), torch.ones(4, 20))
 
@@ -70,8 +71,8 @@ def test_attention_gives_padded_keys_zero_weight() -> None:
 def test_masked_mean_pool_is_the_mean_of_valid_tokens() -> None:
     model = _model(**FRAMES)
     tokens = torch.randn(2, 5, 32)
-    pad = torch.tensor([[False] * 5, [False, False, True, True, True]])
-    pooled = model.pool(tokens, pad)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    pooled = model.pool(tokens, attention_mask=mask)
     torch.testing.assert_close(pooled[0], tokens[0].mean(0))
     torch.testing.assert_close(pooled[1], (tokens[1, 0] + tokens[1, 1]) / 2)
 

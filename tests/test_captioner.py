@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import multimodal as mm
+from multimodal.models.api import AttentionMaps
 from multimodal.models.captioner import Captioner, CaptionerConfig, caption, cut_at_eos
 from multimodal.models.text import TextDecoderConfig
 from multimodal.models.vit import ViTConfig
@@ -129,11 +130,16 @@ def test_encoder_runs_once_per_generate(model: Captioner, images: torch.Tensor,
     calls = []
     handle = model.encoder.transformer.register_forward_hook(lambda *a: calls.append(1))
     try:
-        model.generate(images, max_new_tokens=6, num_beams=num_beams, eos_token_id=-1,
-                       return_attention=True)
+        ids, maps = model.generate(images, max_new_tokens=6, num_beams=num_beams,
+                                   eos_token_id=-1, return_attention=True)
     finally:
         handle.remove()
     assert len(calls) == 1
+    # the maps of the steps that produced the generated tokens, over the 16 patches
+    assert type(maps) is AttentionMaps and len(maps.cross_attn) == len(maps.self_attn) == 2
+    assert maps.cross_attn[0].shape == (3, 4, ids.shape[1] - 1, 16)
+    grid = model.cross_attention_maps(images, ids)
+    torch.testing.assert_close(grid, maps.cross_attn[-1].mean(1).reshape(grid.shape))
 
 
 def test_generate_stops_and_pads_after_eos(model: Captioner, images: torch.Tensor) -> None:
@@ -157,8 +163,8 @@ def test_sampling_is_reproducible_with_a_generator(model: Captioner,
 
 
 def test_attention_maps_shape_and_normalised(model: Captioner, images: torch.Tensor) -> None:
-    ids, maps = model.generate(images, max_new_tokens=7, eos_token_id=-1,
-                               return_attention=True)
+    ids = model.generate(images, max_new_tokens=7, eos_token_id=-1)
+    maps = model.cross_attention_maps(images, ids)
     assert maps.shape == (3, ids.shape[1] - 1, 4, 4)  # one row per generated token
     torch.testing.assert_close(maps.sum(dim=(-1, -2)), torch.ones(3, 7))
     assert torch.all(maps >= 0)
@@ -193,7 +199,8 @@ def test_attention_maps_match_definition(model: Captioner, images: torch.Tensor)
 
 def test_other_image_size_resamples_positions(model: Captioner) -> None:
     big = torch.randn(2, 3, 24, 24)
-    _ids, maps = model.generate(big, max_new_tokens=3, eos_token_id=-1, return_attention=True)
+    ids = model.generate(big, max_new_tokens=3, eos_token_id=-1)
+    maps = model.cross_attention_maps(big, ids)
     assert maps.shape == (2, 3, 6, 6)
     fixed = tiny(dynamic_size=False)
     with pytest.raises(ValueError, match="patch grid"):
@@ -313,8 +320,8 @@ def test_task_scene_check_lines_up_with_test_split() -> None:
 def test_attention_figures(model: Captioner, images: torch.Tensor, tmp_path) -> None:
     from multimodal.plots_attention import plot_captions, plot_cross_attention
 
-    _ids, maps = model.generate(images, max_new_tokens=4, eos_token_id=-1,
-                               return_attention=True)
+    ids = model.generate(images, max_new_tokens=4, eos_token_id=-1)
+    maps = model.cross_attention_maps(images, ids)
     pics = images.sigmoid()
     path = plot_cross_attention(pics[0], ["w1", "w2", "w3", "w4"], maps[0], tmp_path / "a.png")
     assert path.stat().st_size > 1000

@@ -467,7 +467,8 @@ def test_captioner_with_class_token_memory_maps_show_the_patch_share():
     ours = convert.from_hf(source)
     source.set_attn_implementation("eager")  # sdpa returns no attention maps
     images = torch.randn(2, 3, 32, 32)
-    ids, maps = ours.generate(images, max_new_tokens=4, return_attention=True)
+    ids = ours.generate(images, max_new_tokens=4)
+    maps = ours.cross_attention_maps(images, ids)
     assert maps.shape == (2, ids.shape[1] - 1, 4, 4)
     with torch.no_grad():
         out = source(pixel_values=images, decoder_input_ids=ids[:, :-1],

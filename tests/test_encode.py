@@ -189,7 +189,7 @@ def test_mean_pool_one_rule_for_an_all_padding_row():
         mean_pool(x, mask)
     torch.testing.assert_close(mean_pool(x[:2], mask[:2])[0], x[0, :2].mean(0))
     with pytest.raises(ValueError, match=r"row\(s\) \[1\]"):
-        _audio_model().pool(x[:2], torch.tensor([[False] * 4, [True] * 4]))
+        _audio_model().pool(x[:2], attention_mask=torch.tensor([[True] * 4, [False] * 4]))
     torch.testing.assert_close(pool_tokens(x[:2], mask[:2], "max")[0], x[0, :2].amax(0))
     torch.testing.assert_close(pool_tokens(x[:2], mask[:2], "mean_sqrt_len")[0],
                                x[0, :2].sum(0) / 2 ** 0.5)

@@ -28,18 +28,19 @@ def gen(seed: int = 0) -> torch.Generator:
 @pytest.mark.parametrize("kw", [{}, {"top_k": 5, "temperature": 0.7}, {"top_p": 0.8}])
 def test_cached_and_uncached_sampling_give_the_same_tokens(kw: dict) -> None:
     model = small()
-    a = model.generate(num_images=3, generator=gen(1), **kw)
-    b = model.generate(num_images=3, generator=gen(1), use_cache=False, **kw)
+    a = model.generate(num_images=3, do_sample=True, generator=gen(1), **kw)
+    b = model.generate(num_images=3, do_sample=True, generator=gen(1), use_cache=False, **kw)
     assert a.shape == (3, 4, 5)
     assert a.dtype == torch.long
     assert torch.equal(a, b)
-    assert not torch.equal(a, model.generate(num_images=3, generator=gen(2), **kw))
+    assert not torch.equal(a, model.generate(num_images=3, do_sample=True, generator=gen(2),
+                                             **kw))
 
 
 def test_log_likelihood_equals_sum_of_step_log_probs_of_the_cached_loop() -> None:
     model = small(num_classes=3)
     labels = torch.tensor([0, 2])
-    images = model.generate(num_images=2, generator=gen(0), class_label=labels)
+    images = model.generate(num_images=2, do_sample=True, generator=gen(0), class_label=labels)
     tokens = images.flatten(1)
     # step through with the KV cache, one pixel per call
     cache = model.make_cache()
@@ -70,11 +71,11 @@ def test_completion_keeps_the_prompt_pixels() -> None:
     model = small()
     full = torch.randint(0, 16, (2, 4, 5))
     top = full[:, :2]  # first two rows
-    out = model.generate(prompt=top, generator=gen(0))
+    out = model.generate(prompt=top, do_sample=True, generator=gen(0))
     assert out.shape == (2, 4, 5)
     assert torch.equal(out[:, :2], top)
     # a flat prompt of k pixels (not whole rows)
-    out = model.generate(prompt=full.flatten(1)[:, :7], generator=gen(0))
+    out = model.generate(prompt=full.flatten(1)[:, :7], do_sample=True, generator=gen(0))
     assert torch.equal(out.flatten(1)[:, :7], full.flatten(1)[:, :7])
     # a whole image as prompt is returned unchanged
     assert torch.equal(model.generate(prompt=full), full)
@@ -89,6 +90,24 @@ def test_greedy_completion_is_the_argmax_chain() -> None:
     assert torch.equal(logits[:, 6:].argmax(-1), out[:, 6:])
 
 
+def test_generate_is_greedy_by_default_and_stops_at_max_new_tokens() -> None:
+    """No do_sample: the argmax chain from the start token (no generator needed, the same
+    every call); max_new_tokens short of the image: the raster prefix of that chain."""
+    model = small()
+    whole = model.generate(num_images=2)
+    assert whole.shape == (2, 4, 5) and torch.equal(whole, model.generate(num_images=2))
+    tokens = whole.flatten(1)
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])  # row n: the logits of pixel n
+    assert torch.equal(logits.argmax(-1), tokens)
+    part = model.generate(num_images=2, max_new_tokens=7)
+    assert torch.equal(part, tokens[:, :7])
+    prompt = tokens[:, :3]
+    assert torch.equal(model.generate(prompt, 4), tokens[:, :7])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(prompt, 18)
+
+
 def test_class_conditioning_changes_logits_and_generate_runs() -> None:
     model = small(num_classes=4)
     x = torch.randint(0, 16, (1, 8))
@@ -98,10 +117,11 @@ def test_class_conditioning_changes_logits_and_generate_runs() -> None:
         l0_again = model(x, class_label=0)
     assert not torch.allclose(l0, l1)
     torch.testing.assert_close(l0, l0_again)
-    out = model.generate(num_images=4, class_label=torch.tensor([0, 1, 2, 3]), generator=gen(0))
+    out = model.generate(num_images=4, class_label=torch.tensor([0, 1, 2, 3]), do_sample=True,
+                         generator=gen(0))
     assert out.shape == (4, 4, 5)
     # the default labels are 0, 1, 2, ... and the sample is reproducible
-    same = model.generate(num_images=4, generator=gen(0))
+    same = model.generate(num_images=4, do_sample=True, generator=gen(0))
     assert torch.equal(out, same)
     with pytest.raises(ValueError, match="class_label"):
         model(x)
@@ -173,7 +193,8 @@ def test_sampling_follows_processed_distribution() -> None:
         model.transformer.norm.weight.zero_()  # final features = all ones
     logits = model.lm_head.weight.sum(1).detach()
     probs = process_logits(logits, temperature=0.5, top_k=3).softmax(-1)
-    draws = model.generate(num_images=4000, temperature=0.5, top_k=3, generator=gen(0))
+    draws = model.generate(num_images=4000, temperature=0.5, top_k=3, do_sample=True,
+                           generator=gen(0))
     freq = torch.bincount(draws.flatten(), minlength=4).float() / 4000
     assert freq[0] == 0  # cut by top_k
     torch.testing.assert_close(freq, probs, rtol=0, atol=0.03)
@@ -187,7 +208,7 @@ def test_preset_builds() -> None:
 
 def test_samples_can_be_trained_on() -> None:
     model = small()
-    images = model.generate(num_images=2, generator=gen(0))
+    images = model.generate(num_images=2, do_sample=True, generator=gen(0))
     model.train()
     loss = -model.log_likelihood(images).mean()
     loss.backward()
@@ -268,8 +289,9 @@ def test_sparse_attention_samples_the_same_with_and_without_the_cache(pattern: s
     model = ImageGPT(ImageGPTConfig(image_size=(4, 5), vocab_size=16, dim=32, depth=2, heads=4,
                                     mlp_dim=64, attention_pattern=pattern,
                                     attention_window=3)).eval()
-    a = model.generate(num_images=3, generator=gen(1))
-    assert torch.equal(a, model.generate(num_images=3, generator=gen(1), use_cache=False))
+    a = model.generate(num_images=3, do_sample=True, generator=gen(1))
+    assert torch.equal(a, model.generate(num_images=3, do_sample=True, generator=gen(1),
+                                         use_cache=False))
 
 
 def test_sliding_window_limits_what_a_pixel_sees() -> None:
@@ -299,7 +321,7 @@ def test_sampling_gives_the_tokens_of_a_plain_full_forward_loop() -> None:
     far, softmax of the last logits, one multinomial draw from the same generator."""
     torch.manual_seed(0)
     model = small(image_size=(3, 3), vocab=16).eval()
-    ours = model.generate(num_images=3, generator=torch.Generator().manual_seed(7))
+    ours = model.generate(num_images=3, do_sample=True, generator=torch.Generator().manual_seed(7))
     gen = torch.Generator().manual_seed(7)
     ids = torch.zeros(3, 0, dtype=torch.long)
     with torch.no_grad():

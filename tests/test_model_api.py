@@ -4,6 +4,7 @@ model class and every preset: a new model or preset is checked here without a ne
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,10 @@ import torch
 from torch import nn
 
 import multimodal as mm
+from multimodal.generation import generate as generation_loop
 from multimodal.hub import create_model, list_presets
-from multimodal.models.api import MODALITIES, Model
+from multimodal.models.api import GENERATE_DEFAULTS, MODALITIES, AttentionMaps, Model
+from multimodal.models.codec_lm import CodecAR
 from multimodal.weights import MODEL_CLASSES
 
 
@@ -48,7 +51,7 @@ CASES = [pytest.param(_class_model, n, id=f"class-{n}") for n in sorted(MODEL_CL
 # how each decoding model is asked to decode a little, from its example inputs
 GENERATE = {
     "TextDecoder": lambda m, x: m.generate(x[0], max_new_tokens=2),
-    "ImageGPT": lambda m, x: m.generate(num_images=1),
+    "ImageGPT": lambda m, x: m.generate(num_images=1, max_new_tokens=2),
     "Captioner": lambda m, x: m.generate(x[0], max_new_tokens=2),
     "Seq2Seq": lambda m, x: m.generate(x[0], max_new_tokens=2),
     "RNNSeq2Seq": lambda m, x: m.generate(x[0], max_new_tokens=2),
@@ -101,11 +104,142 @@ def test_contract(build: Any, name: str, tmp_path: Path) -> None:
         with torch.no_grad():
             torch.testing.assert_close(loaded(*inputs), out)
 
+    _check_head_signatures(model)
+    _check_attention_maps(model, inputs, features)
+
     kind = type(model).__name__
     assert hasattr(model, "generate") == (kind in GENERATE)
     if kind in GENERATE:
         ids = GENERATE[kind](model, inputs)
         assert ids.dtype == torch.long and ids.shape[0] >= 1
+
+
+def _check_head_signatures(model: nn.Module) -> None:
+    """``pool(features, *, attention_mask=None)`` and ``forward_head(features,
+    pre_logits=False, *, attention_mask=None)``: the same parameters, kinds and defaults
+    for every model."""
+    kw_only, positional = inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD
+    pool = list(inspect.signature(model.pool).parameters.values())
+    head = list(inspect.signature(model.forward_head).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in pool] == [
+        ("features", positional, inspect.Parameter.empty), ("attention_mask", kw_only, None)]
+    assert [(p.name, p.kind, p.default) for p in head] == [
+        ("features", positional, inspect.Parameter.empty), ("pre_logits", positional, False),
+        ("attention_mask", kw_only, None)]
+
+
+def _check_attention_maps(model: nn.Module, inputs: tuple, features: torch.Tensor) -> None:
+    """Where a model returns attention (``return_attention=True`` of ``forward_features``
+    and of ``forward``), it is ``(output, AttentionMaps)``: lists of per-layer
+    (B, heads, queries, keys) probability maps, one query row per feature row."""
+    calls = [("forward_features", model.forward_features, features)]
+    if "return_attention" in inspect.signature(model.forward).parameters:
+        with torch.no_grad():
+            calls.append(("forward", model, model(*inputs)))
+    for name, fn, plain in calls:
+        if name == "forward_features" and \
+                "return_attention" not in inspect.signature(fn).parameters:
+            continue
+        with torch.no_grad():
+            out, maps = fn(*inputs, return_attention=True)
+        torch.testing.assert_close(out, plain)
+        assert type(maps) is AttentionMaps, f"{name}: {type(maps).__name__}"
+        assert isinstance(maps.self_attn, list) and isinstance(maps.cross_attn, list)
+        # only the RNN baseline without attention (attention="none") has no map
+        assert maps.self_attn or maps.cross_attn or model.config.attention == "none"
+        for m in maps.self_attn + maps.cross_attn:
+            assert m.dim() == 4 and m.shape[0] == inputs[0].shape[0]
+            assert m.shape[2] == features.shape[1]
+            torch.testing.assert_close(m.sum(-1), torch.ones_like(m.sum(-1)))
+        for m in maps.self_attn:
+            assert m.shape[-1] == m.shape[-2]
+
+
+def _padded_and_alone(model: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The second example input padded at its end (junk in the padding, ``attention_mask``
+    0 there) -> its pooled features, and the same input without the padding alone ->
+    its pooled features; and how many positions were padding."""
+    inputs = model.example_inputs(2)
+    if name == "AudioClassifier":
+        (features,) = inputs
+        frames = features.shape[1]
+        keep = frames // 2
+        feats, mask = model.forward_features(features, torch.tensor([frames, keep]),
+                                             return_attention_mask=True)
+        alone = model.forward_features(features[1:2, :keep])
+        return (model.pool(feats, attention_mask=mask)[1], model.pool(alone)[0],
+                int((~mask[1]).sum()))
+    *sources, ids = inputs
+    keep = max(ids.shape[1] - 2, 1)
+    padded = ids.clone()
+    padded[1, keep:] = ids[0, keep:]  # junk: other valid tokens
+    mask = torch.ones_like(ids)
+    mask[1, keep:] = 0
+    takes_mask = "attention_mask" in inspect.signature(model.forward_features).parameters
+    extra = (mask,) if takes_mask else ()
+    feats = model.forward_features(*sources, padded, *extra)
+    alone = model.forward_features(*(x[1:2] for x in sources), ids[1:2, :keep])
+    return model.pool(feats, attention_mask=mask)[1], model.pool(alone)[0], ids.shape[1] - keep
+
+
+# models whose inputs never pad (images; CLIP's features are one row per tower)
+UNPADDED = {"ViT", "CLIP", "ImageGPT"}
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_CLASSES))
+def test_padding_changes_nothing_for_real_tokens(name: str) -> None:
+    """Pooling a padded input under its ``attention_mask`` (1 = real token) gives what the
+    unpadded input gives alone; models whose inputs never pad pool the same under an
+    all-ones mask as without one."""
+    torch.manual_seed(0)
+    model = _class_model(name)
+    if name == "AudioClassifier":  # the mean over real tokens (the class token never pads)
+        model = type(model)(dataclasses.replace(model.config, pool="mean")).eval()
+    with torch.no_grad():
+        if name in UNPADDED:
+            features = model.forward_features(*model.example_inputs(2))
+            ones = torch.ones(features.shape[:2], dtype=torch.long)
+            assert torch.equal(model.pool(features, attention_mask=ones), model.pool(features))
+            assert torch.equal(model.forward_head(features, attention_mask=ones),
+                               model.forward_head(features))
+            return
+        padded, alone, pads = _padded_and_alone(model, name)
+    assert pads > 0
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=1e-4)
+
+
+def test_vit_mean_pool_averages_the_real_patches_only() -> None:
+    """``mean`` pooling under a mask: ``sum_n m_n x_n / sum_n m_n`` over the patch tokens."""
+    vit = mm.ViT(mm.ViTConfig(image_size=8, patch_size=4, dim=8, depth=1, heads=2,
+                              pool="mean")).eval()
+    features = torch.randn(2, vit.num_prefix_tokens + 4, 8)
+    mask = torch.ones(2, features.shape[1], dtype=torch.long)
+    mask[1, -2:] = 0
+    pooled = vit.pool(features, attention_mask=mask)
+    p = vit.num_prefix_tokens
+    torch.testing.assert_close(pooled[0], features[0, p:].mean(0))
+    torch.testing.assert_close(pooled[1], features[1, p:-2].mean(0))
+
+
+def test_every_generate_takes_the_same_decoding_arguments() -> None:
+    """Every model's ``generate`` names the shared decoding arguments with the shared
+    defaults (greedy unless do_sample=True), keyword-only, and they are the decoding loop's
+    own defaults; ``max_new_tokens`` defaults to the room left (TextDecoder: 20)."""
+    loop = inspect.signature(generation_loop).parameters
+    for key, value in GENERATE_DEFAULTS.items():
+        assert loop[key].default == value, key
+    decoders = [c for c in MODEL_CLASSES.values() if hasattr(c, "generate")] + [CodecAR]
+    assert {c.__name__ for c in decoders} >= {"TextDecoder", "ImageGPT", "Captioner",
+                                              "Seq2Seq", "RNNSeq2Seq", "Whisper", "CodecAR"}
+    for cls in decoders:
+        params = inspect.signature(cls.generate).parameters
+        for key, value in GENERATE_DEFAULTS.items():
+            assert key in params, f"{cls.__name__}.generate lacks {key}"
+            assert params[key].default == value, (cls.__name__, key, params[key].default)
+            assert params[key].kind is inspect.Parameter.KEYWORD_ONLY, (cls.__name__, key)
+        assert "max_new_tokens" in params, cls.__name__
+        want = 20 if cls is mm.TextDecoder else None  # the room left; open-ended text: 20
+        assert params["max_new_tokens"].default == want, cls.__name__
 
 
 def test_pool_follows_the_mask() -> None:

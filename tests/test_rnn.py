@@ -91,7 +91,10 @@ def test_model_attention_weights_follow_the_formula(attention: str) -> None:
     model = make("gru", attention)
     src, mask, tgt = batch()
     with torch.no_grad():
-        _, weights = model(src, tgt, mask, return_attention=True)
+        _, maps = model(src, tgt, mask, return_attention=True)
+        assert maps.self_attn == [] and len(maps.cross_attn) == 1
+        assert maps.cross_attn[0].shape == (3, 1, tgt.shape[1], src.shape[1])
+        weights = maps.cross_attn[0][:, 0]
         memory, _, state = model.encode(src, mask)
         out, _ = model.decoder.rnn(model.decoder.embed(tgt), state[:, 0].transpose(0, 1)
                                    .contiguous())
@@ -122,7 +125,8 @@ def test_source_padding_changes_nothing(cell: str, attention: str) -> None:
     src, mask, tgt = batch()
     junk = src.masked_fill(mask == 0, 13)
     with torch.no_grad():
-        logits, weights = model(src, tgt, mask, return_attention=True)
+        logits, maps = model(src, tgt, mask, return_attention=True)
+        weights = maps.cross_attn[0][:, 0] if maps.cross_attn else None
         logits_junk = model(junk, tgt, mask)
         longer = torch.cat([src, torch.full((3, 3), PAD_ID)], 1)
         longer_mask = torch.cat([mask, torch.zeros(3, 3, dtype=mask.dtype)], 1)

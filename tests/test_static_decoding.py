@@ -130,7 +130,8 @@ def test_image_gpt_captioner_and_codec_lm_decode_the_same_statically(
     torch.manual_seed(0)
     igpt = ImageGPT(ImageGPTConfig(image_size=6, vocab_size=16, dim=32, depth=2, heads=2,
                                    num_classes=3)).eval()
-    runs = [igpt.generate(3, generator=torch.Generator().manual_seed(3), static_cache=s)
+    runs = [igpt.generate(num_images=3, do_sample=True,
+                          generator=torch.Generator().manual_seed(3), static_cache=s)
             for s in (False, True)]
     assert torch.equal(*runs) and count_static_steps[0] == 34
 
@@ -266,7 +267,8 @@ def test_compiled_image_gpt_samples_the_eager_images() -> None:
     torch.manual_seed(0)
     igpt = ImageGPT(ImageGPTConfig(image_size=8, vocab_size=16, dim=32, depth=2,
                                    heads=2)).eval()
-    runs = [igpt.generate(4, generator=torch.Generator().manual_seed(3), compile=c)
+    runs = [igpt.generate(num_images=4, do_sample=True,
+                          generator=torch.Generator().manual_seed(3), compile=c)
             for c in (False, True)]
     assert torch.equal(*runs)
 

@@ -100,8 +100,8 @@ def test_attention_maps_are_row_stochastic_and_match_logits():
     vit = tiny()
     x = torch.randn(2, 3, 32, 32)
     logits, maps = vit(x, return_attention=True)
-    assert len(maps) == 2
-    for a in maps:
+    assert len(maps.self_attn) == 2 and maps.cross_attn == []
+    for a in maps.self_attn:
         assert a.shape == (2, 4, 17, 17)
         assert (a >= 0).all()
         torch.testing.assert_close(a.sum(-1), torch.ones(2, 4, 17))

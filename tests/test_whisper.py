@@ -334,10 +334,10 @@ def test_cross_attention_maps_equal_transformers_cross_attentions():
         want = hf(input_features=feats.transpose(1, 2), decoder_input_ids=ids,
                   output_attentions=True)
         hidden, maps = ours.forward_features(feats, ids, return_attention=True)
-    assert len(maps["cross"]) == len(want.cross_attentions) == 2
-    for got, ref in zip(maps["cross"], want.cross_attentions, strict=True):
+    assert len(maps.cross_attn) == len(want.cross_attentions) == 2
+    for got, ref in zip(maps.cross_attn, want.cross_attentions, strict=True):
         assert got.shape == ref.shape == (2, 4, ids.shape[1], MEL_FRAMES // 2)
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
-    for got, ref in zip(maps["self"], want.decoder_attentions, strict=True):
+    for got, ref in zip(maps.self_attn, want.decoder_attentions, strict=True):
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.forward_head(hidden), want.logits, atol=1e-4, rtol=0)
