@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from multimodal.data.audio import read_manifest, split_voices
+from multimodal.data.sources.spoken_words import read_manifest, split_voices
 from multimodal.tokenizers.audio import load_audio
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 

@@ -14,7 +14,7 @@ from torch import nn
 import multimodal as mm
 from multimodal.hub import create_model, list_presets
 from multimodal.models.api import MODALITIES, Model
-from multimodal.weights import MODEL_CLASSES
+from multimodal.registry import MODEL_CLASSES
 
 
 def _shallow(config: Any) -> Any:

@@ -123,7 +123,7 @@ def _cli_precision(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPa
                    bf16: bool) -> tuple[str, list[str]]:
     """Run the CLI up to the built trainer on a CPU whose bf16 support is ``bf16``; the
     trainer's precision and the precision lines logged."""
-    from multimodal.cli import MultimodalCLI, main
+    from multimodal.cli.main import MultimodalCLI, main
 
     monkeypatch.setattr(precision_module, "native_bf16", lambda *a, **k: bf16)
 
