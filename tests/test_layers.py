@@ -203,6 +203,18 @@ def _module_name_in(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def test_the_walker_sees_every_folder() -> None:
+    """The entry points, the figures and the learned embeddings are walked like the rest."""
+    modules = _modules()
+    assert {"multimodal.cli.main", "multimodal.cli.prepare", "multimodal.cli.callbacks",
+            "multimodal.cli.inference", "multimodal.plots.figures", "multimodal.plots.pixels",
+            "multimodal.plots.attention", "multimodal.nn.embed",
+            "multimodal.tokenizers.kmeans"} <= set(modules)
+    assert _package("multimodal.plots.pixels") == "plots.pixels"
+    assert _package("multimodal.plots.figures") == "plots"
+    assert _package("multimodal.nn.embed") == "nn"
+
+
 def test_no_import_cycles() -> None:
     cycles = find_cycles(_graph())
     assert cycles == [], "import cycles (module-level and function-level imports):\n" + "\n".join(

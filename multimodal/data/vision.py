@@ -307,7 +307,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
 
     def _file_statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Mean and std over the pixels of up to ``stats_samples`` training images (seeded
-        choice), each resized to ``image_size`` (:func:`~.images.pixel_statistics`)."""
+        choice), each resized to ``image_size`` (:func:`~.vision_datasets.pixel_statistics`)."""
         resize = image_transform(
             ImageTransformConfig(self.image_size, (0.0,) * self.in_channels,
                                  (1.0,) * self.in_channels), train=False
