@@ -261,3 +261,27 @@ def test_lower_layers_import_no_models(roots: tuple[str, ...]) -> None:
     assert [m for m in ours if m.split(".")[1] in {"models", "hub", "convert", "tasks",
                                                      "data", "cli"}] == []
     assert [m for m in loaded if m.split(".")[0] == "lightning"] == []
+
+
+def test_tokenizers_have_no_learned_weights() -> None:
+    """Every learned layer is in ``nn`` (``nn/embed.py`` for the patch / frame embeddings):
+    the modules that tokenizers define hold buffers (normalisation statistics, codebooks
+    fitted by k-means) but no trainable parameters."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from torch import nn
+
+    import multimodal.tokenizers as tokenizers
+
+    built = {"RVQ": lambda cls: cls(2, 4, 3)}  # the codec's residual quantiser
+    with_weights = []
+    for info in pkgutil.iter_modules(tokenizers.__path__):
+        module = importlib.import_module(f"multimodal.tokenizers.{info.name}")
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, nn.Module) and cls.__module__ == module.__name__:
+                instance = built.get(name, lambda c: c())(cls)
+                if list(instance.parameters()):
+                    with_weights.append(f"{module.__name__}.{name}")
+    assert with_weights == []
