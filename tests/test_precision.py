@@ -54,13 +54,13 @@ def test_choose_precision_as_documented() -> None:
 import logging  # noqa: E402
 
 import multimodal.precision as precision_module  # noqa: E402
+from multimodal.cli.precision import auto_precision, model_shape  # noqa: E402
 from multimodal.models.audio import AudioClassifierConfig  # noqa: E402
 from multimodal.models.clip import CLIPConfig  # noqa: E402
 from multimodal.models.image_gpt import ImageGPTConfig  # noqa: E402
 from multimodal.models.seq2seq import Seq2SeqConfig  # noqa: E402
 from multimodal.models.text import TextDecoderConfig  # noqa: E402
 from multimodal.models.vit import ViTConfig  # noqa: E402
-from multimodal.precision import auto_precision, model_shape  # noqa: E402
 
 
 def test_model_shape_reads_width_and_tokens_per_sample() -> None:

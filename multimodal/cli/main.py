@@ -34,7 +34,7 @@ a task's ``save_dir``, a tokenizer file) is replaced by the root after the comma
 overrides are read. See :func:`place_run_outputs`.
 
 Precision: with ``trainer.precision`` unset (or ``null``) the run picks it by
-:func:`multimodal.precision.auto_precision` (bf16 autocast on a GPU with bf16, and on a CPU
+:func:`multimodal.cli.precision.auto_precision` (bf16 autocast on a GPU with bf16, and on a CPU
 with native bf16 for models above the measured size threshold; fp32 elsewhere; see
 docs/precision.md); ``--trainer.precision 32-true`` (or any Lightning precision) overrides
 it. Either way the run logs one line ``precision: <value> (<why>)``.
@@ -56,7 +56,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from multimodal.cli.callbacks import EpochSummary, Preemption, resume_checkpoint
-from multimodal.precision import auto_precision
+from multimodal.cli.precision import auto_precision
 from multimodal.progress import is_terminal
 
 ROOT_PLACEHOLDER = "${trainer.default_root_dir}"
