@@ -18,9 +18,9 @@ from collections import Counter
 import torch
 
 from multimodal.data.captions import CaptionDataModule
-from multimodal.data.scenes import caption_matches_scene, parse_caption
+from multimodal.data.sources.scenes import caption_matches_scene, parse_caption
 from multimodal.models.captioner import decode_captions
-from multimodal.plots_attention import load_captioner
+from multimodal.plots.attention import load_captioner
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,9 +2,9 @@
 
 Fits the codebooks (K entries each, Q = max of ``--codebooks``) on clips of the training
 voices of the offline spoken-words set (``data/cache/spoken_words``, split by voice with
-:func:`multimodal.data.audio.split_voices`, seed 0, the classifier's default split), then, on
-clips of the held-out test voices, for each ``q`` in ``--codebooks`` (RVQ is greedy, so the
-first ``q`` codebooks of one fit are the ``q``-codebook codec):
+:func:`multimodal.data.sources.spoken_words.split_voices`, seed 0, the classifier's default
+split), then, on clips of the held-out test voices, for each ``q`` in ``--codebooks`` (RVQ is
+greedy, so the first ``q`` codebooks of one fit are the ``q``-codebook codec):
 
 * ``quantised``: RMS over frames and mel bins of ``x - x_hat`` (natural-log mel power; the
   codec's own log-mel, offset 1e-5), i.e. the error of the tokens alone;
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from multimodal.data.audio import read_manifest, split_voices
+from multimodal.data.sources.spoken_words import read_manifest, split_voices
 from multimodal.tokenizers.audio import load_audio
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 

@@ -46,7 +46,7 @@ def write_folder(root: Path, n: int) -> Path:
     """``n`` Fashion-MNIST training images as ``root/<class>/<i>.png`` (kept between runs)."""
     from torchvision.io import write_png
 
-    from multimodal.data.vision import load_fashion_mnist
+    from multimodal.data.sources.fashion_mnist import load_fashion_mnist
 
     folder = root / f"fmnist_png_{n}"
     done = folder / ".complete"
@@ -106,7 +106,7 @@ def throughput(args: argparse.Namespace) -> None:
     shards = work / f"fmnist_shards_{args.files}_{args.image_size}_min{MIN_CHUNKS}chunks"
     if not (shards / "multimodal.json").exists():
         # in its own process: LitData's writer threads would stay behind in this one
-        subprocess.run([sys.executable, "-m", "multimodal.prepare", "images", str(folder),
+        subprocess.run([sys.executable, "-m", "multimodal.cli.prepare", "images", str(folder),
                         str(shards), "--image-size", str(args.image_size), "--val-size",
                         "0.05", "--test-size", "0.05"], check=True)
     rows = []

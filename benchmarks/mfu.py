@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import multimodal as mm
-from multimodal.tokenizers.image import _pair
+from multimodal.nn.embed import _pair
 
 VIT_B16 = dict(image_size=224, patch_size=16, in_channels=3, num_classes=1000, dim=768,
                depth=12, heads=12, mlp_dim=3072)

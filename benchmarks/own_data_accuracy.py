@@ -152,7 +152,7 @@ def main() -> None:
         return
     write_split_manifests(folder, folder)
     if not (work / "shards" / "multimodal.json").exists():
-        subprocess.run([sys.executable, "-m", "multimodal.prepare", "images",
+        subprocess.run([sys.executable, "-m", "multimodal.cli.prepare", "images",
                         str(folder / "train.csv"), str(work / "shards"),
                         "--val", str(folder / "val.csv"), "--test", str(folder / "test")],
                        check=True)

@@ -1,5 +1,5 @@
 """fp32 vs bf16 autocast on this machine, per model size: where ``precision: auto`` should
-switch (multimodal/precision.py, docs/precision.md).
+switch (multimodal/precision.py, multimodal/cli/precision.py, docs/precision.md).
 
 For each ViT size, one process, the same threads and batch: a training step (forward +
 cross-entropy + backward + AdamW, fp32 weights and optimizer state) and inference (forward
@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import multimodal as mm
-from multimodal.precision import BF16_FLAGS, choose_precision, cpu_flags, model_shape
+from multimodal.cli.precision import model_shape
+from multimodal.precision import BF16_FLAGS, choose_precision, cpu_flags
 
 
 @dataclass(frozen=True)

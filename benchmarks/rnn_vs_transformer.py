@@ -67,7 +67,7 @@ from multimodal.data.numbers import (
 from multimodal.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
 from multimodal.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from multimodal.models.text import TextDecoderConfig, TextEncoderConfig
-from multimodal.plots import _pyplot, save_figure
+from multimodal.plots.figures import _pyplot, save_figure
 from multimodal.tasks.seq2seq import Seq2SeqTask, exact_match
 from multimodal.tokenizers.text import PAD_ID
 

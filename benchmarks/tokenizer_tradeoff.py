@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from multimodal.data.text import SOURCES, load_corpus, split_documents, split_sentences
+from multimodal.data.documents import split_documents, split_sentences
+from multimodal.data.sources.corpora import SOURCES, load_corpus
 from multimodal.tokenizers.text import (
     CharTokenizer,
     TextTokenizer,

@@ -1,4 +1,4 @@
-"""Text-to-speech evaluation (issue 21): the codec round trip, intelligibility, speaker
+"""Text-to-speech evaluation: the codec round trip, intelligibility, speaker
 prompting and real-time factor, judged by models trained here on recorded synthesis.
 
 Judges (``data/cache/tts/judges/``, made as data/README.md says):

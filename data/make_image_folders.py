@@ -21,7 +21,7 @@ from pathlib import Path
 def fashion_mnist(out: Path) -> None:
     from torchvision.io import write_png
 
-    from multimodal.data.vision import FASHION_MNIST_CLASSES, load_fashion_mnist
+    from multimodal.data.sources.fashion_mnist import FASHION_MNIST_CLASSES, load_fashion_mnist
 
     folders = [f"{k}_{name.replace('/', '_')}" for k, name in enumerate(FASHION_MNIST_CLASSES)]
     for split in ("train", "test"):
@@ -34,7 +34,7 @@ def fashion_mnist(out: Path) -> None:
 
 
 def emoji(out: Path) -> None:
-    from multimodal.data.emoji import load_emoji_records
+    from multimodal.data.sources.emoji import load_emoji_records
 
     records = load_emoji_records()
     for r in records:

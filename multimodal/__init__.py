@@ -20,7 +20,7 @@ _EXPORTS: dict[str, str] = {
     "TransformerConfig": "multimodal.nn.block",
     "KVCache": "multimodal.nn.cache",
     # models
-    "PatchEmbed": "multimodal.tokenizers.image",
+    "PatchEmbed": "multimodal.nn.embed",
     "ViT": "multimodal.models.vit",
     "ViTConfig": "multimodal.models.vit",
     "TextDecoder": "multimodal.models.text",
@@ -58,10 +58,10 @@ _EXPORTS: dict[str, str] = {
     "load_lora": "multimodal.nn.lora",
     "LoRALinear": "multimodal.nn.lora",
     "merge_lora": "multimodal.nn.lora",
-    # Hugging Face layout folders and transformers models (issue 18)
+    # Hugging Face layout folders and transformers models
     "from_hf": "multimodal.convert",
     "HFTokenizer": "multimodal.tokenizers.hf_json",  # a Hugging Face tokenizer.json
-    "chat": "multimodal.chat",  # one chat turn through a tokenizer's chat template (issue 34)
+    "chat": "multimodal.chat",  # one chat turn through a tokenizer's chat template
     "ImagePreprocessor": "multimodal.convert.hf_preprocess",  # preprocessor_config.json (images)
     "mean_pool": "multimodal.nn.pool",  # the one masked mean pooling
     # inference over folders of inputs (multimodal embed / zero-shot / caption)
@@ -70,12 +70,12 @@ _EXPORTS: dict[str, str] = {
     "caption": "multimodal.inference",
     "read_embeddings": "multimodal.inference",
     "TokenFeatures": "multimodal.hub",
-    # CPU precision by hardware and model size (issue 20)
+    # CPU precision by hardware and model size
     "choose_precision": "multimodal.precision",
     "native_bf16": "multimodal.precision",
-    "synthesize": "multimodal.synthesis",  # text-to-speech (issue 21)
-    "CodecLM": "multimodal.models.codec_lm",  # VALL-E AR + NAR (issue 21)
-    # speech recognition with a real Whisper (issue 34)
+    "synthesize": "multimodal.synthesis",  # text-to-speech
+    "CodecLM": "multimodal.models.codec_lm",  # VALL-E AR + NAR
+    # speech recognition with a real Whisper
     "Whisper": "multimodal.models.whisper",
     "WhisperConfig": "multimodal.models.whisper",
     "transcribe": "multimodal.asr",

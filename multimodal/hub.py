@@ -3,8 +3,7 @@ encoders as feature extractors, presets by name.
 
 This module sits above the models (it imports them all, so every class and preset is
 registered). The weight format itself (``config.json`` + ``model.safetensors``,
-``PretrainedMixin``, safe loading) is :mod:`multimodal.weights`, below the models; its
-names are re-exported here for code written against the old single module.
+``PretrainedMixin``, safe loading) is :mod:`multimodal.weights`, below the models.
 
 >>> model.save_pretrained("out/vit")
 >>> same = multimodal.from_pretrained("out/vit")
@@ -35,21 +34,17 @@ from multimodal.convert.hf_preprocess import (
 )
 from multimodal.models.api import Model
 from multimodal.nn.pool import pool_tokens
-from multimodal.registry import PRESETS
+from multimodal.registry import MODEL_CLASSES, PRESETS
 from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
 from multimodal.tokenizers.text import load_tokenizer
 from multimodal.weights import (
     CONFIG_NAME,
-    FORMAT_VERSION,
-    MODEL_CLASSES,
     WEIGHTS_NAME,
-    PretrainedMixin,
     build_model,
     check_against_header,
     check_depth,
     compare_shapes,
     config_from_dict,
-    config_to_dict,
     load_safetensors,
     load_state_dict_checked,
     meta_model,
@@ -720,11 +715,10 @@ def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
     return model, None
 
 
-__all__ = [  # the weight-format names are re-exported for code that imported them from here
-    "CHECKPOINT_HINT", "CONFIG_NAME", "FORMAT_VERSION", "MODEL_CLASSES", "TOKENIZER_NAME",
-    "WEIGHTS_NAME", "Encoder", "PretrainedMixin", "TokenFeatures",
-    "checkpoint_image_preprocessor", "checkpoint_tokenizer", "config_from_dict", "config_to_dict",
-    "create_model", "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
-    "load_encoder", "load_safetensors", "load_state_dict_checked", "model_from_checkpoint",
-    "read_checkpoint", "read_config", "sniff_checkpoint", "tokenizer_from_json",
+__all__ = [
+    "CHECKPOINT_HINT", "TOKENIZER_NAME", "Encoder", "TokenFeatures",
+    "checkpoint_image_preprocessor", "checkpoint_tokenizer", "create_model",
+    "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
+    "load_encoder", "model_from_checkpoint", "read_checkpoint", "read_config",
+    "sniff_checkpoint", "tokenizer_from_json",
 ]

@@ -1,7 +1,7 @@
 """Inference over folders of inputs: embed, zero-shot classify, caption.
 
 The loops behind ``multimodal embed`` / ``zero-shot`` / ``caption`` (thin command-line
-front ends in :mod:`multimodal.inference_cli`), usable from Python as ``mm.embed``,
+front ends in :mod:`multimodal.cli.inference`), usable from Python as ``mm.embed``,
 ``mm.zero_shot`` and ``mm.caption``.
 
 Inputs (:func:`collect_inputs`) are a folder, searched recursively in sorted order (images

@@ -1,5 +1,5 @@
 """Faster encoder inference on a CPU: a compiled forward, a measured precision, and int8
-dynamic quantisation of the Linear layers (issue 31).
+dynamic quantisation of the Linear layers.
 
 Functions on a model, each returning the model to use:
 

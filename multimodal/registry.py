@@ -1,21 +1,32 @@
 """Named presets and model classes, registered by the models themselves.
 
-This module sits below the models (it imports none): a model module registers its class with
-:func:`register_model` and its presets with :func:`register_preset` /
-:func:`register_config_preset`. Building a preset by name needs every model imported, so
-``create_model`` / ``list_presets`` live above the models, in :mod:`multimodal.hub`.
+This module sits below the models and the weight format (it imports nothing of the
+package): a model module registers its class with :func:`register_model` (under its name,
+the ``model_type`` that ``save_pretrained`` writes) and its presets with
+:func:`register_preset` / :func:`register_config_preset`. Building a preset by name needs
+every model imported, so ``create_model`` / ``list_presets`` live above the models, in
+:mod:`multimodal.hub`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import nn
 
-from multimodal.weights import MODEL_CLASSES, register_model
-
+MODEL_CLASSES: dict[str, type[nn.Module]] = {}
 PRESETS: dict[str, Callable[..., nn.Module]] = {}
+
+
+C = TypeVar("C", bound=type)
+
+
+def register_model(cls: C) -> C:
+    """Class decorator: record ``cls`` under its name, the ``model_type`` that
+    ``save_pretrained`` writes, so :func:`multimodal.from_pretrained` can rebuild it."""
+    MODEL_CLASSES[cls.__name__] = cls
+    return cls
 
 
 def register_preset(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:

@@ -1,8 +1,9 @@
 """The weight format: ``config.json`` + ``model.safetensors``; no pickle anywhere.
 
 This module sits below the models: it knows how a model's config and weights are written and
-read, and keeps the registry of model classes (``model_type`` -> class) that models add
-themselves to with :func:`register_model`. It never imports a model; what needs every model
+read, and finds a ``model_type``'s class in :data:`multimodal.registry.MODEL_CLASSES` (the
+classes models register with :func:`multimodal.registry.register_model`). It never imports
+a model; what needs every model
 (``multimodal.from_pretrained`` by ``model_type``, checkpoints, encoders) is in
 :mod:`multimodal.hub`, above the models.
 
@@ -27,21 +28,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 from torch import Tensor, nn
 
+from multimodal.registry import MODEL_CLASSES
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
 
-MODEL_CLASSES: dict[str, type[nn.Module]] = {}
-
 M = TypeVar("M", bound="PretrainedMixin")
-C = TypeVar("C", bound=type)
-
-
-def register_model(cls: C) -> C:
-    """Class decorator: record ``cls`` under its name, the ``model_type`` that
-    ``save_pretrained`` writes, so :func:`multimodal.from_pretrained` can rebuild it."""
-    MODEL_CLASSES[cls.__name__] = cls
-    return cls
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -444,7 +437,6 @@ def _is_tied_alias(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -
 __all__ = [
     "CONFIG_NAME",
     "FORMAT_VERSION",
-    "MODEL_CLASSES",
     "WEIGHTS_NAME",
     "PretrainedMixin",
     "build_model",
@@ -460,5 +452,4 @@ __all__ = [
     "name_list",
     "read_meta",
     "read_safetensors_header",
-    "register_model",
 ]

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 import multimodal as mm
-from multimodal.data.audio import AudioBatchCollate, AudioFolderDataset
+from multimodal.data.audio_datasets import AudioBatchCollate, AudioFolderDataset
 from multimodal.models.audio import AudioClassifier, AudioClassifierConfig
 from multimodal.tasks import ClassificationTask
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer, load_audio
@@ -299,9 +299,9 @@ def test_tiny_model_learns_two_tones() -> None:
 def test_cli_fit_then_predict_spoken_words(tmp_path: Path, capsys) -> None:
     """The spoken-words config end to end on a slice of the data: fit, test, then predict a
     folder of raw files from the held-out test voices with the checkpoint."""
-    from multimodal.cli import main as cli_main
-    from multimodal.data.audio import DEFAULT_ROOT, read_manifest, split_voices
-    from multimodal.data.audio import SPOKEN_WORDS as rows_words
+    from multimodal.cli.main import main as cli_main
+    from multimodal.data.sources.spoken_words import DEFAULT_ROOT, read_manifest, split_voices
+    from multimodal.data.sources.spoken_words import SPOKEN_WORDS as rows_words
 
     words = DEFAULT_ROOT / "spoken_words"
     if not (words / "manifest.csv").is_file():

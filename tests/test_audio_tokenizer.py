@@ -10,14 +10,8 @@ import soundfile as sf
 import torch
 import torchaudio
 
-from multimodal.tokenizers.audio import (
-    AudioFeatureConfig,
-    AudioFrameTokenizer,
-    FrameEmbed,
-    SpecAugment,
-    SpectrogramPatchEmbed,
-    load_audio,
-)
+from multimodal.nn.embed import FrameEmbed, SpecAugment, SpectrogramPatchEmbed
+from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer, load_audio
 
 torch.set_num_threads(1)
 

@@ -16,7 +16,8 @@ import multimodal as mm
 from multimodal.hub import load_checkpoint
 from multimodal.models.backbone import BACKBONE_FIELDS, model_config
 from multimodal.nn.block import TransformerConfig
-from multimodal.weights import MODEL_CLASSES, config_from_dict, config_to_dict
+from multimodal.registry import MODEL_CLASSES
+from multimodal.weights import config_from_dict, config_to_dict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "flat_configs"
 

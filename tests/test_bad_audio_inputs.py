@@ -194,7 +194,7 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path, name):
 
 
 def test_speak_cli_says_not_a_checkpoint_without_a_traceback(tmp_path, capsys):
-    from multimodal.cli import main
+    from multimodal.cli.main import main
 
     (tmp_path / "notes.ckpt").write_text("hello\n")
     sf.write(tmp_path / "voice.wav", _speechlike(), SR)

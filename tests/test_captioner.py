@@ -297,7 +297,7 @@ def test_task_tokenizer_travels_in_checkpoint(model: Captioner) -> None:
 
 def test_task_scene_check_lines_up_with_test_split() -> None:
     from multimodal.data.captions import CaptionDataModule
-    from multimodal.data.scenes import caption_matches_scene
+    from multimodal.data.sources.scenes import caption_matches_scene
     from multimodal.tasks.captioning import CaptioningTask
 
     dm = CaptionDataModule("scenes", image_size=16, num_train=8, num_val=4, num_test=6,
@@ -318,7 +318,7 @@ def test_task_scene_check_lines_up_with_test_split() -> None:
 
 
 def test_attention_figures(model: Captioner, images: torch.Tensor, tmp_path) -> None:
-    from multimodal.plots_attention import plot_captions, plot_cross_attention
+    from multimodal.plots.attention import plot_captions, plot_cross_attention
 
     ids = model.generate(images, max_new_tokens=4, eos_token_id=-1)
     maps = model.cross_attention_maps(images, ids)

@@ -12,8 +12,8 @@ import torch
 import torchvision
 
 import multimodal as mm
-from multimodal.callbacks import EpochSummary
-from multimodal.cli import main as cli_main
+from multimodal.cli.callbacks import EpochSummary
+from multimodal.cli.main import main as cli_main
 from multimodal.data.vision import ImageClassificationDataModule
 from multimodal.tasks import ClassificationTask
 
@@ -159,7 +159,7 @@ def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
     assert ckpt["multimodal_model"]["model_type"] == "ViT"
     assert mm.load_checkpoint(last).config.num_classes == 10
     # predict: a folder of PNGs made from real digits, one class name per file
-    from multimodal.data.vision import load_digits
+    from multimodal.data.sources.digits import load_digits
 
     digits = load_digits()
     folder = tmp_path / "pngs"

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torchaudio
 
-from multimodal.tokenizers.codec import RVQ, CodecConfig, MelRVQCodec, kmeans
+from multimodal.tokenizers.codec import RVQ, CodecConfig, MelRVQCodec
+from multimodal.tokenizers.kmeans import kmeans
 
 SR = 16000
 

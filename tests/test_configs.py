@@ -12,7 +12,7 @@ import torch
 import yaml
 from jsonargparse import Namespace
 
-from multimodal.cli import MultimodalCLI, main
+from multimodal.cli.main import MultimodalCLI, main
 from multimodal.progress import is_terminal
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")

@@ -12,21 +12,21 @@ import pytest
 import soundfile as sf
 import torch
 
-from multimodal.data.audio import (
+from multimodal.data.audio import AudioClassificationDataModule
+from multimodal.data.audio_datasets import AudioBatchCollate, list_audio_files, read_audio_folder
+from multimodal.data.audio_transforms import trim_silence
+from multimodal.data.noise import NoiseMixer
+from multimodal.data.sources.sonic_pi import (
     SONIC_PI_DIR,
-    SPOKEN_WORDS,
-    AudioBatchCollate,
-    AudioClassificationDataModule,
-    NoiseMixer,
     SonicPiDataset,
-    list_audio_files,
-    read_audio_folder,
-    read_manifest,
     sonic_pi_files,
     split_sonic_pi,
+)
+from multimodal.data.sources.spoken_words import (
+    SPOKEN_WORDS,
+    read_manifest,
     split_voices,
     synthesize_spoken_words,
-    trim_silence,
 )
 from multimodal.tokenizers.audio import AudioFrameTokenizer
 

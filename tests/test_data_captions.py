@@ -14,7 +14,7 @@ from PIL import Image
 from torchvision.io import write_png
 
 from multimodal.data.captions import CaptionDataModule, channel_stats
-from multimodal.data.emoji import (
+from multimodal.data.sources.emoji import (
     DEFAULT_ROOT,
     emoji_caption,
     find_package_dir,
@@ -22,7 +22,7 @@ from multimodal.data.emoji import (
     read_emoji_image,
     split_emoji,
 )
-from multimodal.data.scenes import (
+from multimodal.data.sources.scenes import (
     PALETTE,
     SHAPES,
     Scene,

@@ -1,72 +1,15 @@
-"""The data package organised by concern (issue 16): the old import paths still work, the
-image data module takes any registered source, and the helpers that moved out of it
-(held-out splits, pixel statistics) compute what their formulas say."""
+"""The data package organised by concern: the image data module takes any registered
+source, and the helpers beside it (held-out splits, pixel statistics) compute what their
+formulas say."""
 
 from __future__ import annotations
-
-import importlib
 
 import pytest
 import torch
 
 from multimodal.data import vision
-from multimodal.data.images import ImageSet, ImageSource, pixel_statistics
 from multimodal.data.splits import held_out, split_counts, split_size
-
-# Every public name each module had before the split (configs, notebooks, benchmarks and
-# users import them from there).
-OLD_NAMES = {
-    "multimodal.data.vision": [
-        "DATASETS", "DEBIAN_FASHION_MNIST_DIR", "DEFAULT_DOWNLOAD_ROOT", "DIGIT_CLASSES",
-        "FASHION_MNIST_CLASSES", "FileImageDataset", "ImageClassificationDataModule",
-        "ImageFolderDataset", "ImageSet", "TensorImageDataset", "collate_skipping",
-        "load_digits", "load_fashion_mnist", "load_mnist5k", "read_idx"],
-    "multimodal.data.audio": [
-        "AUDIO_EXTENSIONS", "AudioBatchCollate", "AudioClassificationDataModule",
-        "AudioFolderDataset", "COMMANDS", "DEFAULT_PITCHES", "DEFAULT_ROOT", "DEFAULT_SPEEDS",
-        "DIGITS", "ESPEAK_DEFAULT_SPEED", "ESPEAK_LANGUAGES", "ESPEAK_VARIANTS",
-        "FLITE_BASE_F0", "FLITE_VOICES", "MANIFEST_FIELDS", "NoiseMixer", "SAMPLE_RATE",
-        "SONIC_PI_DIR", "SPOKEN_WORDS", "SonicPiDataset", "SpokenWordsDataset", "Voice",
-        "available_voices", "list_audio_files", "read_audio_folder", "read_manifest",
-        "sonic_pi_files", "split_sonic_pi", "split_voices", "synthesize_spoken_words",
-        "trim_silence"],
-    "multimodal.data.text": [
-        "BlockDataset", "DEFAULT_FORTUNES_DIR", "DEFAULT_ROOT", "Document", "GET_TEXT",
-        "PadCollate", "PassageDataset", "SOURCES", "SourceClassificationDataModule",
-        "TextCorpusDataModule", "balanced_passages", "load_corpus", "make_passages",
-        "pack_blocks", "parse_bible", "read_bible", "read_fortunes", "read_shakespeare",
-        "shakespeare_files", "split_documents", "split_fortunes", "split_sentences",
-        "strip_gutenberg"],
-}  # fmt: skip
-
-# Where each moved name lives now (the old module re-exports the same object).
-NEW_HOMES = {
-    ("multimodal.data.vision", "read_idx"): "multimodal.data.sources.fashion_mnist",
-    ("multimodal.data.vision", "load_mnist5k"): "multimodal.data.sources.mnist5k",
-    ("multimodal.data.vision", "load_digits"): "multimodal.data.sources.digits",
-    ("multimodal.data.vision", "TensorImageDataset"): "multimodal.data.images",
-    ("multimodal.data.audio", "synthesize_spoken_words"): "multimodal.data.sources.spoken_words",
-    ("multimodal.data.audio", "Voice"): "multimodal.data.sources.speech",
-    ("multimodal.data.audio", "sonic_pi_files"): "multimodal.data.sources.sonic_pi",
-    ("multimodal.data.audio", "NoiseMixer"): "multimodal.data.noise",
-    ("multimodal.data.audio", "trim_silence"): "multimodal.data.audio_transforms",
-    ("multimodal.data.audio", "AudioBatchCollate"): "multimodal.data.audio_datasets",
-    ("multimodal.data.text", "read_bible"): "multimodal.data.sources.bible",
-    ("multimodal.data.text", "read_fortunes"): "multimodal.data.sources.fortunes",
-    ("multimodal.data.text", "read_shakespeare"): "multimodal.data.sources.shakespeare",
-    ("multimodal.data.text", "load_corpus"): "multimodal.data.sources.corpora",
-    ("multimodal.data.text", "split_documents"): "multimodal.data.documents",
-}
-
-
-@pytest.mark.parametrize("module", sorted(OLD_NAMES))
-def test_old_import_paths_still_work(module: str) -> None:
-    mod = importlib.import_module(module)
-    missing = [n for n in OLD_NAMES[module] if not hasattr(mod, n)]
-    assert not missing, f"{module} lost {missing}"
-    for (old, name), new in NEW_HOMES.items():
-        if old == module:
-            assert getattr(mod, name) is getattr(importlib.import_module(new), name), name
+from multimodal.data.vision_datasets import ImageSet, ImageSource, pixel_statistics
 
 
 def _tiny_source(n: int = 40) -> ImageSource:

@@ -17,8 +17,8 @@ from multimodal.data.readers import (
     read_labelled_manifest,
     scan_class_folders,
 )
-from multimodal.data.transforms import ImageTransformConfig, image_transform
 from multimodal.data.vision import ImageClassificationDataModule
+from multimodal.data.vision_transforms import ImageTransformConfig, image_transform
 
 RNG = np.random.default_rng(0)
 EXTS = (".png", ".jpg", ".webp", ".bmp", ".gif")

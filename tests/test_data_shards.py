@@ -36,7 +36,7 @@ def ids_of(x: torch.Tensor) -> list[int]:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> tuple[Path, dict[int, int]]:
-    from multimodal.prepare import main
+    from multimodal.cli.prepare import main
 
     root = tmp_path_factory.mktemp("shards")
     labels = {}

@@ -25,10 +25,10 @@ pytestmark = pytest.mark.slow
 
 from shard_runs import Killed, Record, trainer  # noqa: E402
 
+from multimodal.cli.prepare import main as prepare  # noqa: E402
 from multimodal.data.audio import AudioClassificationDataModule  # noqa: E402
 from multimodal.data.captions import CaptionDataModule  # noqa: E402
 from multimodal.data.text import TextCorpusDataModule  # noqa: E402
-from multimodal.prepare import main as prepare  # noqa: E402
 
 CLASSES = ("no", "stop", "yes")
 N_PER_CLASS = 8

@@ -15,9 +15,9 @@ pytest.importorskip("litdata")
 # litdata.optimize starts a worker process per split: each fixture takes ~10-30 s here.
 pytestmark = pytest.mark.slow
 
+from multimodal.cli.prepare import main as prepare  # noqa: E402
 from multimodal.data.text_classification import TextClassificationDataModule  # noqa: E402
 from multimodal.data.text_pairs import TextPairsDataModule  # noqa: E402
-from multimodal.prepare import main as prepare  # noqa: E402
 
 WORDS = ["river", "stone", "light", "quiet", "storm", "green", "paper", "glass", "night",
          "bread", "music", "winter"]

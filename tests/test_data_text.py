@@ -9,26 +9,24 @@ from collections import Counter
 import pytest
 import torch
 
-from multimodal.data.text import (
-    DEFAULT_FORTUNES_DIR,
-    DEFAULT_ROOT,
+from multimodal.data.documents import (
     Document,
-    SourceClassificationDataModule,
-    TextCorpusDataModule,
     balanced_passages,
-    load_corpus,
     make_passages,
     pack_blocks,
-    parse_bible,
-    read_bible,
-    read_fortunes,
+    split_documents,
+    split_sentences,
+)
+from multimodal.data.sources.bible import parse_bible, read_bible
+from multimodal.data.sources.corpora import load_corpus
+from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR, read_fortunes, split_fortunes
+from multimodal.data.sources.shakespeare import (
+    DEFAULT_ROOT,
     read_shakespeare,
     shakespeare_files,
-    split_documents,
-    split_fortunes,
-    split_sentences,
     strip_gutenberg,
 )
+from multimodal.data.text import SourceClassificationDataModule, TextCorpusDataModule
 
 HAVE_BIBLE = shutil.which("bible") is not None
 HAVE_FORTUNES = (DEFAULT_FORTUNES_DIR / "computers").is_file()

@@ -139,7 +139,7 @@ def test_shipped_dates_example_is_what_the_recipe_writes(tmp_path):
 
 @pytest.mark.slow  # ~6 s on a loaded machine
 def test_seq2seq_pairs_config_fits_through_the_cli(tmp_path):
-    from multimodal.cli import main
+    from multimodal.cli.main import main
 
     main(["fit", "--config", str(ROOT / "configs" / "seq2seq_pairs.yaml"),
           "--data.init_args.train", str(ROOT / "data/examples/dates/train.tsv"),

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from multimodal.data import vision
-from multimodal.data.vision import (
+from multimodal.data.sources.digits import load_digits
+from multimodal.data.sources.fashion_mnist import (
     DEBIAN_FASHION_MNIST_DIR,
-    ImageClassificationDataModule,
-    ImageFolderDataset,
-    load_digits,
     load_fashion_mnist,
-    load_mnist5k,
     read_idx,
 )
+from multimodal.data.sources.mnist5k import load_mnist5k
+from multimodal.data.vision import ImageClassificationDataModule
+from multimodal.data.vision_datasets import ImageFolderDataset
+from multimodal.data.vision_transforms import ShiftFlip
 
 
 def write_idx(path: Path, array: np.ndarray, type_code: int, compress: bool) -> None:
@@ -246,7 +246,7 @@ def test_shift_augmentation_is_a_padded_crop():
     image = torch.arange(1, 65, dtype=torch.uint8).view(1, 8, 8)
     padded = torch.nn.functional.pad(image, (2, 2, 2, 2))
     crops = {(i, j): padded[:, i : i + 8, j : j + 8] for i in range(5) for j in range(5)}
-    shift = vision._ShiftFlip(pad=2, flip=False)
+    shift = ShiftFlip(pad=2, flip=False)
     seen = set()
     for _ in range(300):
         out = shift(image)
@@ -254,7 +254,7 @@ def test_shift_augmentation_is_a_padded_crop():
         assert len(match) == 1
         seen.add(match[0])
     assert len(seen) == 25  # every offset in [-2, 2]^2 occurs
-    flip = vision._ShiftFlip(pad=0, flip=True)
+    flip = ShiftFlip(pad=0, flip=True)
     outs = {flip(image)[0, 0, 0].item() for _ in range(50)}
     assert outs == {1, 8}  # unchanged or mirrored
 

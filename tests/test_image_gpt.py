@@ -219,7 +219,7 @@ def test_samples_can_be_trained_on() -> None:
 def test_pixel_data_and_task_loss_is_mean_nll_per_pixel() -> None:
     pytest.importorskip("sklearn")
     from multimodal.data.pixels import PixelDataModule
-    from multimodal.data.vision import load_digits
+    from multimodal.data.sources.digits import load_digits
     from multimodal.tasks.autoregressive import AutoregressiveImageTask
 
     dm = PixelDataModule("digits", batch_size=8)
@@ -270,7 +270,7 @@ def test_fit_writes_sample_grids_and_completes_prompts_from_across_val(tmp_path)
 
 def test_pixel_figures(tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    from multimodal.plots_pixels import plot_completions, plot_samples
+    from multimodal.plots.pixels import plot_completions, plot_samples
 
     images = torch.randint(0, 256, (2, 3, 1, 8, 8), dtype=torch.uint8)
     path = plot_samples(images, tmp_path / "s.png", ["a", "b"])

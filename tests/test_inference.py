@@ -17,7 +17,7 @@ import soundfile as sf
 import torch
 
 import multimodal as mm
-from multimodal.cli import main
+from multimodal.cli.main import main
 from multimodal.hub import Encoder
 from multimodal.inference import (
     UnreadableInput,
@@ -499,7 +499,7 @@ def test_killed_embed_process_resumes(tmp_path, vit_folder):
     _images(tmp_path / "photos", sizes=[(32, 32)] * 150)
     out = tmp_path / "emb.safetensors"
     parts = tmp_path / "emb.safetensors.parts"
-    cmd = [sys.executable, "-c", "from multimodal.cli import main; main()", "embed",
+    cmd = [sys.executable, "-c", "from multimodal.cli.main import main; main()", "embed",
            "--model", str(vit_folder), "--inputs", str(tmp_path / "photos"), "--out", str(out),
            "--batch_size", "2"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

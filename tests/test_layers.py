@@ -3,10 +3,14 @@
 Every ``import`` of a ``multimodal`` module, at module level or inside a function, is read
 with ``ast`` (nothing is imported to find them) and checked against the layer order
 
-    weights, registry          the weight format and the model/preset registries (no models)
-    plots, progress, precision figure helpers, progress output, CPU precision choice
-                               (no package imports)
-    nn, tokenizers             layers and modality tokenizers
+    registry                   the model-class and preset registries (no package imports)
+    weights                    the weight format; finds a model_type's class in the registry
+    plots, progress, precision figure helpers (plots.figures), progress output, CPU precision
+                               choice (no package imports)
+    nn                         layers, the learned embeddings of images and spectrograms among
+                               them (nn.embed)
+    tokenizers                 modality tokenizers, no weights; the audio tokenizer builds its
+                               embedding from nn.embed
     generation                 the model-agnostic decoding loop; imports only nn. Models call
                                it from ``.generate``, so it sits beside nn, below the models
     models                     every model; imports the layers above, never Lightning
@@ -14,12 +18,15 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
                                model; precision and generation's compile check only)
     hub, convert               what knows every model: loading by model_type, checkpoints,
                                encoders, presets, conversion from other libraries
-    synthesis                  text-to-speech from a CodecLM checkpoint (models + hub)
-    tasks | data | callbacks   Lightning; data sits beside tasks and neither imports the other
+    synthesis, asr             text-to-speech (CodecLM) and speech to text (Whisper)
+    tasks | data               Lightning; data sits beside tasks and neither imports the other
     inference                  embed / zero-shot / caption over folders (models + data readers)
-    cli, inference_cli, prepare, plots_*   entry points
+    cli, plots.attention, plots.pixels
+                               entry points: the ``multimodal`` command and its verbs,
+                               ``multimodal-prepare``, the run callbacks; figure scripts
 
-A module may import its own package and any package listed for it in ``ALLOWED``;
+A module may import its own package and any package listed for it in ``ALLOWED``
+(a module listed there by itself, ``plots.pixels``, has its own entry);
 anything else, and any cycle between modules, fails the test.
 """
 
@@ -35,21 +42,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 
-# package (first part after "multimodal.") -> the packages it may import
-# plots: figure helpers, matplotlib only; progress: bars / plain log lines, tqdm only
+# package (first part after "multimodal.", or "package.module" where a module of a package
+# sits in another layer) -> the packages it may import
 _BASE = {"weights", "registry", "plots", "progress", "precision"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
 _ZOO = {*_MODELS, "hub", "convert", "embeddings", "synthesis", "optimize"}
+_FIGURE_SCRIPTS = {*_ZOO, "tasks", "data", "plots"}
 ALLOWED: dict[str, set[str]] = {
     "__init__": set(),  # lazy attribute access only, never a module-level import
-    "weights": set(),
-    "registry": {"weights"},
-    "plots": set(),
-    "progress": set(),
+    "registry": set(),
+    "weights": {"registry"},
+    "plots": set(),  # figure helpers: matplotlib only
+    "progress": set(),  # bars / plain log lines: tqdm only
     "precision": set(),
-    "nn": {"weights", "nn"},
-    "tokenizers": {"tokenizers"},
+    "nn": {"weights", "registry", "nn"},
+    "tokenizers": {"tokenizers", "nn"},
     "generation": {"nn"},
     "optimize": {"precision", "generation"},
     "models": _MODELS,
@@ -57,16 +65,13 @@ ALLOWED: dict[str, set[str]] = {
     "convert": _ZOO,
     "embeddings": {"tokenizers"},
     "synthesis": {*_MODELS, "hub"},  # text-to-speech from a CodecLM checkpoint
-    "asr": {*_ZOO},  # speech to text with a Whisper (issue 34)
+    "asr": {*_ZOO},  # speech to text with a Whisper
     "tasks": {*_ZOO, "tasks"},
     "data": {*_LAYERS, "data"},
-    "callbacks": {"progress"},
-    "cli": {*_ZOO, "tasks", "data", "callbacks", "cli", "inference_cli", "asr"},
     "inference": {*_ZOO, "data", "progress"},  # embed / zero-shot / caption loops
-    "inference_cli": {"inference", "hub"},  # their command-line front ends
-    "prepare": {*_LAYERS, "data"},  # multimodal-prepare: sources -> shards
-    "plots_pixels": {*_ZOO, "tasks", "data"},
-    "plots_attention": {*_ZOO, "tasks", "data"},
+    "cli": {*_ZOO, "tasks", "data", "cli", "inference", "asr"},  # entry points
+    "plots.attention": _FIGURE_SCRIPTS,
+    "plots.pixels": _FIGURE_SCRIPTS,
     "chat": set(),  # one chat turn: a model's generate + a tokenizer's template, duck-typed
 }
 
@@ -130,7 +135,10 @@ def _graph() -> dict[str, list[tuple[str, int, bool]]]:
 
 
 def _package(module: str) -> str:
+    """The key of ``ALLOWED`` that governs ``module``."""
     parts = module.split(".")
+    if len(parts) > 2 and ".".join(parts[1:3]) in ALLOWED:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -195,6 +203,18 @@ def _module_name_in(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def test_the_walker_sees_every_folder() -> None:
+    """The entry points, the figures and the learned embeddings are walked like the rest."""
+    modules = _modules()
+    assert {"multimodal.cli.main", "multimodal.cli.prepare", "multimodal.cli.callbacks",
+            "multimodal.cli.inference", "multimodal.plots.figures", "multimodal.plots.pixels",
+            "multimodal.plots.attention", "multimodal.nn.embed",
+            "multimodal.tokenizers.kmeans"} <= set(modules)
+    assert _package("multimodal.plots.pixels") == "plots.pixels"
+    assert _package("multimodal.plots.figures") == "plots"
+    assert _package("multimodal.nn.embed") == "nn"
+
+
 def test_no_import_cycles() -> None:
     cycles = find_cycles(_graph())
     assert cycles == [], "import cycles (module-level and function-level imports):\n" + "\n".join(
@@ -241,3 +261,27 @@ def test_lower_layers_import_no_models(roots: tuple[str, ...]) -> None:
     assert [m for m in ours if m.split(".")[1] in {"models", "hub", "convert", "tasks",
                                                      "data", "cli"}] == []
     assert [m for m in loaded if m.split(".")[0] == "lightning"] == []
+
+
+def test_tokenizers_have_no_learned_weights() -> None:
+    """Every learned layer is in ``nn`` (``nn/embed.py`` for the patch / frame embeddings):
+    the modules that tokenizers define hold buffers (normalisation statistics, codebooks
+    fitted by k-means) but no trainable parameters."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from torch import nn
+
+    import multimodal.tokenizers as tokenizers
+
+    built = {"RVQ": lambda cls: cls(2, 4, 3)}  # the codec's residual quantiser
+    with_weights = []
+    for info in pkgutil.iter_modules(tokenizers.__path__):
+        module = importlib.import_module(f"multimodal.tokenizers.{info.name}")
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, nn.Module) and cls.__module__ == module.__name__:
+                instance = built.get(name, lambda c: c())(cls)
+                if list(instance.parameters()):
+                    with_weights.append(f"{module.__name__}.{name}")
+    assert with_weights == []

@@ -17,7 +17,7 @@ from multimodal.generation import generate as generation_loop
 from multimodal.hub import create_model, list_presets
 from multimodal.models.api import GENERATE_DEFAULTS, MODALITIES, AttentionMaps, Model
 from multimodal.models.codec_lm import CodecAR
-from multimodal.weights import MODEL_CLASSES
+from multimodal.registry import MODEL_CLASSES
 
 
 def _shallow(config: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Modern backbone switches (issue 18) against their formulas, written out here by hand.
+"""Modern backbone switches against their formulas, written out here by hand.
 
 RMSNorm ``x / sqrt(mean(x^2) + eps) * w``; SwiGLU / GeGLU ``fc2(act(gate x) * up x)``;
 quick_gelu ``x sigmoid(1.702 x)``; LayerScale ``X + gamma * branch``; q/k norm; grouped-query

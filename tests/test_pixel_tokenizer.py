@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multimodal.tokenizers.image import PixelTokenizer, kmeans
+from multimodal.tokenizers.image import PixelTokenizer
+from multimodal.tokenizers.kmeans import kmeans
 
 
 def test_256_levels_token_is_the_pixel_value() -> None:

@@ -54,13 +54,13 @@ def test_choose_precision_as_documented() -> None:
 import logging  # noqa: E402
 
 import multimodal.precision as precision_module  # noqa: E402
+from multimodal.cli.precision import auto_precision, model_shape  # noqa: E402
 from multimodal.models.audio import AudioClassifierConfig  # noqa: E402
 from multimodal.models.clip import CLIPConfig  # noqa: E402
 from multimodal.models.image_gpt import ImageGPTConfig  # noqa: E402
 from multimodal.models.seq2seq import Seq2SeqConfig  # noqa: E402
 from multimodal.models.text import TextDecoderConfig  # noqa: E402
 from multimodal.models.vit import ViTConfig  # noqa: E402
-from multimodal.precision import auto_precision, model_shape  # noqa: E402
 
 
 def test_model_shape_reads_width_and_tokens_per_sample() -> None:
@@ -123,7 +123,7 @@ def _cli_precision(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPa
                    bf16: bool) -> tuple[str, list[str]]:
     """Run the CLI up to the built trainer on a CPU whose bf16 support is ``bf16``; the
     trainer's precision and the precision lines logged."""
-    from multimodal.cli import MultimodalCLI, main
+    from multimodal.cli.main import MultimodalCLI, main
 
     monkeypatch.setattr(precision_module, "native_bf16", lambda *a, **k: bf16)
 

@@ -15,7 +15,7 @@ import lightning as L
 import pytest
 import torch
 
-from multimodal.callbacks import Preemption, checkpoint_problem, resume_checkpoint
+from multimodal.cli.callbacks import Preemption, checkpoint_problem, resume_checkpoint
 from tests.resume_runs import Record, assert_same_run, fit
 from tests.test_resume import digits
 
@@ -93,7 +93,7 @@ def test_sigusr1_exits_138_when_the_requeue_fails(tmp_path, fake_scontrol, monke
 
 def test_every_minutes_saves_last_on_a_clock(tmp_path, monkeypatch):
     clock = iter(range(0, 10_000, 20))  # 20 s per call of time.monotonic
-    monkeypatch.setattr("multimodal.callbacks.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("multimodal.cli.callbacks.time.monotonic", lambda: next(clock))
     saves = []
     original = Preemption.save
     monkeypatch.setattr(Preemption, "save", lambda self, trainer, why: saves.append(

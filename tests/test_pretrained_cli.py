@@ -16,8 +16,8 @@ import yaml
 from jsonargparse import Namespace
 from PIL import Image
 
-from multimodal.cli import follow_pretrained
-from multimodal.cli import main as cli_main
+from multimodal.cli.main import follow_pretrained
+from multimodal.cli.main import main as cli_main
 
 pytest.importorskip("transformers")
 import pretrained_folders as folders  # tests/: needs transformers
@@ -118,8 +118,8 @@ def test_a_loader_of_files_is_plain_whatever_the_training_source(tmp_path):
 def test_predict_dir_after_training_on_shards_uses_a_plain_loader(tmp_path):
     from torch.utils.data import DataLoader
 
+    from multimodal.cli.prepare import main as prepare
     from multimodal.data.vision import ImageClassificationDataModule
-    from multimodal.prepare import main as prepare
 
     _images(tmp_path / "in", per_class=4, size=8)
     prepare(["images", str(tmp_path / "in"), str(tmp_path / "out"), "--val-size", "3",

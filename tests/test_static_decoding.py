@@ -1,4 +1,4 @@
-"""Static-cache decoding (issue 31): a preallocated KV cache and a fixed-shape one-token step,
+"""Static-cache decoding: a preallocated KV cache and a fixed-shape one-token step,
 eager or compiled with torch.compile.
 
 References: a full forward pass without any cache (the logits of every position), and the

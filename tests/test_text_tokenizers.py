@@ -251,7 +251,7 @@ def test_clean_up_spaces():
     assert clean_up_spaces("hello , world ! ( yes ) .") == "hello, world! (yes)."
 
 
-# --- unknown text stays visible (issue 15) ----------------------------------------------------
+# --- unknown text stays visible ----------------------------------------------------
 
 HAVE_BIBLE = shutil.which("bible") is not None
 SNOW = "snow \u2603 and \u6f22\u5b57"  # a snowman and two CJK characters, none in the KJV
@@ -261,7 +261,7 @@ SNOW = "snow \u2603 and \u6f22\u5b57"  # a snowman and two CJK characters, none 
 def kjv_genesis() -> list[str]:
     if not HAVE_BIBLE:
         pytest.skip("needs Debian bible-kjv: bash data/get_text.sh")
-    from multimodal.data.text import read_bible
+    from multimodal.data.sources.bible import read_bible
 
     return [doc.text for doc in read_bible(verses="gen1:1-gen50:26")]  # 50 chapters
 

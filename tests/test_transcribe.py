@@ -19,7 +19,7 @@ from test_whisper import hf_whisper, write_ct2
 
 import multimodal as mm
 from multimodal.asr import read_speech
-from multimodal.cli import main as cli_main
+from multimodal.cli.main import main as cli_main
 from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer
 
 

@@ -413,7 +413,7 @@ def test_config_round_trip_and_sizes() -> None:
 
 def test_speak_cli_writes_the_synthesized_wav(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from multimodal.cli import main
+    from multimodal.cli.main import main
 
     task, ckpt = _trained_task(tmp_path)
     prompt = _voice(150, seconds=1.0)

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import multimodal as mm
-from multimodal.tokenizers.image import ConvStem, PatchEmbed, patchify, unpatchify
+from multimodal.nn.embed import ConvPatchEmbed, PatchEmbed
+from multimodal.tokenizers.image import patchify, unpatchify
 
 
 def tiny(**kw) -> mm.ViT:
@@ -38,7 +39,7 @@ def test_patch_embed_is_a_linear_map_of_each_patch():
 
 
 def test_conv_stem_grid_and_translation_equivariance():
-    stem = ConvStem(4, 3, 32).eval()
+    stem = ConvPatchEmbed(4, 3, 32).eval()
     assert [m.stride for m in stem.proj if isinstance(m, torch.nn.Conv2d)] == [
         (2, 2), (2, 2), (1, 1)]
     images = torch.zeros(1, 3, 32, 32)
@@ -52,7 +53,7 @@ def test_conv_stem_grid_and_translation_equivariance():
     torch.testing.assert_close(moved[2:7, 2:7], grid[1:6, 1:6], atol=1e-5, rtol=1e-5)
     for bad in (3, 6, (4, 8)):
         with pytest.raises(ValueError, match="power-of-two"):
-            ConvStem(bad, 3, 32)
+            ConvPatchEmbed(bad, 3, 32)
     vit = tiny(stem="conv", patch_size=4, pool="mean")
     assert vit(torch.randn(2, 3, 32, 32)).shape == (2, 5)
     with pytest.raises(ValueError, match="stem"):

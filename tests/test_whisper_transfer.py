@@ -1,4 +1,4 @@
-"""``pretrained: <CTranslate2 Whisper folder>`` on an audio classifier (issue 34, item 5): the
+"""``pretrained: <CTranslate2 Whisper folder>`` on an audio classifier: the
 task trains the real encoder, whose features equal transformers' Whisper encoder."""
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from multimodal.convert.common import (
     put_norm,
 )
 from multimodal.models.vit import ViT, ViTConfig
+from multimodal.nn.embed import _pair
 from multimodal.nn.position import resample_grid
-from multimodal.tokenizers.image import _pair
 
 
 def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> ViT:

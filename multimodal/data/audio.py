@@ -4,8 +4,7 @@ Sources (offline; see ``data/README.md`` and ``bash data/get_audio.sh``): spoken
 synthesised with espeak-ng and flite (:mod:`multimodal.data.sources.spoken_words`, split by
 voice) and the Sonic Pi samples (:mod:`multimodal.data.sources.sonic_pi`, split by file).
 Clips are transformed by :mod:`multimodal.data.audio_transforms` and
-:mod:`multimodal.data.noise`, batched by :mod:`multimodal.data.audio_datasets`. The names
-that lived here before the split stay importable from here.
+:mod:`multimodal.data.noise`, batched by :mod:`multimodal.data.audio_datasets`.
 
 Batches are dicts: ``{"features": (B, F, n_mels), "lengths": (B,), "label": (B,)}`` (log-mel
 frames from :class:`~multimodal.tokenizers.audio.AudioFrameTokenizer`, its normalisation
@@ -28,11 +27,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.audio_datasets import (
-    AUDIO_EXTENSIONS,
     AudioBatchCollate,
     AudioFolderDataset,
-    list_audio_files,
-    read_audio_folder,
 )
 from multimodal.data.audio_files import (
     AudioFileDataset,
@@ -42,7 +38,7 @@ from multimodal.data.audio_files import (
     check_audio_files,
     read_audio_files,
 )
-from multimodal.data.audio_transforms import SAMPLE_RATE, centre_crop, trim_silence
+from multimodal.data.audio_transforms import SAMPLE_RATE, centre_crop
 from multimodal.data.noise import NoiseMixer
 from multimodal.data.readers import FileList
 from multimodal.data.shards import ShardLoaderMixin, read_shard_meta, shard_dataset
@@ -54,21 +50,10 @@ from multimodal.data.sources.sonic_pi import (
     split_sonic_pi,
 )
 from multimodal.data.sources.speech import (
-    ESPEAK_DEFAULT_SPEED,
-    ESPEAK_LANGUAGES,
-    ESPEAK_VARIANTS,
-    FLITE_BASE_F0,
-    FLITE_VOICES,
-    Voice,
     available_voices,
 )
 from multimodal.data.sources.spoken_words import (
-    COMMANDS,
-    DEFAULT_PITCHES,
     DEFAULT_ROOT,
-    DEFAULT_SPEEDS,
-    DIGITS,
-    MANIFEST_FIELDS,
     SPOKEN_WORDS,
     SpokenWordsDataset,
     main,
@@ -79,39 +64,7 @@ from multimodal.data.sources.spoken_words import (
 from multimodal.data.splits import SplitDataModule, held_out
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 
-__all__ = [
-    "AUDIO_EXTENSIONS",
-    "COMMANDS",
-    "DEFAULT_PITCHES",
-    "DEFAULT_ROOT",
-    "DEFAULT_SPEEDS",
-    "DIGITS",
-    "ESPEAK_DEFAULT_SPEED",
-    "ESPEAK_LANGUAGES",
-    "ESPEAK_VARIANTS",
-    "FLITE_BASE_F0",
-    "FLITE_VOICES",
-    "MANIFEST_FIELDS",
-    "SAMPLE_RATE",
-    "SONIC_PI_DIR",
-    "SPOKEN_WORDS",
-    "AudioBatchCollate",
-    "AudioClassificationDataModule",
-    "AudioFolderDataset",
-    "NoiseMixer",
-    "SonicPiDataset",
-    "SpokenWordsDataset",
-    "Voice",
-    "available_voices",
-    "list_audio_files",
-    "read_audio_folder",
-    "read_manifest",
-    "sonic_pi_files",
-    "split_sonic_pi",
-    "split_voices",
-    "synthesize_spoken_words",
-    "trim_silence",
-]
+__all__ = ["AudioClassificationDataModule"]
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,7 @@ from multimodal.data.audio_transforms import SAMPLE_RATE, Resampler, centre_crop
 from multimodal.data.readers import AUDIO_EXTENSIONS  # WAV, FLAC, OGG, MP3
 from multimodal.tokenizers.audio import AudioFrameTokenizer, load_audio
 
-__all__ = ["AUDIO_EXTENSIONS", "AudioBatchCollate", "AudioFolderDataset", "list_audio_files",
-           "read_audio_folder"]
+__all__ = ["AudioBatchCollate", "AudioFolderDataset", "list_audio_files", "read_audio_folder"]
 
 
 

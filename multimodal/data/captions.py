@@ -1,6 +1,6 @@
 """Image-caption pairs for the captioning and contrastive tasks: procedural scenes, Twitter
 emoji, or your own files (a CSV / JSONL manifest or COCO-captions JSON, read by
-:mod:`multimodal.data.caption_files`).
+:mod:`multimodal.data.captions_files`).
 
 Batches are ``{"images": float (B, 3, H, W), "captions": list[str]}`` with images
 normalised per channel, ``x = (pixel / 255 - mean) / std``, mean and std measured on the
@@ -17,15 +17,16 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from multimodal.data.caption_files import (
+from multimodal.data.captions_files import (
     CaptionFiles,
     CaptionShardDecoder,
     FileCaptionDataset,
     read_caption_files,
     split_by_image,
 )
-from multimodal.data.emoji import find_package_dir, load_emoji
-from multimodal.data.scenes import (
+from multimodal.data.shards import ShardLoaderMixin, read_shard_file, read_shard_meta, shard_dataset
+from multimodal.data.sources.emoji import find_package_dir, load_emoji
+from multimodal.data.sources.scenes import (
     Scene,
     SceneConfig,
     caption_matches_scene,
@@ -33,9 +34,8 @@ from multimodal.data.scenes import (
     render_scenes,
     sample_scenes,
 )
-from multimodal.data.shards import ShardLoaderMixin, read_shard_file, read_shard_meta, shard_dataset
 from multimodal.data.splits import SplitDataModule
-from multimodal.data.transforms import ImageTransformConfig, image_transform
+from multimodal.data.vision_transforms import ImageTransformConfig, image_transform
 
 DATASETS = ("scenes", "emoji")
 SPLITS = ("train", "val", "test")
@@ -82,7 +82,7 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
 
     ``num_train`` / ``num_val`` / ``num_test``, ``min_shapes`` / ``max_shapes`` and ``order``
     (how a caption orders the shapes: "random" or "left_to_right", see
-    :class:`~multimodal.data.scenes.SceneConfig`) apply to scenes;
+    :class:`~multimodal.data.sources.scenes.SceneConfig`) apply to scenes;
     ``val_fraction`` / ``test_fraction`` and ``root`` to emoji (split by emoji).
 
     Your own pairs: ``train`` (and optionally ``val`` / ``test``) is an ``image,caption``
@@ -244,7 +244,7 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
         (seeded choice of images, not captions), each resized to ``image_size``; std =
         sqrt(E[x^2] - E[x]^2). ``image_index``: the image of each caption row; ``image``:
         row -> its uint8 image."""
-        from multimodal.data.images import pixel_statistics
+        from multimodal.data.vision_datasets import pixel_statistics
 
         n = int(image_index.max()) + 1
         pick = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
@@ -276,7 +276,7 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
         """Dataset-specific checks of a generated caption: ``name -> check(caption, index)``,
         ``index`` the item's position in ``split``. The captioning task logs the fraction of
         captions that pass as ``{split}/{name}``. Scenes: ``scene_match``
-        (:func:`~multimodal.data.scenes.caption_matches_scene`, the caption names exactly
+        (:func:`~multimodal.data.sources.scenes.caption_matches_scene`, the caption names exactly
         the scene's shapes and every stated relation holds, in any naming order)."""
         if self.dataset != "scenes":
             return {}

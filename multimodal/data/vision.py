@@ -3,9 +3,8 @@
 Sources: the built-in datasets of :mod:`multimodal.data.sources` (Fashion-MNIST, MNIST-5k,
 8x8 digits; each module says how its offline copy is obtained and read), your own files
 (class-per-subfolder folders or manifests, :mod:`multimodal.data.readers`) or LitData shards
-(:mod:`multimodal.data.shards`). The datasets it builds live in :mod:`multimodal.data.images`,
-the pipelines in :mod:`multimodal.data.transforms`. The readers' names stay importable from
-here, as before the split.
+(:mod:`multimodal.data.shards`). The datasets it builds live in
+:mod:`multimodal.data.vision_datasets`, the pipelines in :mod:`multimodal.data.vision_transforms`.
 """
 
 from __future__ import annotations
@@ -17,17 +16,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from multimodal.data.images import (
-    FileImageDataset,
-    ImageFolderDataset,
-    ImageSet,
-    ImageSource,
-    SkippedFilesMixin,
-    TensorImageDataset,
-    collate_skipping,
-    pixel_statistics,
-    resize_images,
-)
 from multimodal.data.readers import (
     IMAGE_EXTENSIONS,
     FileList,
@@ -38,40 +26,26 @@ from multimodal.data.readers import (
 )
 from multimodal.data.shards import ShardLoaderMixin
 from multimodal.data.sources import digits, fashion_mnist, mnist5k
-from multimodal.data.sources.digits import DIGIT_CLASSES, load_digits
-from multimodal.data.sources.fashion_mnist import (
-    DEBIAN_FASHION_MNIST_DIR,
-    DEFAULT_DOWNLOAD_ROOT,
-    FASHION_MNIST_CLASSES,
-    load_fashion_mnist,
-    read_idx,
-)
-from multimodal.data.sources.mnist5k import load_mnist5k
 from multimodal.data.splits import SplitDataModule, held_out
-from multimodal.data.transforms import (
+from multimodal.data.vision_datasets import (
+    FileImageDataset,
+    ImageFolderDataset,
+    ImageSet,
+    ImageSource,
+    SkippedFilesMixin,
+    TensorImageDataset,
+    collate_skipping,
+    pixel_statistics,
+    resize_images,
+)
+from multimodal.data.vision_transforms import (
     ImageTransformConfig,
     ShiftFlip,
     image_transform,
     per_channel,
 )
 
-__all__ = [
-    "DATASETS",
-    "DEBIAN_FASHION_MNIST_DIR",
-    "DEFAULT_DOWNLOAD_ROOT",
-    "DIGIT_CLASSES",
-    "FASHION_MNIST_CLASSES",
-    "FileImageDataset",
-    "ImageClassificationDataModule",
-    "ImageFolderDataset",
-    "ImageSet",
-    "TensorImageDataset",
-    "collate_skipping",
-    "load_digits",
-    "load_fashion_mnist",
-    "load_mnist5k",
-    "read_idx",
-]
+__all__ = ["DATASETS", "ImageClassificationDataModule"]
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +58,6 @@ DATASETS: dict[str, ImageSource] = {
     "mnist5k": mnist5k.SOURCE,
     "digits": digits.SOURCE,
 }
-
-_ShiftFlip = ShiftFlip  # old private name, kept for callers
-
 
 # ------------------------------------------------------------------------- data module
 
@@ -336,7 +307,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
 
     def _file_statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Mean and std over the pixels of up to ``stats_samples`` training images (seeded
-        choice), each resized to ``image_size`` (:func:`~.images.pixel_statistics`)."""
+        choice), each resized to ``image_size`` (:func:`~.vision_datasets.pixel_statistics`)."""
         resize = image_transform(
             ImageTransformConfig(self.image_size, (0.0,) * self.in_channels,
                                  (1.0,) * self.in_channels), train=False
@@ -359,7 +330,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         return self._normalisation()[1]
 
     def transform_config(self) -> ImageTransformConfig:
-        """The image pipeline of this module's settings (see :mod:`~multimodal.data.transforms`)."""
+        """The image pipeline of this module's settings (see
+        :mod:`~multimodal.data.vision_transforms`)."""
         return ImageTransformConfig(
             self.image_size, self.mean, self.std, shift=self.augment,
             flip=self.flip and (self.augment or self._flip_given),

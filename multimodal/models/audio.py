@@ -44,18 +44,12 @@ from torch import Tensor, nn
 from multimodal.models.api import AttentionMaps, ClassifierHeadMixin
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import Transformer
+from multimodal.nn.embed import FrameEmbed, SpecAugment, SpectrogramPatchEmbed, WhisperConvStem
 from multimodal.nn.init import init_weights, off_meta
 from multimodal.nn.pool import mean_pool
 from multimodal.nn.position import sincos_2d_positions, sinusoidal_positions
 from multimodal.registry import register_config_preset, register_model
-from multimodal.tokenizers.audio import (
-    AudioFeatureConfig,
-    AudioFrameTokenizer,
-    ConvStem,
-    FrameEmbed,
-    SpecAugment,
-    SpectrogramPatchEmbed,
-)
+from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 from multimodal.weights import PretrainedMixin
 
 __all__ = ["AudioClassifier", "AudioClassifierConfig"]
@@ -165,7 +159,7 @@ class AudioClassifier(ClassifierHeadMixin, PretrainedMixin, nn.Module):
         spectrogram.window = spectrogram.window.clone()
         self.spec_augment = SpecAugment(config.freq_mask, config.time_mask,
                                         config.spec_augment_masks)
-        self.embed: FrameEmbed | SpectrogramPatchEmbed | ConvStem = \
+        self.embed: FrameEmbed | SpectrogramPatchEmbed | WhisperConvStem = \
             self.tokenizer.build_embed(config.dim)
         self.num_prefix_tokens = (1 + config.distill_token) if config.pool == "cls" else 0
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim)) if config.pool == "cls" \

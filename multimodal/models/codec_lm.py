@@ -54,7 +54,8 @@ from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
 from multimodal.nn.pool import last_token
 from multimodal.nn.position import sinusoidal_positions
-from multimodal.weights import PretrainedMixin, register_model
+from multimodal.registry import register_model
+from multimodal.weights import PretrainedMixin
 
 __all__ = ["IGNORE_INDEX", "CodecAR", "CodecARConfig", "CodecLM", "CodecLMConfig", "CodecNAR",
            "CodecNARConfig", "nar_loss", "pack_segments", "replace_sizes"]

@@ -29,11 +29,11 @@ from multimodal.models.backbone import model_config
 from multimodal.models.text import embed_tokens
 from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
+from multimodal.nn.embed import _pair
 from multimodal.nn.init import init_weights
 from multimodal.nn.pool import last_token
 from multimodal.nn.position import LearnedPositions
 from multimodal.registry import register_model, register_preset
-from multimodal.tokenizers.image import _pair
 from multimodal.weights import PretrainedMixin
 
 __all__ = ["ImageGPT", "ImageGPTConfig", "bits_per_dim"]

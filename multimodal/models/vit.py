@@ -11,11 +11,11 @@ from torch import Tensor, nn
 from multimodal.models.api import AttentionMaps, ClassifierHeadMixin
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import ACTIVATIONS, NORM_LAYERS, Transformer
+from multimodal.nn.embed import ConvPatchEmbed, PatchEmbed, _pair, check_images
 from multimodal.nn.init import init_weights
 from multimodal.nn.pool import AttentionPool, mean_pool
 from multimodal.nn.position import grid_positions, resample_grid, sincos_2d_positions
 from multimodal.registry import register_config_preset, register_model
-from multimodal.tokenizers.image import ConvStem, PatchEmbed, _pair, check_images
 from multimodal.weights import PretrainedMixin
 
 
@@ -38,7 +38,7 @@ class ViTConfig:
     patch_bias: bool = True  # bias of the patch projection (CLIP has none)
     # "none": no added positions (a backbone with rope="2d" rotates by (row, column))
     pos_embed: Literal["learned", "sincos", "none"] = "learned"
-    stem: Literal["patch", "conv"] = "patch"  # linear patches, or ConvStem (3x3 convs)
+    stem: Literal["patch", "conv"] = "patch"  # linear patches, or ConvPatchEmbed (3x3 convs)
     dynamic_size: bool = True  # other image sizes: resample positions, else error
 
     def __post_init__(self) -> None:
@@ -92,7 +92,7 @@ class ViT(ClassifierHeadMixin, PretrainedMixin, nn.Module):
             self.patch_embed = PatchEmbed(config.patch_size, config.in_channels, config.dim,
                                           bias=config.patch_bias)
         else:
-            self.patch_embed = ConvStem(config.patch_size, config.in_channels, config.dim)
+            self.patch_embed = ConvPatchEmbed(config.patch_size, config.in_channels, config.dim)
         self.num_class_tokens = (1 if config.class_token else 0) + int(config.distill_token)
         self.num_prefix_tokens = self.num_class_tokens + config.registers
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim)) if config.class_token \

@@ -474,7 +474,7 @@ class TransformerConfig:
     norm_type: Literal["layernorm", "rmsnorm"] = "layernorm"
     mlp_type: Literal["mlp", "glu"] = "mlp"
     attention_type: Literal["mha"] = "mha"
-    # modern encoder / decoder switches (issue 18)
+    # modern encoder / decoder switches
     proj_bias: bool = True  # bias of the attention output projection
     mlp_bias: bool = True  # biases of the MLP's Linears
     kv_heads: int | None = None  # grouped-query attention (1: multi-query); default heads

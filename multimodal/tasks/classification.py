@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from multimodal.models.audio import AudioClassifier
 from multimodal.models.text import TextEncoder
 from multimodal.models.vit import ViT
-from multimodal.plots import plot_confusion_matrix
+from multimodal.plots.figures import plot_confusion_matrix
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.pretrained import task_model

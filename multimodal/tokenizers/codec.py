@@ -59,45 +59,15 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
+from multimodal.tokenizers.kmeans import kmeans
 from multimodal.tokenizers.waveform import as_mono
 
 MIN_GRIFFIN_LIM_FRAMES = 3
 """torchaudio's Griffin-Lim (its centred inverse STFT) fails on 1 or 2 frames."""
 
-__all__ = ["RVQ", "CodecConfig", "MelRVQCodec", "kmeans"]
+__all__ = ["RVQ", "CodecConfig", "MelRVQCodec"]
 
 FORMAT_VERSION = 1
-
-
-def kmeans(
-    x: Tensor, k: int, iters: int = 20, generator: torch.Generator | None = None
-) -> Tensor:
-    """Lloyd's k-means of ``x`` (N, D) into ``k`` centroids (k, D).
-
-    Initialised with ``k`` distinct rows of ``x`` drawn at random (``generator``); each
-    iteration assigns every row to its nearest centroid, then sets every centroid to the
-    mean of its rows. A centroid left without rows is moved to the row farthest from its
-    centroid (so no codeword is wasted). The last step is always a mean update.
-    """
-    if x.dim() != 2:
-        raise ValueError(f"kmeans expects (N, D) vectors, got shape {tuple(x.shape)}")
-    n = x.shape[0]
-    if n < k:
-        raise ValueError(f"need at least k={k} vectors to fit {k} centroids, got {n}")
-    x = x.float()
-    centroids = x[torch.randperm(n, generator=generator)[:k]].clone()
-    for _ in range(max(1, iters)):
-        dist = torch.cdist(x, centroids)  # (N, k)
-        assign = dist.argmin(dim=1)
-        sums = torch.zeros_like(centroids).index_add_(0, assign, x)
-        counts = torch.bincount(assign, minlength=k)
-        filled = counts > 0
-        centroids[filled] = sums[filled] / counts[filled, None].float()
-        empty = (~filled).nonzero().flatten()
-        if empty.numel():
-            err = dist.gather(1, assign[:, None]).squeeze(1)
-            centroids[empty] = x[err.topk(empty.numel()).indices]
-    return centroids
 
 
 class RVQ(nn.Module):

@@ -1,8 +1,8 @@
 """Images as tokens: 16x16 (configurable) patches, and pixel levels for generation.
 
 ``patchify`` / ``unpatchify`` move between (B, C, H, W) images and (B, N, p*p*C) patch
-vectors in raster order (N = (H/p)(W/p)); ``PatchEmbed`` is the learned linear map of
-each patch to a D-dim token (a stride-p convolution, the layout torchvision/timm use).
+vectors in raster order (N = (H/p)(W/p)); the learned map of each patch to a D-dim token
+is :class:`multimodal.nn.embed.PatchEmbed`.
 """
 
 from __future__ import annotations
@@ -13,31 +13,10 @@ from pathlib import Path
 
 import torch
 from einops import rearrange
-from torch import Tensor, nn
+from torch import Tensor
 
-
-def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
-    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
-
-
-def check_images(images: Tensor, in_channels: int, patch_size: int | tuple[int, int]) -> None:
-    """Raise a ValueError unless ``images`` is a float (B, in_channels, H, W) batch whose
-    sides are multiples of the patch size."""
-    if not isinstance(images, Tensor):
-        raise ValueError(f"expected a torch.Tensor of images, got {type(images).__name__}")
-    if images.dim() != 4:
-        raise ValueError(f"expected images of shape (batch, {in_channels}, height, width), "
-                         f"got a {images.dim()}-d tensor of shape {tuple(images.shape)}")
-    if images.shape[1] != in_channels:
-        raise ValueError(f"expected {in_channels} channel(s), got {images.shape[1]} "
-                         f"(images of shape {tuple(images.shape)})")
-    if not images.is_floating_point():
-        raise ValueError(f"expected floating-point images (normalised), got {images.dtype}; "
-                         "convert uint8 images with .float() / 255 and normalise")
-    ph, pw = _pair(patch_size)
-    h, w = images.shape[-2:]
-    if h % ph or w % pw:
-        raise ValueError(f"image size {h}x{w} is not a multiple of the patch size {ph}x{pw}")
+from multimodal.nn.embed import _pair
+from multimodal.tokenizers.kmeans import kmeans, nearest_centre
 
 
 def patchify(images: Tensor, patch_size: int | tuple[int, int]) -> Tensor:
@@ -52,64 +31,6 @@ def unpatchify(patches: Tensor, patch_size: int | tuple[int, int],
     ph, pw = _pair(patch_size)
     return rearrange(patches, "b (h w) (ph pw c) -> b c (h ph) (w pw)",
                      h=grid[0], w=grid[1], ph=ph, pw=pw, c=channels)
-
-
-class _GridEmbed(nn.Module):
-    """What every image-to-tokens embedding shares: ``self.proj`` maps (B, C, H, W) to a
-    (B, D, H/p, W/p) feature grid, read out as (B, N, D) tokens in raster order."""
-
-    patch_size: tuple[int, int]
-    in_channels: int
-    proj: nn.Module
-
-    def grid_size(self, height: int, width: int) -> tuple[int, int]:
-        return height // self.patch_size[0], width // self.patch_size[1]
-
-    def forward(self, images: Tensor) -> Tensor:
-        check_images(images, self.in_channels, self.patch_size)
-        return self.proj(images).flatten(2).transpose(1, 2)
-
-
-class PatchEmbed(_GridEmbed):
-    """(B, C, H, W) -> (B, N, D) with N = (H/p)(W/p): each patch flattened and mapped
-    linearly to D dims (``x_n = W vec(patch_n) + b``, as a stride-p convolution)."""
-
-    def __init__(self, patch_size: int | tuple[int, int] = 16, in_channels: int = 3,
-                 dim: int = 768, bias: bool = True) -> None:
-        super().__init__()
-        self.patch_size = _pair(patch_size)
-        self.in_channels = in_channels
-        self.proj = nn.Conv2d(in_channels, dim, kernel_size=self.patch_size,
-                              stride=self.patch_size, bias=bias)
-
-
-class ConvStem(_GridEmbed):
-    """A convolutional patch embedding ("early convolutions", Xiao et al. 2021): the same
-    (B, C, H, W) -> (B, N, D) map and grid as :class:`PatchEmbed`, but through
-    log2(p) 3x3 stride-2 convolutions (BatchNorm, ReLU), channels doubling from
-    ``dim / 2**log2(p)`` up to ``dim / 2``, then a 1x1 convolution to ``dim``. Local,
-    translation-equivariant features make shapes easier to read than one linear map of
-    each patch. Square, power-of-two patches only."""
-
-    def __init__(self, patch_size: int | tuple[int, int] = 16, in_channels: int = 3,
-                 dim: int = 768) -> None:
-        super().__init__()
-        ph, pw = _pair(patch_size)
-        if ph != pw or ph < 2 or ph & (ph - 1):
-            raise ValueError(f"ConvStem needs a square power-of-two patch size >= 2, got "
-                             f"{ph}x{pw}")
-        self.patch_size = (ph, pw)
-        self.in_channels = in_channels
-        steps = ph.bit_length() - 1
-        layers: list[nn.Module] = []
-        channels = in_channels
-        for i in range(steps):
-            out = max(dim >> (steps - i), 8)
-            layers += [nn.Conv2d(channels, out, 3, stride=2, padding=1, bias=False),
-                       nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
-            channels = out
-        layers.append(nn.Conv2d(channels, dim, kernel_size=1))
-        self.proj = nn.Sequential(*layers)
 
 
 # ------------------------------------------------------------------- pixel tokens (ImageGPT)
@@ -129,44 +50,6 @@ def _check_pixel_values(images: object, name: str = "images") -> Tensor:
         if lo < 0 or hi > 255:
             raise ValueError(f"{name} pixel values must lie in 0..255, got min {lo}, max {hi}")
     return images
-
-
-def kmeans(points: Tensor, k: int, iters: int = 30, seed: int = 0,
-           chunk: int = 65536) -> Tensor:
-    """Lloyd's k-means on (P, C) float points; returns (k, C) centres.
-
-    Initialisation: k-means++ (each next centre drawn with probability proportional to
-    the squared distance to the nearest chosen one) from a ``torch.Generator`` seeded with
-    ``seed``, so the result is a function of (points, k, iters, seed) only. Each iteration
-    assigns every point to its nearest centre and moves each centre to the mean of its
-    points; a centre left without points keeps its place.
-    """
-    if points.dim() != 2 or points.shape[0] < k:
-        raise ValueError(f"k-means needs (points, channels) with at least k={k} points, "
-                         f"got {tuple(points.shape)}")
-    gen = torch.Generator().manual_seed(seed)
-    x = points.double().cpu()
-    centres = x[torch.randint(len(x), (1,), generator=gen)]
-    nearest = ((x - centres[0]) ** 2).sum(-1)
-    for _ in range(1, k):
-        probs = nearest / nearest.sum() if nearest.sum() > 0 else torch.ones_like(nearest)
-        pick = torch.multinomial(probs, 1, generator=gen)
-        centres = torch.cat([centres, x[pick]])
-        nearest = torch.minimum(nearest, ((x - x[pick]) ** 2).sum(-1))
-    for _ in range(iters):
-        assign = _nearest(x, centres, chunk)
-        sums = torch.zeros_like(centres).index_add_(0, assign, x)
-        counts = torch.bincount(assign, minlength=k).to(x.dtype)[:, None]
-        new = torch.where(counts > 0, sums / counts.clamp_min(1), centres)
-        if torch.equal(new, centres):
-            break
-        centres = new
-    return centres.to(points.dtype if points.is_floating_point() else torch.float32)
-
-
-def _nearest(x: Tensor, centres: Tensor, chunk: int = 65536) -> Tensor:
-    """Index of the nearest centre (squared Euclidean distance) for each row of ``x``."""
-    return torch.cat([torch.cdist(part, centres).argmin(-1) for part in x.split(chunk)])
 
 
 class PixelTokenizer:
@@ -255,7 +138,7 @@ class PixelTokenizer:
             rgb = images.movedim(-3, -1)
             flat = rgb.reshape(-1, 3).float()
             palette = self.palette.to(flat.device).float()
-            tokens = _nearest(flat, palette).view(rgb.shape[:-1])
+            tokens = nearest_centre(flat, palette).view(rgb.shape[:-1])
         if flatten:
             if tokens.dim() < 2:
                 raise ValueError(f"flatten needs (…, H, W) images, got {tuple(images.shape)}")
@@ -327,5 +210,4 @@ class PixelTokenizer:
         return f"PixelTokenizer({kind})"
 
 
-__all__ = ["ConvStem", "PatchEmbed", "PixelTokenizer", "check_images", "kmeans", "patchify",
-           "unpatchify"]
+__all__ = ["PixelTokenizer", "patchify", "unpatchify"]

@@ -1,12 +1,11 @@
 """Built-in data sources: how each dataset is obtained offline and read, one module each.
 
 Images: :mod:`~.fashion_mnist`, :mod:`~.mnist5k`, :mod:`~.digits` (each with its
-:class:`~multimodal.data.images.ImageSource`). Audio: :mod:`~.spoken_words` (synthesised by
-the engines of :mod:`~.speech`), :mod:`~.sonic_pi`. English text: :mod:`~.bible`,
-:mod:`~.fortunes`, :mod:`~.shakespeare`, by name through :mod:`~.corpora`. Captions: the
-two caption sources are single-source modules already, :mod:`multimodal.data.emoji` and
-:mod:`multimodal.data.scenes` (procedural); they stay where they are while the CLIP work
-edits them, and move here with ``git mv`` after it lands.
+:class:`~multimodal.data.vision_datasets.ImageSource`). Audio: :mod:`~.spoken_words`
+(synthesised by the engines of :mod:`~.speech`), :mod:`~.sonic_pi`. English text: :mod:`~.bible`,
+:mod:`~.fortunes`, :mod:`~.shakespeare`, by name through :mod:`~.corpora`. Captions:
+:mod:`~.emoji` (Twitter emoji pictures with their Unicode names) and :mod:`~.scenes`
+(procedural shape scenes with captions).
 
 The recipes that fetch or make the offline copies are in the repository's ``data/`` folder
 (``bash data/get.sh all``). A source knows no task and no data module; the data module of a

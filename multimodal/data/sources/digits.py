@@ -11,7 +11,7 @@ import os
 import numpy as np
 import torch
 
-from multimodal.data.images import ImageSet, ImageSource
+from multimodal.data.vision_datasets import ImageSet, ImageSource
 
 __all__ = ["DIGIT_CLASSES", "SOURCE", "load_digits"]
 

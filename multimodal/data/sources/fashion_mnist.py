@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from multimodal.data.images import ImageSet, ImageSource
+from multimodal.data.vision_datasets import ImageSet, ImageSource
 
 __all__ = ["DEBIAN_FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "SOURCE", "load_fashion_mnist",
            "read_idx"]

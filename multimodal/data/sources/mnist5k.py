@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from multimodal.data.images import ImageSet, ImageSource
 from multimodal.data.sources.digits import DIGIT_CLASSES
+from multimodal.data.vision_datasets import ImageSet, ImageSource
 
 __all__ = ["SOURCE", "load_mnist5k"]
 

@@ -144,8 +144,8 @@ def _audio(args: argparse.Namespace) -> dict[str, int]:
 
 
 def _captions(args: argparse.Namespace) -> dict[str, int]:
-    from multimodal.data.caption_files import CaptionShardEncoder
     from multimodal.data.captions import CaptionDataModule
+    from multimodal.data.captions_files import CaptionShardEncoder
 
     dm = CaptionDataModule(train=args.root, val=args.val, test=args.test,
                            image_root=args.image_root, val_fraction=_size(args.val_size),

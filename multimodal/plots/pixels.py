@@ -1,7 +1,7 @@
 """Figures for pixel generation: class-conditional samples, and completions of test images
 from their top half (original / prompt / completion), from a trained ImageGPT checkpoint::
 
-    python -m multimodal.plots_pixels \\
+    python -m multimodal.plots.pixels \\
         runs/igpt_mnist5k/checkpoints/last.ckpt \\
         --out docs/figures --name igpt_mnist5k
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from multimodal.plots import _pyplot, save_figure
+from multimodal.plots.figures import _pyplot, save_figure
 
 
 def _show(ax, image: Tensor) -> None:

@@ -3,7 +3,7 @@ cross-attention over the image, one panel per generated token.
 
 From a trained checkpoint of :class:`~multimodal.tasks.captioning.CaptioningTask`::
 
-    python -m multimodal.plots_attention runs/caption_scenes/checkpoints/last.ckpt \\
+    python -m multimodal.plots.attention runs/caption_scenes/checkpoints/last.ckpt \\
         --out docs/figures --name caption_scenes --split test --num 8
 
 writes ``<name>_captions.png`` and ``<name>_attention.png`` (first image of the split).
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from multimodal.plots import _pyplot, save_figure
+from multimodal.plots.figures import _pyplot, save_figure
 
 
 def _to_hwc(image: Tensor) -> Tensor:

@@ -210,7 +210,7 @@ class ImageFolderDataset(Dataset):
 
 class FileImageDataset(Dataset):
     """Items ``(x, label)`` decoded from image files: ``decode_image_file`` to uint8
-    (in_channels, H, W), then ``transform`` (see :mod:`multimodal.data.transforms`).
+    (in_channels, H, W), then ``transform`` (see :mod:`multimodal.data.vision_transforms`).
 
     A file that cannot be decoded raises :class:`CorruptFileError` naming it, or with
     ``skip_corrupt`` yields ``None`` (dropped by :func:`collate_skipping`, which counts it).

@@ -17,7 +17,7 @@ corrupted newer file is skipped with a warning naming it) and, unless
 ``--test_after_fit false``, tests the best checkpoint when training ends. SIGTERM or
 SLURM's SIGUSR1 saves ``<checkpoints>/last.ckpt`` at the end of the step in progress and
 exits with 128 + the signal (143 for SIGTERM); ``--checkpoint_every_minutes N`` saves it
-every N minutes as well (:class:`~multimodal.callbacks.Preemption`, docs/cluster.md).
+every N minutes as well (:class:`~multimodal.cli.callbacks.Preemption`, docs/cluster.md).
 When standard output is not a terminal (a log file, a batch job) every validation prints
 one plain line of metrics instead of Lightning's progress bar
 (``--trainer.enable_progress_bar true`` brings the bar back).
@@ -34,7 +34,7 @@ a task's ``save_dir``, a tokenizer file) is replaced by the root after the comma
 overrides are read. See :func:`place_run_outputs`.
 
 Precision: with ``trainer.precision`` unset (or ``null``) the run picks it by
-:func:`multimodal.precision.auto_precision` (bf16 autocast on a GPU with bf16, and on a CPU
+:func:`multimodal.cli.precision.auto_precision` (bf16 autocast on a GPU with bf16, and on a CPU
 with native bf16 for models above the measured size threshold; fp32 elsewhere; see
 docs/precision.md); ``--trainer.precision 32-true`` (or any Lightning precision) overrides
 it. Either way the run logs one line ``precision: <value> (<why>)``.
@@ -55,8 +55,8 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from multimodal.callbacks import EpochSummary, Preemption, resume_checkpoint
-from multimodal.precision import auto_precision
+from multimodal.cli.callbacks import EpochSummary, Preemption, resume_checkpoint
+from multimodal.cli.precision import auto_precision
 from multimodal.progress import is_terminal
 
 ROOT_PLACEHOLDER = "${trainer.default_root_dir}"
@@ -329,7 +329,7 @@ class MultimodalCLI(LightningCLI):
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
         """``ckpt_path`` checked before it is read: ``last`` is the newest whole checkpoint
         (a damaged newer one is skipped with a warning), a damaged named file an error
-        naming it (:func:`multimodal.callbacks.resume_checkpoint`)."""
+        naming it (:func:`multimodal.cli.callbacks.resume_checkpoint`)."""
         kwargs = super()._prepare_subcommand_kwargs(subcommand)
         if kwargs.get("ckpt_path") is not None:
             kwargs["ckpt_path"] = resume_checkpoint(self.trainer, kwargs["ckpt_path"])
@@ -453,7 +453,7 @@ def main(args: list[str] | None = None) -> None:
             raise SystemExit(code)
         return
     if argv and argv[0] in ("embed", "zero-shot", "caption"):
-        from multimodal.inference_cli import run_verb
+        from multimodal.cli.inference import run_verb
 
         code = run_verb(argv[0], argv[1:])
         if code:
