@@ -155,10 +155,15 @@ class ImageGPT(PretrainedMixin, nn.Module):
     def num_features(self) -> int:
         return self.config.dim
 
-    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
-        """The first ``min(16, pixels)`` random pixel tokens of ``batch_size`` images."""
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor | None, ...]:
+        """The first ``min(16, pixels)`` random pixel tokens of ``batch_size`` images; for a
+        class-conditional model also random class labels, as the positional ``class_label``
+        (``(ids, None, None, labels)``: no attention mask, no cache)."""
         n = min(16, self.config.num_pixels)
-        return (torch.randint(0, self.config.vocab_size, (batch_size, n)),)
+        ids = torch.randint(0, self.config.vocab_size, (batch_size, n))
+        if not self.config.num_classes:
+            return (ids,)
+        return ids, None, None, torch.randint(0, self.config.num_classes, (batch_size,))
 
     def forward(
         self,
