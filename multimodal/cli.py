@@ -29,7 +29,8 @@ metric, or ``--monitor`` / ``--monitor_mode``) and a ``LearningRateMonitor``.
 A config names its model (``preset: NAME`` + ``overrides``, :mod:`multimodal.tasks.presets`)
 and writes each size once, in the data section: the data module's ``class_names`` and
 ``model_sizes`` (image size, channels, mel bins, vocabulary sizes, sequence lengths,
-codebooks) are linked into the task when the data module is made.
+codebooks) are linked into the task when the data module is made (so ``--print_config``
+shows the preset, its overrides and the data section, where each size is written).
 
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
