@@ -4,6 +4,7 @@ long data load)."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -201,8 +202,6 @@ def test_no_logger_means_no_lr_monitor_and_a_config_checkpoint_is_kept(
 LONGEST_BEFORE = 74
 
 
-@pytest.mark.xfail(strict=True, reason="the model sections still spell out every field; "
-                   "needs models named by preset (issue 30 part 2, first item)")
 def test_the_longest_config_is_at_most_half_its_former_length() -> None:
     lengths = {p.name: len(p.read_text().splitlines()) for p in CONFIGS}
     longest = max(lengths, key=lengths.__getitem__)
@@ -211,42 +210,163 @@ def test_the_longest_config_is_at_most_half_its_former_length() -> None:
 
 # --- named models: a config's model is a preset plus overrides (issue 30 part 2) ------------
 
-# the config whose model each preset is (the preset's docstring says so)
-PRESET_OF_CONFIG = {"vit_fashion_mnist": "vit_fashion_mnist",
-                    "vit_fashion_mnist_ddp": "vit_fashion_mnist",
-                    "igpt_fashion_mnist": "igpt_fashion_mnist",
-                    "caption_scenes": "captioner_scenes",
-                    "clip_scenes": "clip_scenes"}
-WITH_PRESET = [p for p in CONFIGS if "preset" in yaml.safe_load(p.read_text())["model"].get(
-    "init_args", {})]
+# the preset each config trains; a variant (in VARIANTS) changes a few fields in overrides
+PRESET_OF_CONFIG = {
+    "audio_folder": "audio_spoken_words", "audio_sonic_pi": "audio_sonic_pi",
+    "audio_spoken_words": "audio_spoken_words", "speaker_id": "audio_spoken_words",
+    "bert_mlm": "bert_tiny", "bert_source_cls": "bert_tiny",
+    "caption_emoji": "captioner_emoji", "caption_manifest": "captioner_emoji",
+    "caption_scenes": "captioner_scenes", "clip_emoji": "clip_emoji",
+    "clip_scenes": "clip_scenes", "gpt_corpus": "gpt_tiny", "gpt_textfiles": "gpt_tiny",
+    "igpt_fashion_mnist": "igpt_fashion_mnist",
+    "igpt_fashion_mnist_gpu": "igpt_fashion_mnist_gpu", "igpt_mnist5k": "igpt_mnist5k",
+    "rnn_numbers": "rnn_numbers", "rnn_numbers_bottleneck": "rnn_numbers",
+    "seq2seq_numbers": "seq2seq_numbers", "seq2seq_pairs": "seq2seq_numbers",
+    "tts_voices": "tts_voices", "vit_base_fsdp": "vit_base_patch16_224",
+    "vit_fashion_mnist": "vit_fashion_mnist", "vit_fashion_mnist_conv": "vit_fashion_mnist",
+    "vit_fashion_mnist_ddp": "vit_fashion_mnist",
+    "vit_fashion_mnist_long": "vit_fashion_mnist_long", "vit_imagefolder": "vit_imagefolder"}
+VARIANTS = {"speaker_id", "rnn_numbers_bottleneck", "vit_base_fsdp", "vit_fashion_mnist_conv"}
+WITH_PRESET = [p for p in CONFIGS if p.stem in PRESET_OF_CONFIG]
+
+# what the data fixes: the keys of the data modules' model_sizes, and the class count
+DATA_SIZES = {"image_size", "in_channels", "n_mels", "vocab_size", "max_len",
+              "source_vocab_size", "target_vocab_size", "max_source_len", "max_target_len",
+              "codebook_size", "num_codebooks", "num_classes"}
 
 
-def test_each_config_with_a_preset_names_it() -> None:
-    named = {p.stem: yaml.safe_load(p.read_text())["model"]["init_args"] for p in WITH_PRESET}
-    for stem, preset in PRESET_OF_CONFIG.items():
-        assert named.get(stem, {}).get("preset") == preset, stem
-        assert not named[stem].get("overrides"), f"{stem} is its preset's own config"
+def _keys(value: object) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_names_its_model_and_repeats_no_size_of_the_data(path: Path) -> None:
+    init = yaml.safe_load(path.read_text())["model"]["init_args"]
+    assert "model" not in init, f"{path.name} spells out its model: name a preset"
+    assert ("preset" in init) != ("pretrained" in init), path.name
+    if "preset" in init:
+        assert init["preset"] == PRESET_OF_CONFIG[path.stem], path.stem
+        assert bool(init.get("overrides")) == (path.stem in VARIANTS), path.stem
+    repeated = _keys(init) & DATA_SIZES
+    assert not repeated, f"{path.name}: {sorted(repeated)} come from the data section"
+
+
+def _own_data(stem: str, root: Path) -> list[str]:
+    """Command-line arguments that point a config made for the user's own files at a few
+    made-up ones (the classes / vocabulary of the shipped path are not on this machine)."""
+    import numpy as np
+    from PIL import Image
+
+    def image(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((16, 16, 3), len(path.name) * 20, np.uint8)).save(path)
+
+    if stem == "vit_imagefolder":
+        for cls in ("cat", "dog"):
+            for i in range(2):
+                image(root / cls / f"{i}.png")
+        return ["--data.init_args.train", str(root)]
+    if stem == "caption_manifest":
+        for i in range(4):
+            image(root / f"{i}.png")
+        rows = "".join(f"{i}.png,a picture of {i} things\n" for i in range(4))
+        (root / "captions.csv").write_text("image,caption\n" + rows)
+        return ["--data.init_args.train", str(root / "captions.csv")]
+    if stem == "audio_folder":
+        import soundfile as sf
+
+        for cls in ("en", "fr"):
+            (root / cls).mkdir(parents=True)
+            for i in range(2):
+                sf.write(str(root / cls / f"{i}.wav"), np.zeros(8000, np.float32), 16000)
+        return ["--data.init_args.train", str(root)]
+    if stem == "gpt_textfiles":
+        root.mkdir(parents=True)
+        (root / "a.txt").write_text("In the beginning there was text.\n" * 50)
+        return ["--data.init_args.train", str(root)]
+    if stem == "bert_source_cls":  # its encoder comes from a bert_mlm run
+        return ["--model.init_args.init_from", "null"]
+    return []
+
+
+class _Built(Exception):
+    """Raised in place of making the trainer: carries the task and the data module."""
+
+
+def _flat_fields(config: object, prefix: str = "") -> dict[str, object]:
+    import dataclasses
+
+    out: dict[str, object] = {}
+    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_flat_fields(value, f"{prefix}{field.name}."))
+        else:
+            out[f"{prefix}{field.name}"] = value
+    return out
+
+
+# fields a task sets itself: a masked-LM task's encoder has an MLM head, a classifier's not
+TASK_FIELDS = {"mlm_head"}
 
 
 @pytest.mark.parametrize("path", WITH_PRESET, ids=lambda p: p.stem)
-def test_a_config_model_is_its_preset_with_its_overrides(
+def test_a_config_model_is_its_preset_with_its_overrides_and_the_data_sizes(
         path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The task the CLI builds from the config trains exactly ``create_model(preset,
-    **overrides)``: same config dataclass, same parameter shapes."""
-    import importlib
-
+    """The model the CLI builds from a config is ``create_model(preset, **overrides)`` except
+    for the fields the data fixes, each equal to the data module's value (its
+    ``model_sizes``; its class count for a classifier's ``num_classes``)."""
     import multimodal as mm
 
-    config = _parse(["fit", "--config", str(path), "--trainer.default_root_dir",
-                     str(tmp_path)], monkeypatch)
-    module, _, name = config.model.class_path.rpartition(".")
-    task_cls = getattr(importlib.import_module(module), name)
-    args = config.model.init_args.as_dict()
-    task = task_cls(**args)
-    reference = mm.create_model(args["preset"], **(args.get("overrides") or {}))
-    assert task.model.config == reference.config
-    assert {k: v.shape for k, v in task.model.state_dict().items()} == \
-        {k: v.shape for k, v in reference.state_dict().items()}
+    def stop(cli: MultimodalCLI, **kwargs: object) -> None:
+        raise _Built(cli.model, cli.datamodule)
+
+    monkeypatch.setattr(MultimodalCLI, "instantiate_trainer", stop)
+    init = yaml.safe_load(path.read_text())["model"]["init_args"]
+    with pytest.raises(_Built) as info:
+        main(["fit", "--config", str(path), "--trainer.default_root_dir", str(tmp_path / "run"),
+              *_own_data(path.stem, tmp_path / "data")])
+    task, datamodule = info.value.args
+    config = task.model.config
+    sizes = dict(datamodule.model_sizes)
+    if "num_classes" in task.hparams and getattr(datamodule, "class_names", None):
+        sizes["num_classes"] = len(datamodule.class_names)
+    # a flat config takes the sizes as keywords (a nested one holds them in its parts)
+    keywords = set(inspect.signature(type(config)).parameters)
+    with torch.device("meta"):
+        reference = mm.create_model(init["preset"], **(init.get("overrides") or {}),
+                                    **{k: v for k, v in sizes.items() if k in keywords})
+    assert type(task.model) is type(reference)
+    built, wanted = _flat_fields(config), _flat_fields(reference.config)
+    for key, value in built.items():
+        name = key.rsplit(".", 1)[-1]
+        if name in sizes:
+            assert value == sizes[name], (key, value, sizes[name])
+        elif name not in TASK_FIELDS:
+            assert value == wanted[key], (key, value, wanted[key])
+    fixed = [k for k in datamodule.model_sizes
+             if k in keywords or any(f.rsplit(".", 1)[-1] == k for f in built)]
+    assert fixed, "the data fixes none of the model's sizes"
+    for name in fixed:
+        if name in keywords:  # the config reads it back (a field or an alias property)
+            assert getattr(config, name) == sizes[name], name
+
+
+def test_an_override_that_disagrees_with_the_data_is_an_error() -> None:
+    from multimodal.tasks.presets import preset_config
+
+    _, config = preset_config("captioner_scenes", {"decoder": {"depth": 3}},
+                              {"image_size": 48, "vocab_size": 40})
+    assert (config.encoder.image_size, config.decoder.vocab_size) == (48, 40)
+    assert (config.decoder.depth, config.decoder.dim) == (3, 96)  # nested: only that field
+    with pytest.raises(ValueError, match=r"encoder.image_size: overrides 32, data 48"):
+        preset_config("captioner_scenes", {"encoder": {"image_size": 32}}, {"image_size": 48})
+    with pytest.raises(ValueError, match="has no field 'depht'"):
+        preset_config("vit_fashion_mnist", {"depht": 2})
 
 
 def test_preset_and_model_together_is_an_error() -> None:

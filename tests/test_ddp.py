@@ -88,11 +88,15 @@ def test_fsdp_config_wraps_and_checkpoints_each_block():
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     from multimodal.nn.block import Block
+    from multimodal.tasks.presets import preset_config
 
     cfg = _load_yaml("vit_base_fsdp.yaml")
     assert cfg["trainer"]["precision"] == "bf16-mixed"
-    vit = mm.ViTConfig(**cfg["model"]["init_args"]["model"]["init_args"]["config"])
-    assert (vit.image_size, vit.patch_size, vit.dim, vit.depth, vit.heads, vit.mlp_dim) \
+    args, data = cfg["model"]["init_args"], cfg["data"]["init_args"]
+    _, vit = preset_config(args["preset"], args.get("overrides"),
+                           {"image_size": data["image_size"], "in_channels": 1})
+    mlp = vit.mlp_dim or 4 * vit.dim  # unset: the usual 4 x width
+    assert (vit.image_size, vit.patch_size, vit.dim, vit.depth, vit.heads, mlp) \
         == (224, 16, 768, 12, 12, 3072)  # ViT-B/16
     parser = LightningArgumentParser()
     parser.add_argument("--strategy", type=Strategy)

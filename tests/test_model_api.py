@@ -51,7 +51,8 @@ CASES = [pytest.param(_class_model, n, id=f"class-{n}") for n in sorted(MODEL_CL
 # how each decoding model is asked to decode a little, from its example inputs
 GENERATE = {
     "TextDecoder": lambda m, x: m.generate(x[0], max_new_tokens=2),
-    "ImageGPT": lambda m, x: m.generate(num_images=1, max_new_tokens=2),
+    "ImageGPT": lambda m, x: m.generate(num_images=1, max_new_tokens=2,  # class 0 if conditional
+                                        class_label=0 if m.config.num_classes else None),
     "Captioner": lambda m, x: m.generate(x[0], max_new_tokens=2),
     "Seq2Seq": lambda m, x: m.generate(x[0], max_new_tokens=2),
     "RNNSeq2Seq": lambda m, x: m.generate(x[0], max_new_tokens=2),

@@ -26,6 +26,12 @@ A config says only what differs from the CLI's trainer defaults (:func:`add_run_
 TensorBoard + CSV loggers, a ``ModelCheckpoint`` (``last.ckpt`` and the best by the task's
 metric, or ``--monitor`` / ``--monitor_mode``) and a ``LearningRateMonitor``.
 
+A config names its model (``preset: NAME`` + ``overrides``, :mod:`multimodal.tasks.presets`)
+and writes each size once, in the data section: the data module's ``class_names`` and
+``model_sizes`` (image size, channels, mel bins, vocabulary sizes, sequence lengths,
+codebooks) are linked into the task when the data module is made (so ``--print_config``
+shows the preset, its overrides and the data section, where each size is written).
+
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
 checkpoints go to ``<root>/checkpoints`` unless a ModelCheckpoint names its own ``dirpath``,
@@ -287,6 +293,11 @@ def _data_class_names(datamodule: Any) -> list[str] | None:
     return [str(n) for n in names] if names else None
 
 
+def _data_model_sizes(datamodule: Any) -> dict[str, int] | None:
+    sizes = getattr(datamodule, "model_sizes", None)
+    return {str(k): int(v) for k, v in sizes.items() if v is not None} if sizes else None
+
+
 class MultimodalCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -316,6 +327,11 @@ class MultimodalCLI(LightningCLI):
         # ignore the link; an explicit num_classes that disagrees is the task's error)
         parser.link_arguments("data", "model.init_args.class_names",
                               compute_fn=_data_class_names, apply_on="instantiate")
+        # the sizes the data fixes (image_size, in_channels, n_mels, vocab_size, max_len,
+        # source/target_vocab_size, codebook_size, num_codebooks ...: the data module's
+        # model_sizes) go to a preset's config: a config writes each once, in the data section
+        parser.link_arguments("data", "model.init_args.data_sizes",
+                              compute_fn=_data_model_sizes, apply_on="instantiate")
         parser.add_argument("--monitor", type=str | None, default=None,
                             help="metric the default ModelCheckpoint keeps the best of "
                                  "(default: the task's, e.g. val/acc)")
@@ -427,6 +443,7 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
     model_args.update(pretrained=str(ckpt_path), overrides=None)
     model_args.pop("preset", None)  # the checkpoint holds the architecture
     model_args.pop("init_from", None)  # the checkpoint already holds those weights
+    model_args.pop("data_sizes", None)  # linked from the data again
     data_hp = dict(ckpt.get("datamodule_hyper_parameters") or {})
     data_path = data_hp.pop("_class_path", None)
     config: dict[str, Any] = {"model": {"class_path": task, "init_args": model_args}}

@@ -216,6 +216,12 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         return len(self.class_names)
 
     @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them)."""
+        return {"n_mels": int(self.hparams.n_mels)}
+
+    @property
     def sample_rate(self) -> int:
         return SAMPLE_RATE
 

@@ -294,6 +294,12 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
         self._load()
 
     @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them)."""
+        return {"image_size": int(self.image_size), "in_channels": self.in_channels}
+
+    @property
     def mean(self) -> torch.Tensor:
         """Per-channel mean of the training images in [0, 1], shape (3,) (``mean`` when
         given, e.g. a pretrained model's)."""

@@ -194,6 +194,13 @@ class NumberWordsDataModule(SplitDataModule):
         self.numbers: dict[str, list[int]] = {}
         self.lists: dict[str, list[tuple[int, ...]]] = {}
 
+    @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them)."""
+        return {"source_vocab_size": self.source_vocab_size,
+                "target_vocab_size": self.target_vocab_size}
+
     def setup(self, stage: str | None = None) -> None:
         if self.numbers:
             return

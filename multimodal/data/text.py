@@ -252,6 +252,13 @@ class _TextDataModule(SplitDataModule):
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
+    @property
+    def model_vocab_size(self) -> int:
+        """The embedding rows a model needs: the given tokenizer's size, else the
+        ``vocab_size`` the module trains (or trained) its WordPiece to."""
+        return int(self.vocab_size) if self.tokenizer_spec is not None \
+            else int(self.vocab_size_target)
+
     def prepare_data(self) -> None:
         # fail early, with the recipe, when a source is missing
         if getattr(self, "shards", None) is not None:
@@ -336,6 +343,12 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
         self.block_size = block_size
         self.datasets: dict[str, BlockDataset] = {}
 
+    @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them)."""
+        return {"vocab_size": self.model_vocab_size, "max_len": self.block_size}
+
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
@@ -410,6 +423,12 @@ class SourceClassificationDataModule(_TextDataModule):
         self.class_names = list(self.sources)
         self.datasets: dict[str, PassageDataset] = {}
         self.passages: dict[str, list[tuple[str, int]]] = {}
+
+    @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them)."""
+        return {"vocab_size": self.model_vocab_size, "max_len": self.max_length}
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:

@@ -265,6 +265,19 @@ class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModu
         return int(self.target_tokenizer.vocab_size)
 
     @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them):
+        the lengths, and the vocabularies: a given tokenizer's (or the shards') size, else
+        the ``vocab_size`` the WordPiece is trained to (without training it here)."""
+        sizes = {"max_source_len": self.max_source_len, "max_target_len": self.max_target_len}
+        for side in ("source", "target"):
+            own = self.tokenizer_specs[side] is not None or self._meta is not None
+            sizes[f"{side}_vocab_size"] = int(getattr(self, f"{side}_vocab_size")) if own \
+                else int(self.vocab_size_target)
+        return sizes
+
+    @property
     def bos_token_id(self) -> int:
         return int(self.specials("target").bos)  # type: ignore[arg-type]
 

@@ -336,6 +336,19 @@ class TTSDataModule(SplitDataModule):
     def tts_root(self) -> Path:
         return self.root / "tts"
 
+    @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them):
+        the codec's codebooks, Q and K (the codec file's when it exists, else
+        :data:`TTS_CODEC`'s, which ``prepare_data`` fits)."""
+        file = self.tts_root / CODEC_FILE
+        codec = self._codec or (MelRVQCodec.load(file) if file.is_file() else None)
+        if codec is not None:
+            return {"num_codebooks": codec.num_codebooks, "codebook_size": codec.codebook_size}
+        return {"num_codebooks": TTS_CODEC.num_codebooks,
+                "codebook_size": TTS_CODEC.codebook_size}
+
     def prepare_data(self) -> None:
         if self.prepare:
             prepare_tts(self.root, seed=self.seed)

@@ -329,6 +329,12 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
     def std(self) -> tuple[float, ...]:
         return self._normalisation()[1]
 
+    @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them)."""
+        return {"image_size": int(self.image_size), "in_channels": int(self.in_channels)}
+
     def transform_config(self) -> ImageTransformConfig:
         """The image pipeline of this module's settings (see
         :mod:`~multimodal.data.vision_transforms`)."""

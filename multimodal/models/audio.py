@@ -411,3 +411,13 @@ _audio_preset("audio_frames_small", num_classes=20, dim=128, depth=4, heads=4, m
 # AST-style overlapping 16x16 patches (stride 10), ViT-Tiny width (Gong et al., 2021).
 _audio_preset("ast_tiny_patch16", num_classes=527, dim=192, depth=12, heads=3, mode="patches",
               n_mels=128, patch_size=16, patch_stride=10, pool="cls")
+# configs/audio_spoken_words.yaml (also audio_folder.yaml, speaker_id.yaml): the small
+# frame-stacking encoder with sinusoidal positions, dropout and SpecAugment (two frequency
+# masks of up to 8 bins, two time masks of up to 10 frames, training only).
+_audio_preset("audio_spoken_words", num_classes=20, dim=128, depth=4, heads=4, mlp_dim=256,
+              mode="frames", n_mels=40, stack_frames=2, pool="mean", pos_embed="sincos",
+              dropout=0.1, freq_mask=8, time_mask=10, spec_augment_masks=2)
+# configs/audio_sonic_pi.yaml: 64 mel bins, 4 frames per token, width 96, 3 blocks.
+_audio_preset("audio_sonic_pi", num_classes=10, dim=96, depth=3, heads=4, mlp_dim=192,
+              mode="frames", n_mels=64, stack_frames=4, pool="mean", pos_embed="sincos",
+              dropout=0.1, freq_mask=8, time_mask=10, spec_augment_masks=2)

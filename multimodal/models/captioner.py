@@ -311,11 +311,12 @@ def captioner_scenes(**overrides: Any) -> Captioner:
 
 @register_preset("captioner_emoji")
 def captioner_emoji(**overrides: Any) -> Captioner:
-    """Small captioner for 32x32 emoji with a 1000-piece WordPiece vocabulary."""
+    """Small captioner for 32x32 emoji with a 1000-piece WordPiece vocabulary (8x8 grid of
+    4x4 patches, width 96, dropout 0.1): the model of configs/caption_emoji.yaml and
+    caption_manifest.yaml."""
     defaults = {
-        "encoder": ViTConfig(image_size=32, patch_size=4, num_classes=0, dim=128, depth=3,
-                             heads=4, mlp_dim=256, pool="mean", class_token=False),
-        "decoder": TextDecoderConfig(vocab_size=1000, max_len=40, dim=128, depth=2, heads=4,
-                                     mlp_dim=256),
+        "encoder": dataclasses.replace(_default_encoder(), dim=96, mlp_dim=192, dropout=0.1),
+        "decoder": dataclasses.replace(_default_decoder(), vocab_size=1000, max_len=32, dim=96,
+                                       mlp_dim=192, dropout=0.1),
     }
     return Captioner(CaptionerConfig(**{**defaults, **overrides}))

@@ -385,3 +385,15 @@ def clip_scenes(**overrides: Any) -> CLIP:
         "embed_dim": 96}
     return CLIP(CLIPConfig(**{**defaults, **overrides}))
 
+
+@register_preset("clip_emoji")
+def clip_emoji(**overrides: Any) -> CLIP:
+    """Small CLIP for 32x32 emoji and their names (conv stem, a 1000-piece WordPiece
+    vocabulary, width 96, dropout 0.1): the model of configs/clip_emoji.yaml."""
+    defaults = {
+        "vision": dataclasses.replace(_default_vision(), stem="conv", dim=96, mlp_dim=192,
+                                      dropout=0.1),
+        "text": dataclasses.replace(_default_text(), vocab_size=1000, max_len=32, dim=96,
+                                    mlp_dim=192, dropout=0.1),
+        "embed_dim": 96}
+    return CLIP(CLIPConfig(**{**defaults, **overrides}))

@@ -54,7 +54,7 @@ from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
 from multimodal.nn.pool import last_token
 from multimodal.nn.position import sinusoidal_positions
-from multimodal.registry import register_model
+from multimodal.registry import register_config_preset, register_model
 from multimodal.weights import PretrainedMixin
 
 __all__ = ["IGNORE_INDEX", "CodecAR", "CodecARConfig", "CodecLM", "CodecLMConfig", "CodecNAR",
@@ -662,3 +662,14 @@ def nar_loss(logits: Tensor, codes: Tensor, code_lengths: Tensor, stage: Tensor)
     target = target.masked_fill(pad, IGNORE_INDEX)
     return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(),
                            ignore_index=IGNORE_INDEX)
+
+
+# configs/tts_voices.yaml: width 128, a 4-block AR and a 3-block NAR model for a codec of
+# Q = 8 codebooks of K = 256 (the data set them), 96 phoneme ids, rows of up to 320 positions
+# (about 40 phonemes + 1 s of prompt + 3 s of speech at 50 frames/s).
+register_config_preset(
+    "tts_voices", CodecLM, CodecLMConfig,
+    ar=CodecARConfig(codebook_size=256, num_phonemes=96, max_len=320, dim=128, depth=4,
+                     heads=4, mlp_dim=512),
+    nar=CodecNARConfig(codebook_size=256, num_codebooks=8, num_phonemes=96, max_len=320,
+                       dim=128, depth=3, heads=4, mlp_dim=512))

@@ -157,10 +157,15 @@ class ImageGPT(PretrainedMixin, nn.Module):
     def num_features(self) -> int:
         return self.config.dim
 
-    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
-        """The first ``min(16, pixels)`` random pixel tokens of ``batch_size`` images."""
+    def example_inputs(self, batch_size: int = 2) -> tuple[Tensor | None, ...]:
+        """The first ``min(16, pixels)`` random pixel tokens of ``batch_size`` images; for a
+        class-conditional model also random class labels, as the positional ``class_label``
+        (``(ids, None, None, labels)``: no attention mask, no cache)."""
         n = min(16, self.config.num_pixels)
-        return (torch.randint(0, self.config.vocab_size, (batch_size, n)),)
+        ids = torch.randint(0, self.config.vocab_size, (batch_size, n))
+        if not self.config.num_classes:
+            return (ids,)
+        return ids, None, None, torch.randint(0, self.config.num_classes, (batch_size,))
 
     def forward(
         self,
@@ -354,8 +359,24 @@ def igpt_fashion_mnist(**overrides: Any) -> ImageGPT:
                                       "num_classes": 0, **overrides}))
 
 
+@register_preset("igpt_mnist5k")
+def igpt_mnist5k(**overrides: Any) -> ImageGPT:
+    """The model of configs/igpt_mnist5k.yaml: :func:`igpt_fashion_mnist` conditioned on the
+    10 digit classes (a class token starts every image)."""
+    return igpt_fashion_mnist(**{"num_classes": 10, **overrides})
+
+
 @register_preset("igpt_s_32")
 def igpt_s_32(**overrides: Any) -> ImageGPT:
     """32x32 images with a 512-colour palette, 8 layers of width 256 (a small iGPT)."""
     return ImageGPT(ImageGPTConfig(**{"image_size": 32, "vocab_size": 512, "dim": 256,
                                       "depth": 8, "heads": 8, **overrides}))
+
+
+@register_preset("igpt_fashion_mnist_gpu")
+def igpt_fashion_mnist_gpu(**overrides: Any) -> ImageGPT:
+    """The GPU model of configs/igpt_fashion_mnist_gpu.yaml: 28x28 grey images at all 256
+    levels, 8 layers of width 256, conditioned on the 10 classes, dropout 0.1."""
+    return ImageGPT(ImageGPTConfig(**{"image_size": 28, "vocab_size": 256, "dim": 256,
+                                      "depth": 8, "heads": 8, "mlp_dim": 1024,
+                                      "num_classes": 10, "dropout": 0.1, **overrides}))

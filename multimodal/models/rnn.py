@@ -38,7 +38,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from multimodal.models.api import AttentionMaps, DecoderHeadMixin
 from multimodal.models.text import NextTokenHead, check_token_ids
 from multimodal.nn.alignment import AdditiveScore, MultiplicativeScore, attend
-from multimodal.registry import register_model
+from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.text import BOS_ID
 from multimodal.weights import PretrainedMixin
 
@@ -302,3 +302,10 @@ class RNNSeq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
 
 
 __all__ = ["RNNDecoder", "RNNEncoder", "RNNSeq2Seq", "RNNSeq2SeqConfig", "RecurrentState"]
+
+
+# configs/rnn_numbers.yaml: a one-layer GRU encoder-decoder with additive (Bahdanau)
+# attention, number words -> digits (rnn_numbers_bottleneck.yaml: no attention, wider).
+register_config_preset("rnn_numbers", RNNSeq2Seq, RNNSeq2SeqConfig, source_vocab_size=39,
+                       target_vocab_size=17, max_source_len=24, max_target_len=12, embed_dim=64,
+                       hidden_dim=136, num_layers=1, cell="gru", attention="additive")

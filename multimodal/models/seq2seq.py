@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from multimodal.models.api import DecoderHeadMixin
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
-from multimodal.registry import register_model
+from multimodal.registry import register_config_preset, register_model
 from multimodal.tokenizers.text import BOS_ID
 from multimodal.weights import PretrainedMixin
 
@@ -163,3 +163,10 @@ class Seq2Seq(DecoderHeadMixin, PretrainedMixin, nn.Module):
         """The encoder's states and padding, for the decoder's cross-attention."""
         memory, pad = self.encode(source_ids, source_mask)
         return {"memory": memory, "memory_padding_mask": pad}
+
+
+# configs/seq2seq_numbers.yaml (and seq2seq_pairs.yaml, whose data set the vocabularies and
+# lengths): width 64, two encoder and two decoder blocks, 4 heads; number words -> digits.
+register_config_preset("seq2seq_numbers", Seq2Seq, Seq2SeqConfig, source_vocab_size=39,
+                       target_vocab_size=17, max_source_len=24, max_target_len=12, dim=64,
+                       encoder_depth=2, decoder_depth=2, heads=4, mlp_dim=256)

@@ -341,9 +341,13 @@ class TextEncoder(ClassifierHeadMixin, PretrainedMixin, nn.Module):
 
 @register_preset("gpt_tiny")
 def gpt_tiny(**overrides: Any) -> TextDecoder:
+    """Width 128, 4 blocks, 4 heads: the model of configs/gpt_corpus.yaml and
+    gpt_textfiles.yaml (their data set ``vocab_size`` and ``max_len``)."""
     return TextDecoder(TextDecoderConfig(**{"dim": 128, "depth": 4, "heads": 4, **overrides}))
 
 
 @register_preset("bert_tiny")
 def bert_tiny(**overrides: Any) -> TextEncoder:
+    """Width 128, 4 blocks, 4 heads: the encoder of configs/bert_mlm.yaml and
+    bert_source_cls.yaml (their data set ``vocab_size`` and ``max_len``)."""
     return TextEncoder(TextEncoderConfig(**{"dim": 128, "depth": 4, "heads": 4, **overrides}))

@@ -232,3 +232,11 @@ _vit_preset("vit_large_patch16_224", dim=1024, depth=24, heads=16)
 # of 16 tokens, mean pooling.
 _vit_preset("vit_fashion_mnist", image_size=32, patch_size=8, in_channels=1, num_classes=10,
             stem="conv", dim=128, depth=4, heads=4, mlp_dim=256, pool="mean")
+# configs/vit_fashion_mnist_long.yaml: a 7x7 grid of 4x4 patches of 28x28 grayscale images
+# (49 tokens), ViT-Tiny width, 9 blocks, stochastic depth, mean pooling.
+_vit_preset("vit_fashion_mnist_long", image_size=28, patch_size=4, in_channels=1, num_classes=10,
+            dim=192, depth=9, heads=6, mlp_dim=384, drop_path=0.1, pool="mean")
+# configs/vit_imagefolder.yaml: 64x64 RGB images in 8x8 patches (64 tokens), ViT-Tiny width,
+# 6 blocks, mean pooling; the image size, channels and classes come from the data.
+_vit_preset("vit_imagefolder", image_size=64, patch_size=8, in_channels=3, dim=192, depth=6,
+            heads=3, mlp_dim=384, pool="mean")

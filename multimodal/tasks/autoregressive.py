@@ -65,9 +65,10 @@ class AutoregressiveImageTask(ModelTask):
         compile: bool = False,
         preset: str | None = None,
         overrides: dict[str, Any] | None = None,
+        data_sizes: dict[str, int] | None = None,
     ) -> None:
         model, _ = task_model(model, None, overrides, task="AutoregressiveImageTask",
-                              accept=(ImageGPT,), preset=preset)
+                              accept=(ImageGPT,), preset=preset, data_sizes=data_sizes)
         if not isinstance(model, ImageGPT):
             raise ValueError(f"model must be an ImageGPT, got {type(model).__name__}")
         super().__init__(model, compile=compile)

@@ -43,7 +43,10 @@ class ModelTask(L.LightningModule):
     ``finetune`` (:class:`~multimodal.tasks.finetune.FinetuneConfig` or its keys as a dict)
     picks the fine-tuning regime: full (default), linear probe, LoRA, frozen first blocks,
     layer-wise learning-rate decay, a head learning rate. Tasks take ``pretrained: PATH``
-    (:mod:`multimodal.tasks.pretrained`) to start from a folder or checkpoint.
+    (:mod:`multimodal.tasks.pretrained`) to start from a folder or checkpoint, or
+    ``preset: NAME`` with ``overrides`` for a new model (:mod:`multimodal.tasks.presets`),
+    whose sizes the data fixes (``image_size``, ``vocab_size`` ...) come in ``data_sizes``:
+    the ``multimodal`` CLI links it from the data module's ``model_sizes``.
     """
 
     head_modules: tuple[str, ...] = HEAD_MODULES

@@ -121,9 +121,11 @@ class CaptioningTask(ModelTask):
         overrides: dict[str, Any] | None = None,
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
+        data_sizes: dict[str, int] | None = None,
     ) -> None:
         model, source = task_model(model, pretrained, overrides, task="CaptioningTask",
-                                   accept=(Captioner,), preset=preset)
+                                   accept=(Captioner,), preset=preset,
+                                   data_sizes=data_sizes)
         super().__init__(model, compile=compile, finetune=finetune)
         if not 0.0 <= input_dropout <= 1.0:
             raise ValueError(f"input_dropout must be in [0, 1], got {input_dropout}")

@@ -75,6 +75,7 @@ class ClassificationTask(ModelTask):
         modality: Literal["image", "audio", "text"] | None = None,
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
+        data_sizes: dict[str, int] | None = None,
     ) -> None:
         data_n = len(class_names) if class_names else None
         if num_classes is not None and data_n is not None and num_classes != data_n:
@@ -87,7 +88,8 @@ class ClassificationTask(ModelTask):
             overrides.setdefault("num_classes", want)  # a new head in the one log line
         model, source = task_model(model, pretrained, overrides or None,
                                    task=type(self).__name__, accept=CLASSIFIERS,
-                                   modality=modality, preset=preset)
+                                   modality=modality, preset=preset,
+                                   data_sizes=data_sizes)
         # the model's own count is the user's choice when set away from its default
         # (a preset's count is its default: only overrides' num_classes is the user's)
         model_explicit = source is None and (

@@ -158,9 +158,11 @@ class ContrastiveTask(ModelTask):
         overrides: dict[str, Any] | None = None,
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
+        data_sizes: dict[str, int] | None = None,
     ) -> None:
         model, source = task_model(model, pretrained, overrides, task="ContrastiveTask",
-                                   accept=(CLIP,), preset=preset)
+                                   accept=(CLIP,), preset=preset,
+                                   data_sizes=data_sizes)
         super().__init__(model, compile=compile, finetune=finetune)
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")

@@ -91,9 +91,11 @@ class LanguageModelTask(ModelTask):
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         finetune: FinetuneConfig | None = None,
+        preset: str | None = None,
+        data_sizes: dict[str, int] | None = None,
     ) -> None:
         model, _ = task_model(model, pretrained, overrides, task="LanguageModelTask",
-                              accept=(TextDecoder,))
+                              accept=(TextDecoder,), preset=preset, data_sizes=data_sizes)
         super().__init__(model, compile=compile, finetune=finetune)
         if model.config.cross_attention:
             raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "

@@ -104,11 +104,14 @@ class MaskedLMTask(ModelTask):
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         finetune: FinetuneConfig | None = None,
+        preset: str | None = None,
+        data_sizes: dict[str, int] | None = None,
     ) -> None:
-        if pretrained is not None:  # continued pre-training: a folder without an MLM head
-            overrides = {"mlm_head": True, **(overrides or {})}  # gets one (tied decoder)
+        if pretrained is not None or preset is not None:  # gets an MLM head (tied decoder)
+            overrides = {"mlm_head": True, **(overrides or {})}
         model, _ = task_model(model, pretrained, overrides, task="MaskedLMTask",
-                              accept=(TextEncoder,), modality="text")
+                              accept=(TextEncoder,), modality="text", preset=preset,
+                              data_sizes=data_sizes)
         if model.mlm is None:
             raise ValueError("model must be a TextEncoder built with mlm_head=True, got "
                              f"{type(model).__name__} without one")
@@ -181,7 +184,8 @@ class SequenceClassificationTask(ClassificationTask):
     Cross-entropy, AdamW, warm-up + cosine, ``val/acc`` and ``test/acc``
     (torchmetrics) as in :class:`ClassificationTask`. ``init_from``: a folder written by
     ``save_pretrained`` (e.g. by :class:`MaskedLMTask`) whose encoder weights are loaded
-    before training.
+    before training (into ``model`` or the ``preset``'s model; a preset's encoder gets no
+    MLM head unless ``overrides`` says ``mlm_head: true``).
     """
 
     def __init__(
@@ -199,19 +203,31 @@ class SequenceClassificationTask(ClassificationTask):
         num_classes: int | None = None,
         class_names: list[str] | None = None,
         finetune: FinetuneConfig | None = None,
+        preset: str | None = None,
+        data_sizes: dict[str, int] | None = None,
     ) -> None:
         if model is not None and not isinstance(model, TextEncoder):
             raise ValueError(f"model must be a TextEncoder, got {type(model).__name__}")
+        if preset is not None:  # a classifier needs no MLM head
+            overrides = {"mlm_head": False, **(overrides or {})}
+        named = {"preset": preset, "overrides": overrides}
         if init_from:
+            if preset is not None:  # built here, so that the weights go into it
+                model, _ = task_model(model, pretrained, overrides,
+                                      task="SequenceClassificationTask",
+                                      accept=(TextEncoder,), preset=preset,
+                                      data_sizes=data_sizes)
+                named = {"preset": None, "overrides": None}
             if model is None:
-                raise ValueError("init_from loads weights into a model: give model, or use "
-                                 "pretrained: PATH alone")
+                raise ValueError("init_from loads weights into a model: give model or "
+                                 "preset, or use pretrained: PATH alone")
             load_encoder_weights(model, init_from)
         super().__init__(model, lr=lr, weight_decay=weight_decay,
                          warmup_fraction=warmup_fraction, min_lr_ratio=min_lr_ratio,
                          label_smoothing=label_smoothing, compile=compile,
-                         pretrained=pretrained, overrides=overrides, num_classes=num_classes,
-                         class_names=class_names, modality="text", finetune=finetune)
+                         pretrained=pretrained, num_classes=num_classes,
+                         class_names=class_names, modality="text", finetune=finetune,
+                         data_sizes=data_sizes, **named)
 
     def forward(self, inputs: Any) -> Tensor:
         if not isinstance(inputs, dict):

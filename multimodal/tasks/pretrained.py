@@ -36,11 +36,11 @@ from torch import nn
 from multimodal.convert.ctranslate2 import is_ctranslate2_dir
 from multimodal.hub import (
     _is_hf_folder,
-    create_model,
     from_pretrained,
     model_from_checkpoint,
     read_checkpoint,
 )
+from multimodal.tasks.presets import preset_model
 from multimodal.weights import CONFIG_NAME
 
 __all__ = ["Pretrained", "head_names", "load_pretrained", "rebuild_with", "select_part",
@@ -197,19 +197,23 @@ def _short(names: list[str]) -> str:
 
 def task_model(model: nn.Module | None, pretrained: str | Path | None,
                overrides: dict[str, Any] | None, *, task: str, accept: tuple[type, ...],
-               modality: str | None = None, preset: str | None = None
+               modality: str | None = None, preset: str | None = None,
+               data_sizes: dict[str, Any] | None = None
                ) -> tuple[nn.Module, Pretrained | None]:
     """The model a task trains: ``model`` as given, the named ``preset``
-    (:func:`multimodal.hub.create_model`, new weights) with ``overrides`` changing fields of
-    its config, or the part of PATH's model (``pretrained``) the task can train, with
-    ``overrides``. Exactly one of the three. Logs one line for ``pretrained``: what was
-    loaded, what is new, what was left out."""
+    (:func:`multimodal.tasks.presets.preset_model`, new weights) with ``overrides`` changing
+    fields of its config and ``data_sizes`` (the data module's ``model_sizes``) setting the
+    sizes the data fixes, or the part of PATH's model (``pretrained``) the task can train,
+    with ``overrides``. Exactly one of the three. ``data_sizes`` applies to a preset only: a
+    given model is checked against the data at setup, and with ``pretrained`` the data
+    follows the model. Logs one line for ``pretrained``: what was loaded, what is new, what
+    was left out."""
     if preset is not None:
         if model is not None or pretrained is not None:
             raise ValueError(f"{task}: give one of model, preset or pretrained (preset "
                              f"{preset!r} names the architecture; put changed fields in "
                              "overrides)")
-        model = create_model(preset, **dict(overrides or {}))
+        model = preset_model(preset, overrides, data_sizes)
         if not isinstance(model, accept):
             wanted = " or ".join(c.__name__ for c in accept)
             raise ValueError(f"{task}: preset {preset!r} builds a {type(model).__name__}, "

@@ -64,9 +64,12 @@ class Seq2SeqTask(ModelTask):
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         finetune: FinetuneConfig | None = None,
+        preset: str | None = None,
+        data_sizes: dict[str, int] | None = None,
     ) -> None:
         model, _ = task_model(model, pretrained, overrides, task="Seq2SeqTask",
-                              accept=(Seq2Seq, RNNSeq2Seq))
+                              accept=(Seq2Seq, RNNSeq2Seq), preset=preset,
+                              data_sizes=data_sizes)
         super().__init__(model, compile=compile, finetune=finetune)
         self.save_hyperparameters(ignore=["model"])
 

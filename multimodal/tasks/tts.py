@@ -38,6 +38,7 @@ from multimodal.synthesis import (
     tokenizer_from_state,
 )
 from multimodal.tasks.base import ModelTask
+from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.codec import MelRVQCodec
 from multimodal.tokenizers.phonemes import PhonemeTokenizer
 
@@ -70,7 +71,7 @@ class TTSTask(ModelTask):
 
     def __init__(
         self,
-        model: CodecLM,
+        model: CodecLM | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.05,
@@ -78,9 +79,12 @@ class TTSTask(ModelTask):
         max_prompt_seconds: float = 1.5,
         nar_weight: float = 1.0,
         compile: bool = False,
+        preset: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        data_sizes: dict[str, int] | None = None,
     ) -> None:
-        if not isinstance(model, CodecLM):
-            raise ValueError(f"model must be a CodecLM, got {type(model).__name__}")
+        model, _ = task_model(model, None, overrides, task="TTSTask", accept=(CodecLM,),
+                              preset=preset, data_sizes=data_sizes)
         if not max_prompt_seconds > 0:
             raise ValueError(f"max_prompt_seconds must be > 0, got {max_prompt_seconds}")
         super().__init__(model, compile=compile)
