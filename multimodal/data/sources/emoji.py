@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_png, read_file
 
-DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "cache" / "emoji"
+DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "data" / "cache" / "emoji"
 IMAGE_DIR = Path("img") / "twitter" / "64"
 GET_DATA = "bash data/get_emoji.sh"
 SPLITS = ("train", "val", "test")
