@@ -90,20 +90,27 @@ def test_greedy_completion_is_the_argmax_chain() -> None:
     assert torch.equal(logits[:, 6:].argmax(-1), out[:, 6:])
 
 
-def test_generate_is_greedy_by_default_and_stops_at_max_new_tokens() -> None:
-    """No do_sample: the argmax chain from the start token (no generator needed, the same
-    every call); max_new_tokens short of the image: the raster prefix of that chain."""
+def test_generate_samples_by_default_and_greedy_stops_at_max_new_tokens() -> None:
+    """An image generator samples unless told otherwise: two generators give two different
+    batches, one generator the same batch twice. ``do_sample=False``: the argmax chain from
+    the start token (the same every call); max_new_tokens short of the image: the raster
+    prefix of that chain."""
     model = small()
-    whole = model.generate(num_images=2)
-    assert whole.shape == (2, 4, 5) and torch.equal(whole, model.generate(num_images=2))
+    a, b = model.generate(num_images=2, generator=gen(0)), model.generate(num_images=2,
+                                                                          generator=gen(1))
+    assert not torch.equal(a, b) and torch.equal(a, model.generate(num_images=2,
+                                                                   generator=gen(0)))
+    whole = model.generate(num_images=2, do_sample=False)
+    assert whole.shape == (2, 4, 5)
+    assert torch.equal(whole, model.generate(num_images=2, do_sample=False))
     tokens = whole.flatten(1)
     with torch.no_grad():
         logits = model(tokens[:, :-1])  # row n: the logits of pixel n
     assert torch.equal(logits.argmax(-1), tokens)
-    part = model.generate(num_images=2, max_new_tokens=7)
+    part = model.generate(num_images=2, max_new_tokens=7, do_sample=False)
     assert torch.equal(part, tokens[:, :7])
     prompt = tokens[:, :3]
-    assert torch.equal(model.generate(prompt, 4), tokens[:, :7])
+    assert torch.equal(model.generate(prompt, 4, do_sample=False), tokens[:, :7])
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(prompt, 18)
 

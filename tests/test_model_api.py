@@ -154,6 +154,10 @@ def _check_attention_maps(model: nn.Module, inputs: tuple, features: torch.Tenso
             torch.testing.assert_close(m.sum(-1), torch.ones_like(m.sum(-1)))
         for m in maps.self_attn:
             assert m.shape[-1] == m.shape[-2]
+        # a sequence of the self-attention layers (ViT's and the audio encoder's list before)
+        assert len(maps) == len(maps.self_attn) and list(maps) == maps.self_attn
+        if maps.self_attn:
+            assert maps[0] is maps.self_attn[0] and maps[-1] is maps.self_attn[-1]
 
 
 def _padded_and_alone(model: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -236,6 +240,8 @@ def test_every_generate_takes_the_same_decoding_arguments() -> None:
         params = inspect.signature(cls.generate).parameters
         for key, value in GENERATE_DEFAULTS.items():
             assert key in params, f"{cls.__name__}.generate lacks {key}"
+            if cls is mm.ImageGPT and key == "do_sample":
+                value = True  # the one documented exception: an image generator samples
             assert params[key].default == value, (cls.__name__, key, params[key].default)
             assert params[key].kind is inspect.Parameter.KEYWORD_ONLY, (cls.__name__, key)
         assert "max_new_tokens" in params, cls.__name__

@@ -30,7 +30,8 @@ top_p=None, num_beams=1, generator=None, use_cache=True, compile=False, ...)``
     where the model decodes (TextDecoder, ImageGPT, Captioner, Seq2Seq, RNNSeq2Seq,
     Whisper, the codec LM): the names and defaults of
     :func:`multimodal.generation.generate` (:data:`GENERATE_DEFAULTS`), greedy unless
-    ``do_sample=True``; ``max_new_tokens=None`` is as many as the model's context (or
+    ``do_sample=True`` — except ImageGPT, which samples unless ``do_sample=False`` (greedy
+    pixels from an unconditional model are copies of one image); ``max_new_tokens=None`` is as many as the model's context (or
     image) has room for, the default everywhere but the TextDecoder's (20).
 ``example_inputs(batch_size)``
     a tuple of valid random inputs, ``model(*model.example_inputs())`` runs.
@@ -43,6 +44,7 @@ it over every registered model class and preset.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -80,10 +82,23 @@ class AttentionMaps:
     the attention weights of each layer, in layer order, each ``(B, heads, queries, keys)``
     (rows sum to 1 over the keys; masked keys weigh 0). ``self_attn``: self-attention
     (encoder-decoders: the decoder's); ``cross_attn``: cross-attention over the encoder's
-    output (empty without cross-attention)."""
+    output (empty without cross-attention). Indexing, ``len`` and iteration go over the
+    self-attention layers (``maps[0]`` is the first layer's), as the list ViT and the audio
+    encoder returned before."""
 
     self_attn: list[Tensor]
     cross_attn: list[Tensor] = field(default_factory=list)
+
+    # a sequence of the self-attention layers, as ``vit(x, return_attention=True)`` has
+    # always returned: ``maps[i]`` is layer i's ``(B, heads, N, N)``
+    def __getitem__(self, layer: int) -> Tensor:
+        return self.self_attn[layer]
+
+    def __len__(self) -> int:
+        return len(self.self_attn)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.self_attn)
 
     @classmethod
     def from_layers(cls, maps: dict[str, list[Tensor]]) -> AttentionMaps:

@@ -270,7 +270,7 @@ class ImageGPT(PretrainedMixin, nn.Module):
         *,
         num_images: int = 4,
         class_label: Tensor | int | None = None,
-        do_sample: bool = False,
+        do_sample: bool = True,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -288,8 +288,10 @@ class ImageGPT(PretrainedMixin, nn.Module):
         is completed (no prompt: ``num_images`` images from nothing). ``max_new_tokens``:
         the rest of the image by default. ``class_label`` (conditional models): an int or
         (num_images,) labels; default ``arange(num_images) % num_classes``. Decoding is
-        :func:`multimodal.generation.generate`'s, with its defaults: greedy unless
-        ``do_sample=True`` (then ``temperature`` / ``top_k`` / ``top_p``); ``num_beams``,
+        :func:`multimodal.generation.generate`'s with one default of its own: ImageGPT
+        **samples** (``do_sample=True``, then ``temperature`` / ``top_k`` / ``top_p``),
+        because greedy decoding of an unconditional model draws ``num_images`` copies of
+        one image; ``do_sample=False`` decodes greedily. ``num_beams``,
         ``compile`` / ``static_cache`` as there (the first pixel of an empty prompt is
         drawn alone, greedily or sampled, before the loop).
         """
