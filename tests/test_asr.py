@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 
-from test_whisper import hf_whisper, write_ct2
+from tests.models.test_whisper import hf_whisper, write_ct2
 
 import multimodal as mm
 from multimodal.asr import read_speech

@@ -292,7 +292,7 @@ def test_beam_reorder_follows_the_index_with_and_without_keeping_storage(prefix:
 
 def test_whisper_decoder_decodes_the_same_statically(count_static_steps: list[int]) -> None:
     pytest.importorskip("transformers")
-    from test_whisper import NO_TS, features, hf_whisper
+    from tests.models.test_whisper import NO_TS, features, hf_whisper
 
     from multimodal.convert.hf_audio import whisper_from_hf
 

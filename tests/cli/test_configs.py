@@ -17,7 +17,7 @@ from multimodal.progress import is_terminal
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
 
 def test_there_are_configs() -> None:
@@ -85,7 +85,7 @@ def test_config_parses_and_default_root_dir_moves_the_whole_run(
 
 
 def test_a_bad_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    path = Path(__file__).parents[1] / "configs" / "caption_scenes.yaml"
+    path = Path(__file__).parents[2] / "configs" / "caption_scenes.yaml"
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", str(path), "--print_config",
               "--model.init_args.model.init_args.config.encoder.stem", "cnv"])
@@ -102,7 +102,7 @@ def test_a_moved_run_writes_only_under_its_root_and_resumes_from_last(
 ) -> None:
     """The main job's config, a few batches: one --trainer.default_root_dir moves checkpoints,
     logs and the figure; nothing lands in the working directory; ``--ckpt_path last`` resumes."""
-    config = Path(__file__).parents[1] / "configs" / "vit_fashion_mnist.yaml"
+    config = Path(__file__).parents[2] / "configs" / "vit_fashion_mnist.yaml"
     cwd, root = tmp_path / "cwd", tmp_path / "elsewhere"
     cwd.mkdir()
     monkeypatch.chdir(cwd)  # where the config's runs/vit_fashion_mnist would have gone
@@ -166,7 +166,7 @@ def _checkpoint(config: Namespace) -> Namespace:
 def test_the_default_checkpoint_ranks_by_the_task_or_the_config(
         stem: str, extra: list[str], monitor: str, mode: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    path = Path(__file__).parents[1] / "configs" / f"{stem}.yaml"
+    path = Path(__file__).parents[2] / "configs" / f"{stem}.yaml"
     config = _parse(["fit", "--config", str(path), "--trainer.default_root_dir",
                      str(tmp_path), *extra], monkeypatch)
     args = _checkpoint(config)
@@ -183,7 +183,7 @@ def test_the_default_checkpoint_ranks_by_the_task_or_the_config(
 
 def test_no_logger_means_no_lr_monitor_and_a_config_checkpoint_is_kept(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = Path(__file__).parents[1] / "configs" / "vit_fashion_mnist.yaml"
+    path = Path(__file__).parents[2] / "configs" / "vit_fashion_mnist.yaml"
     own = ('{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", '
            '"init_args": {"monitor": "val/loss", "mode": "min", "every_n_epochs": 2}}')
     config = _parse(["fit", "--config", str(path), "--trainer.default_root_dir", str(tmp_path),

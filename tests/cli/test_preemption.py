@@ -17,7 +17,7 @@ import torch
 
 from multimodal.cli.callbacks import Preemption, checkpoint_problem, resume_checkpoint
 from tests.resume_runs import Record, assert_same_run, fit
-from tests.test_resume import digits
+from tests.cli.test_resume import digits
 
 
 class SendSignal(L.Callback):

@@ -20,9 +20,9 @@ from multimodal.cli.main import follow_pretrained
 from multimodal.cli.main import main as cli_main
 
 pytest.importorskip("transformers")
-import pretrained_folders as folders  # tests/: needs transformers
+from tests import pretrained_folders as folders  # needs transformers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ("ant", "bee", "cat")
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

@@ -18,7 +18,7 @@ from multimodal import convert
 transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _randomise(model: nn.Module) -> nn.Module:

@@ -22,7 +22,7 @@ from multimodal.convert.hf_audio import ast_token_order
 transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _perturb(model: nn.Module) -> nn.Module:

@@ -24,7 +24,7 @@ from multimodal.tokenizers.audio_frontends import AST_MEAN, AST_STD
 transformers = pytest.importorskip("transformers")
 PIL = pytest.importorskip("PIL")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ATOL = 1e-4
 SPOKEN = ROOT / "data" / "cache" / "spoken_words" / "wav"
 EMOJI = ROOT / "data" / "cache" / "emoji" / "package" / "img" / "twitter" / "64"

@@ -18,7 +18,7 @@ pytest.importorskip("litdata")
 # litdata.optimize starts a worker process per split: the fixture alone takes ~10-140 s here.
 pytestmark = pytest.mark.slow
 
-from shard_runs import Killed, Record, trainer  # noqa: E402
+from tests.shard_runs import Killed, Record, trainer  # noqa: E402
 
 import multimodal as mm  # noqa: E402
 from multimodal.data.vision import ImageClassificationDataModule  # noqa: E402

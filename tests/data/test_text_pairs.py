@@ -13,7 +13,7 @@ import pytest
 from multimodal.data.text_labelled import read_text_pairs
 from multimodal.data.text_pairs import TextPairsDataModule
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 PAIRS = [("good morning", "bonjour"), ("thank you", "merci"), ("the cat", "le chat"),
          ("a red car", "une voiture rouge"), ("see you soon", "à bientôt"),
          ("good night", "bonne nuit")]

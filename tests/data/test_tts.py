@@ -189,7 +189,7 @@ def test_missing_cache_names_the_recipe(tmp_path: Path) -> None:
 def _tts_eval():
     import importlib.util
 
-    path = Path(__file__).parents[1] / "benchmarks" / "tts_eval.py"
+    path = Path(__file__).parents[2] / "benchmarks" / "tts_eval.py"
     spec = importlib.util.spec_from_file_location("tts_eval", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]

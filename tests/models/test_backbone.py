@@ -19,7 +19,7 @@ from multimodal.nn.block import TransformerConfig
 from multimodal.registry import MODEL_CLASSES
 from multimodal.weights import config_from_dict, config_to_dict
 
-FIXTURES = Path(__file__).parent / "fixtures" / "flat_configs"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "flat_configs"
 
 # dataclasses.asdict(Config()) as written by commit f0deffe, the last with flat configs
 OLD_DEFAULTS = {

@@ -58,7 +58,7 @@ def test_rope_encoder_depends_on_relative_positions_only() -> None:
 
 
 def _benchmark():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "rnn_vs_transformer.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "rnn_vs_transformer.py"
     spec = importlib.util.spec_from_file_location("rnn_vs_transformer", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["rnn_vs_transformer"] = module

@@ -25,7 +25,7 @@ from multimodal.tasks.masked_lm import (
 )
 from multimodal.tokenizers.text import MASK_ID, SPECIAL_TOKENS, WordTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- next-token NLL and perplexity -------------------------------------------------------

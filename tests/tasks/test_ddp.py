@@ -65,7 +65,7 @@ def test_ddp_replicas_stay_identical(tmp_path):
 def _load_yaml(name: str) -> dict:
     import yaml
 
-    return yaml.safe_load((Path(__file__).parents[1] / "configs" / name).read_text())
+    return yaml.safe_load((Path(__file__).parents[2] / "configs" / name).read_text())
 
 
 def test_ddp_config_is_the_main_job_data_parallel():

@@ -13,7 +13,7 @@ import multimodal as mm
 from multimodal.data.sampling import EvalShardSampler
 from multimodal.data.vision import ImageClassificationDataModule
 from multimodal.tasks import ClassificationTask
-from tests.test_resume import DIGITS_VIT
+from tests.cli.test_resume import DIGITS_VIT
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 100, 101])

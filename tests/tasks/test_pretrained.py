@@ -22,7 +22,7 @@ from multimodal.tasks import (
 from multimodal.tasks.pretrained import data_settings, head_names
 
 pytest.importorskip("transformers")
-import pretrained_folders as folders  # tests/: needs transformers
+from tests import pretrained_folders as folders  # needs transformers
 
 CLASSES = ["cat", "dog", "fish"]
 
@@ -317,7 +317,7 @@ def test_language_model_from_a_gguf_file(tmp_path):
     """A llama.cpp GGUF file (anything mm.from_hf reads) starts a LanguageModelTask, and a
     classifier is refused it by name."""
     pytest.importorskip("gguf")
-    from test_gguf import llama, write_gguf  # tests/: the tiny-file writer
+    from tests.convert.test_gguf import llama, write_gguf  # the tiny-file writer
 
     path = write_gguf(tmp_path / "tiny.gguf", llama(97, tie_word_embeddings=False))
     task = LanguageModelTask(pretrained=str(path))

@@ -15,9 +15,9 @@ import torch
 from PIL import Image
 
 pytest.importorskip("transformers")
-import pretrained_folders as folders  # tests/: needs transformers
+from tests import pretrained_folders as folders  # needs transformers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

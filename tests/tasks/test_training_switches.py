@@ -141,7 +141,7 @@ def test_bf16_mixed_precision_runs_on_cpu(tmp_path):
 def _load_mfu_module():
     import importlib.util
 
-    path = Path(__file__).parents[1] / "benchmarks" / "mfu.py"
+    path = Path(__file__).parents[2] / "benchmarks" / "mfu.py"
     spec = importlib.util.spec_from_file_location("mfu_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
