@@ -15,12 +15,11 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 
-from tests.models.test_whisper import hf_whisper, write_ct2
-
 import multimodal as mm
 from multimodal.asr import read_speech
 from multimodal.cli.main import main as cli_main
 from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer
+from tests.models.test_whisper import hf_whisper, write_ct2
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from multimodal.cli.callbacks import Preemption, checkpoint_problem, resume_checkpoint
-from tests.resume_runs import Record, assert_same_run, fit
 from tests.cli.test_resume import digits
+from tests.resume_runs import Record, assert_same_run, fit
 
 
 class SendSignal(L.Callback):

@@ -18,11 +18,10 @@ pytest.importorskip("litdata")
 # litdata.optimize starts a worker process per split: the fixture alone takes ~10-140 s here.
 pytestmark = pytest.mark.slow
 
-from tests.shard_runs import Killed, Record, trainer  # noqa: E402
-
 import multimodal as mm  # noqa: E402
 from multimodal.data.vision import ImageClassificationDataModule  # noqa: E402
 from multimodal.tasks import ClassificationTask  # noqa: E402
+from tests.shard_runs import Killed, Record, trainer  # noqa: E402
 
 N_PER_CLASS, CLASSES = 12, ("ant", "bee", "cat")
 VIT = dict(image_size=8, patch_size=4, in_channels=3, num_classes=3, dim=16, depth=1,

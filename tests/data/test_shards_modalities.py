@@ -23,12 +23,11 @@ sf = pytest.importorskip("soundfile")
 # litdata.optimize starts a worker process per split: each fixture takes ~10-60 s here.
 pytestmark = pytest.mark.slow
 
-from tests.shard_runs import Killed, Record, trainer  # noqa: E402
-
 from multimodal.cli.prepare import main as prepare  # noqa: E402
 from multimodal.data.audio import AudioClassificationDataModule  # noqa: E402
 from multimodal.data.captions import CaptionDataModule  # noqa: E402
 from multimodal.data.text import TextCorpusDataModule  # noqa: E402
+from tests.shard_runs import Killed, Record, trainer  # noqa: E402
 
 CLASSES = ("no", "stop", "yes")
 N_PER_CLASS = 8
