@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
 import multimodal as mm
 from multimodal.hub import load_checkpoint
@@ -173,3 +174,13 @@ def test_unknown_layer_variant_is_a_clear_error() -> None:
         mm.Transformer(TransformerConfig(dim=8, depth=1, heads=2, norm_type="nope"))
     with pytest.raises(ValueError, match="unknown ViTConfig fields: \\['dims'\\]"):
         config_from_dict(mm.ViTConfig, {"dims": 3})
+
+
+def test_switches_reach_model_configs():
+    """A backbone switch is a TransformerConfig field, so every model config accepts it."""
+    model = mm.TextDecoder(mm.TextDecoderConfig(vocab_size=50, max_len=16, dim=16, depth=1,
+                                                heads=4, kv_heads=2, norm_type="rmsnorm",
+                                                mlp_type="glu", activation="silu"))
+    blk = model.transformer.blocks[0]
+    assert isinstance(blk.norm1, nn.Module) and blk.attn.kv_heads == 2
+    assert hasattr(blk.mlp, "gate")

@@ -1,6 +1,9 @@
-"""ViT model: shapes, attention maps, positions for other sizes, bad input."""
+"""ViT model: shapes, attention maps, positions for other sizes, bad input; register tokens,
+attention pooling and 2-D rotary positions against their formulas."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -8,7 +11,9 @@ import torch.nn.functional as F
 
 import multimodal as mm
 from multimodal.nn.embed import ConvPatchEmbed, PatchEmbed
+from multimodal.nn.position import grid_positions
 from multimodal.tokenizers.image import patchify, unpatchify
+from tests.nn.test_block import _ln, close
 
 
 def tiny(**kw) -> mm.ViT:
@@ -139,3 +144,62 @@ def test_presets_and_save_load(tmp_path):
     torch.testing.assert_close(mm.from_pretrained(tmp_path)(x), vit(x), atol=0, rtol=0)
     with pytest.raises(ValueError, match="unknown preset"):
         mm.create_model("vit_nope")
+
+
+# -- ViT: register tokens, attention pooling, 2-D rotary ---------------------------------
+def _vit(**kw):
+    base = dict(image_size=16, patch_size=4, dim=32, depth=2, heads=4, num_classes=0)
+    return mm.ViT(mm.ViTConfig(**{**base, **kw})).eval()
+
+
+def test_vit_register_tokens_follow_class_token_without_positions():
+    torch.manual_seed(5)
+    vit = _vit(registers=3)
+    assert vit.num_prefix_tokens == 4 and vit.pos_embed.shape == (1, 1 + 16, 32)
+    images = torch.randn(2, 3, 16, 16)
+    patches = vit.patch_embed(images)
+    want = torch.cat([(vit.cls_token + vit.pos_embed[:, :1]).expand(2, -1, -1),
+                      vit.reg_token.expand(2, -1, -1), patches + vit.pos_embed[:, 1:]], 1)
+    torch.testing.assert_close(vit.embed(images), want)
+    feats = vit.forward_features(images)
+    assert feats.shape == (2, 20, 32)
+    torch.testing.assert_close(vit.forward_head(feats), feats[:, 0])
+    mean_vit = _vit(registers=3, pool="mean")
+    f = mean_vit.forward_features(images)
+    torch.testing.assert_close(mean_vit.forward_head(f), f[:, 4:].mean(1))  # patches only
+
+
+def test_vit_attention_pooling_formula():
+    """MAP: ``z = softmax(q k^T / sqrt(d)) v W_o`` with q from the probe, ``y = z + MLP(LN z)``."""
+    torch.manual_seed(6)
+    vit = _vit(pool="map")
+    pool = vit.attn_pool
+    x = torch.randn(2, 17, 32).double()
+    a = pool.attn
+    q = pool.probe.double() @ a.q.weight.double().T + a.q.bias.double()
+    kv = x @ a.kv.weight.double().T + a.kv.bias.double()
+    k, v = kv[..., :32], kv[..., 32:]
+    heads = []
+    for h in range(4):
+        r = slice(8 * h, 8 * h + 8)
+        s = q[..., r] @ k[..., r].transpose(-2, -1) / math.sqrt(8)
+        heads.append(torch.softmax(s, -1) @ v[..., r])
+    z = torch.cat(heads, -1) @ a.proj.weight.double().T + a.proj.bias.double()
+    n = pool.norm
+    h1 = _ln(z, n.weight.double(), n.bias.double(), n.eps) @ pool.mlp.fc1.weight.double().T \
+        + pool.mlp.fc1.bias.double()
+    h1 = 0.5 * h1 * (1 + torch.erf(h1 / math.sqrt(2)))
+    want = (z + h1 @ pool.mlp.fc2.weight.double().T + pool.mlp.fc2.bias.double())[:, 0]
+    close(vit.pool(x.float()), want)
+
+
+def test_vit_2d_rope_gets_grid_positions():
+    """A rope='2d' ViT rotates by (row, column): moving the image content moves features."""
+    torch.manual_seed(7)
+    vit = _vit(pos_embed="none", rope="2d", registers=1)
+    assert vit.pos_embed is None
+    images = torch.randn(1, 3, 16, 16)
+    x = vit.embed(images)
+    want = vit.transformer(x, positions=grid_positions(4, 4, prefix=2))
+    torch.testing.assert_close(vit.forward_features(images), want)
+    assert not torch.allclose(want, vit.transformer(x, positions=grid_positions(4, 4, 2) * 2))
