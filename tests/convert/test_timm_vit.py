@@ -71,7 +71,7 @@ def test_timm_other_image_size_resamples_like_timm(new_size):
 
 
 @pytest.mark.parametrize("kw,words", [
-    # layer scale, registers and qk_norm convert now (tests/test_convert_modern.py)
+    # layer scale, registers and qk_norm convert now (test_timm_dinov2_matches, below)
     ({"class_token": False, "no_embed_class": True, "global_pool": "avg", "fc_norm": False},
      "no_embed_class"),
     ({"global_pool": "avg"}, "fc_norm"),

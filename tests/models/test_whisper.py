@@ -1,7 +1,7 @@
 """Whisper whole (encoder + cross-attending decoder on the shared backbone) against
 transformers' WhisperForConditionalGeneration, and the CTranslate2 reader against files
 written by CTranslate2's own converter (tiny random models; the real wheels: slow tests in
-tests/test_whisper_real.py)."""
+tests/convert/test_ctranslate2_real.py)."""
 
 from __future__ import annotations
 
