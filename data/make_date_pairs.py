@@ -6,7 +6,7 @@ the ways people write them, to ISO 8601 (``"the 3rd of March 2021" -> "2021-03-0
            ``source<TAB>target``, then one pair per line. The dates of val and test never
            occur in train (any wording), so a model must read, not remember.
 
-Deterministic (seeded); ``tests/test_data_text_pairs.py`` checks the shipped files equal
+Deterministic (seeded); ``tests/data/test_text_pairs.py`` checks the shipped files equal
 what this writes. ``configs/seq2seq_pairs.yaml`` trains on them.
 """
 

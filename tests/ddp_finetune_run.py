@@ -1,4 +1,4 @@
-"""One run of tests/test_pretrained_ddp.py: 2 CPU processes (gloo, Lightning's ``ddp``
+"""One run of tests/tasks/test_pretrained_ddp.py: 2 CPU processes (gloo, Lightning's ``ddp``
 launcher re-runs this script for rank 1) fine-tune a Hugging Face ViT folder on a folder of
 images. Each process builds its own task from the folder; the new head is drawn in the
 task's ``setup`` from the data's class count. Every rank writes its weights right after

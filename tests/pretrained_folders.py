@@ -1,5 +1,6 @@
 """Small Hugging Face layout folders with random weights, written by transformers'
-``save_pretrained`` (as tests/test_hf_folder.py does), for the ``pretrained: PATH`` tests."""
+``save_pretrained`` (as tests/convert/test_hf_folder.py does), for the ``pretrained: PATH``
+tests."""
 
 from __future__ import annotations
 

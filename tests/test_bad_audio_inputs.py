@@ -244,7 +244,7 @@ def test_unreadable_text_is_refused_or_warned():
 
 @pytest.fixture(scope="module")
 def tts_task(tmp_path_factory):
-    from tests.test_tts_model import _trained_task
+    from tests.models.test_codec_lm import _trained_task
 
     return _trained_task(tmp_path_factory.mktemp("tts"))
 

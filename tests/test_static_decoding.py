@@ -292,9 +292,8 @@ def test_beam_reorder_follows_the_index_with_and_without_keeping_storage(prefix:
 
 def test_whisper_decoder_decodes_the_same_statically(count_static_steps: list[int]) -> None:
     pytest.importorskip("transformers")
-    from test_whisper import NO_TS, features, hf_whisper
-
     from multimodal.convert.hf_audio import whisper_from_hf
+    from tests.models.test_whisper import NO_TS, features, hf_whisper
 
     whisper = whisper_from_hf(hf_whisper(), languages=("en", "de"),
                               no_timestamps_token_id=NO_TS)

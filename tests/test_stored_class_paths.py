@@ -7,7 +7,7 @@ names the task, the model and the data module the same way. The strings below ar
 runs wrote before the package's modules were regrouped (cli/, plots/, nn/embed.py,
 data/sources/): none of them names a moved module, so no alias is needed; this test keeps
 it that way. The model inside a checkpoint is stored by ``model_type`` (a class name, see
-tests/test_backbone_config.py for the fixtures), never by module path.
+tests/models/test_backbone.py for the fixtures), never by module path.
 """
 
 from __future__ import annotations

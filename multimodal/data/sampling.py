@@ -1,7 +1,7 @@
 """Samplers and the training DataLoader that make a resumed run see the batches of an
 uninterrupted one, and the evaluation sampler that scores every example exactly once.
 
-What holds (tested in ``tests/test_resume.py``):
+What holds (tested in ``tests/cli/test_resume.py``):
 
 * The training order depends only on ``(seed, epoch)`` (:class:`EpochShuffleSampler`).
 * :class:`ResumableDataLoader` saves its position in the epoch (batches handed to the

@@ -38,7 +38,7 @@ top_p=None, num_beams=1, generator=None, use_cache=True, compile=False, ...)``
 ``config`` / ``config_class`` / ``num_features`` / ``modality`` / ``num_params()`` /
 ``save_pretrained(path)`` / ``from_pretrained(path)``.
 
-:class:`Model` states the contract as a ``typing.Protocol``; ``tests/test_model_api.py`` runs
+:class:`Model` states the contract as a ``typing.Protocol``; ``tests/models/test_api.py`` runs
 it over every registered model class and preset.
 """
 

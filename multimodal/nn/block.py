@@ -267,7 +267,7 @@ def block_step(x: Tensor, p: StepPlan, cache: LayerCache) -> Tensor:
     cache, K, V all cached keys and values), then ``z + W_2 act(W_1 LN_2(z))``. For a block
     that :meth:`~Block.can_step`, in eval mode, with ``p = block.step_plan()``: equal to
     ``block(x[:, None], cache=cache)[0][:, 0]`` up to fp32 rounding (the GEMMs run as
-    ``W x^T``, see :func:`_affine`; tests/test_cache.py), without the module calls,
+    ``W x^T``, see :func:`_affine`; tests/nn/test_cache.py), without the module calls,
     identity dropouts, per-layer argument handling and (B, 1, ...) reshapes that cost more
     than the arithmetic at batch 4 on a CPU. One query after the cache sees every cached
     key: no mask. Heads are views of the fused projection: for one token

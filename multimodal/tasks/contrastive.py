@@ -13,7 +13,7 @@ Under DDP every rank gathers the features of all ranks **with gradients**
 gradient of its own rows) and scores its B local rows against all W·B columns, the
 labels being offset by ``rank·B``. The mean of the ranks' losses is then the loss of one
 process on the global batch, and DDP's gradient average is that loss's gradient
-(tested in tests/test_contrastive_ddp.py).
+(tested in tests/tasks/test_contrastive.py).
 
 Metrics (val / test): image->text and text->image recall@k over the whole split (a
 caption identical to the true one counts as correct, so duplicate captions do not count
