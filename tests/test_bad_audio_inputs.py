@@ -1,4 +1,4 @@
-"""Audio and checkpoint inputs from outside (issue #32 item 5): integer PCM of every width
+"""Audio and checkpoint inputs from outside: integer PCM of every width
 rescaled the same way on every audio path (checked against soundfile's and scipy's own
 float conversion), stereo in either layout, 25-45 ms clips through the codec, files that are
 not checkpoints, text the phonemiser cannot read, bad sampling settings."""

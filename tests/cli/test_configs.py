@@ -135,7 +135,7 @@ def test_a_moved_run_writes_only_under_its_root_and_resumes_from_last(
     assert list((root / "version_1").glob("events.out.tfevents*"))
 
 
-# --- the CLI's trainer defaults (issue 30 part 2): a config says only what differs ----------
+# --- the CLI's trainer defaults: a config says only what differs ----------
 
 _DEFAULTED = ("ModelCheckpoint", "LearningRateMonitor", "TensorBoardLogger", "CSVLogger")
 
@@ -208,7 +208,7 @@ def test_the_longest_config_is_at_most_half_its_former_length() -> None:
     assert lengths[longest] <= LONGEST_BEFORE // 2, (longest, lengths[longest])
 
 
-# --- named models: a config's model is a preset plus overrides (issue 30 part 2) ------------
+# --- named models: a config's model is a preset plus overrides ------------
 
 # the preset each config trains; a variant (in VARIANTS) changes a few fields in overrides
 PRESET_OF_CONFIG = {

@@ -1,6 +1,5 @@
 """Hostile or broken Hugging Face folders are refused from config.json and the safetensors
-headers alone, before a tensor is read or a parameter allocated, in the file's own names
-(issue #32 item 3)."""
+headers alone, before a tensor is read or a parameter allocated, in the file's own names."""
 
 from __future__ import annotations
 
