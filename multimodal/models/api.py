@@ -31,8 +31,9 @@ top_p=None, num_beams=1, generator=None, use_cache=True, compile=False, ...)``
     Whisper, the codec LM): the names and defaults of
     :func:`multimodal.generation.generate` (:data:`GENERATE_DEFAULTS`), greedy unless
     ``do_sample=True`` — except ImageGPT, which samples unless ``do_sample=False`` (greedy
-    pixels from an unconditional model are copies of one image); ``max_new_tokens=None`` is as many as the model's context (or
-    image) has room for, the default everywhere but the TextDecoder's (20).
+    pixels from an unconditional model are copies of one image); ``max_new_tokens=None``
+    is as many as the model's context (or image) has room for, the default everywhere but
+    the TextDecoder's (20).
 ``example_inputs(batch_size)``
     a tuple of valid random inputs, ``model(*model.example_inputs())`` runs.
 ``config`` / ``config_class`` / ``num_features`` / ``modality`` / ``num_params()`` /
