@@ -167,10 +167,13 @@ def profile_onnx(session_path: Path, threads: int, pixels: np.ndarray, rows: int
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.enable_profiling = True
+    opts.profile_file_prefix = str(session_path.with_name("ort_profile"))  # beside the model
     session = ort.InferenceSession(str(session_path), opts, providers=["CPUExecutionProvider"])
     for _ in range(2):  # the second run is the one read
         session.run(None, {"pixel_values": pixels})
-    events = json.loads(Path(session.end_profiling()).read_text())
+    trace = Path(session.end_profiling())
+    events = json.loads(trace.read_text())
+    trace.unlink()
     last = [ev for ev in events if ev.get("name") == "model_run"][-1]
     events = [ev for ev in events if last["ts"] <= ev.get("ts", -1) <= last["ts"] + last["dur"]]
     per_op: dict[str, float] = {}
