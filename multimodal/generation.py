@@ -125,6 +125,8 @@ def _sample(logits: Tensor, temperature: float, top_k: int | None, top_p: float 
 # (tracing + inductor + the first run): compile time, apart from steady-state speed.
 _COMPILE_STATS = {"compilations": 0, "compile_seconds": 0.0}
 _COMPILED: dict[str, Callable[..., Tensor]] = {}
+#: threads of the compiled CPU step's generated (elementwise) kernels; -1: torch's
+CPU_STEP_KERNEL_THREADS = 1
 
 
 def compile_stats() -> dict[str, float]:
@@ -151,8 +153,14 @@ def _counting_backend(cudagraphs: bool) -> Callable[..., Any]:
 
         _COMPILE_STATS["compilations"] += 1
         # CUDA: graphs (mode="reduce-overhead"); CPU: a C++ wrapper around the kernels
-        # instead of Python (measured 15 % less CPU per ImageGPT step, slower to compile)
-        patches = {"triton.cudagraphs": True} if cudagraphs else {"cpp_wrapper": True}
+        # instead of Python (measured 15 % less CPU per ImageGPT step, slower to compile),
+        # and the generated kernels serial: one token's norms and activations are a few
+        # KB, less work than an OpenMP fork-join, which on a busy machine waits for the
+        # other thread to be scheduled, at every kernel; the GEMMs and the attention
+        # (ATen calls) still use every thread. (Serial kernels also keep a cached graph
+        # compiled at one thread count correct to run at another.)
+        patches = {"triton.cudagraphs": True} if cudagraphs else {
+            "cpp_wrapper": True, "cpp.threads": CPU_STEP_KERNEL_THREADS}
         return compile_fx(gm, example_inputs, config_patches=patches)
     return backend
 
