@@ -2,8 +2,13 @@
 cProfile's Python-function table for ``ImageGPT.generate`` on the sampling benchmark's
 configuration (random weights, plain multinomial sampling).
 
+``--compile``: the same with ``generate(compile=True)`` (static KV cache, the one-token
+step compiled by inductor; compiled in the warm-up, not profiled), to see what stays
+outside the compiled step (embedding, vocabulary head, sampling, the Python loop).
+
 Run:
     PYTHONPATH=. python benchmarks/igpt_step_profile.py --threads 2 --image-size 16
+    PYTHONPATH=. python benchmarks/igpt_step_profile.py --threads 2 --image-size 16 --compile
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rows", type=int, default=15, help="table rows to print")
+    parser.add_argument("--compile", action="store_true",
+                        help="generate(compile=True): the compiled static-cache step")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -39,14 +46,14 @@ def main(argv: list[str] | None = None) -> None:
     steps = cfg.num_pixels
 
     def run() -> torch.Tensor:
-        return model.generate(num_images=args.batch, do_sample=True,
+        return model.generate(num_images=args.batch, do_sample=True, compile=args.compile,
                               generator=torch.Generator().manual_seed(0))
 
     run()  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run()
-    print(f"torch.profiler, one generate() of {steps} steps, batch {args.batch}, "
-          f"{args.threads} thread(s); self CPU time per step in microseconds")
+    print(f"torch.profiler, one generate(compile={args.compile}) of {steps} steps, batch "
+          f"{args.batch}, {args.threads} thread(s); self CPU time per step in microseconds")
     print("| op | calls / step | self CPU us / step | % |")
     print("| --- | ---: | ---: | ---: |")
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)

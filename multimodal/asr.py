@@ -174,14 +174,18 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
                tokenizer: Any = None, language: str | None = None, task: str = "transcribe",
                num_beams: int = 1, batch_size: int = 4, resample: bool = False,
                mix: bool = False, show_progress: bool = True,
-               compute_dtype: torch.dtype | None = None) -> list[Transcript]:
+               compute_dtype: torch.dtype | None = None,
+               compile: bool = False) -> list[Transcript]:
     """Transcripts of audio files (paths, or folders searched for audio files).
 
     ``model``: a model directory (see :func:`load_transcriber`) or a Whisper (then pass its
     ``tokenizer``). Greedy decoding by default (``num_beams`` for beam search); a
     multilingual model detects each window's language unless ``language`` is given.
     ``compute_dtype=torch.bfloat16`` runs the layers in bf16 (the log-mel stays float32;
-    worth it on CPUs with native bf16)."""
+    worth it on CPUs with native bf16). ``compile=True``: the decoder's one-token step
+    through a static KV cache compiled with ``torch.compile`` (compiled once, for the
+    first batch; the same text as eager decoding; see
+    :func:`multimodal.generation.generate`)."""
     if isinstance(model, (str, Path)):
         model, tokenizer = load_transcriber(model)
     if compute_dtype is not None:
@@ -202,7 +206,8 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start : start + batch_size]
         feats = model.features([w for _, w in chunk])
-        ids = model.generate(feats, language=language, task=task, num_beams=num_beams)
+        ids = model.generate(feats, language=language, task=task, num_beams=num_beams,
+                             compile=compile)
         prompt_lang = _prompt_languages(model, ids)
         for (i, _), tokens, lang in zip(chunk, model.text_tokens(ids), prompt_lang,
                                         strict=True):
@@ -268,6 +273,9 @@ def main(args: list[str]) -> int:
                         help="resample files that are not 16 kHz (otherwise an error)")
     parser.add_argument("--bf16", action="store_true",
                         help="run the layers in bfloat16 (CPUs with native bf16)")
+    parser.add_argument("--compile", action="store_true",
+                        help="decode through a static KV cache with a step compiled by "
+                             "torch.compile (compiles once, then faster per token)")
     parser.add_argument("--mix", action="store_true",
                         help="average the channels of multi-channel files (otherwise an error)")
     ns = parser.parse_args(args)
@@ -275,7 +283,8 @@ def main(args: list[str]) -> int:
         results = transcribe(ns.model, ns.inputs, language=ns.language, task=ns.task,
                              num_beams=ns.num_beams, batch_size=ns.batch_size,
                              resample=ns.resample, mix=ns.mix,
-                             compute_dtype=torch.bfloat16 if ns.bf16 else None)
+                             compute_dtype=torch.bfloat16 if ns.bf16 else None,
+                             compile=ns.compile)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -14,6 +14,13 @@ the model and calls ``cache.reorder(index)`` when beam search keeps some rows, s
 recurrent decoder's state (:class:`~multimodal.models.rnn.RecurrentState`) serves as well as
 a :class:`~multimodal.nn.cache.KVCache`. Tensors in ``model_kwargs`` are batch-first: beam
 search repeats and reorders them along dim 0.
+
+Only the last position's logits are ever read. A decoder whose class sets
+``logits_per_position`` (its ``forward`` is ``forward_head(forward_features(...))``
+position by position: TextDecoder, ImageGPT, the RNN decoder) is called as
+``forward_features`` on the prompt, then ``forward_head`` on the last row alone: the
+vocabulary projection of the other prompt positions (a (N, dim) x (dim, V) product,
+about a tenth of a SmolLM2 prompt's prefill) is not computed.
 """
 
 from __future__ import annotations
@@ -118,6 +125,8 @@ def _sample(logits: Tensor, temperature: float, top_k: int | None, top_p: float 
 # (tracing + inductor + the first run): compile time, apart from steady-state speed.
 _COMPILE_STATS = {"compilations": 0, "compile_seconds": 0.0}
 _COMPILED: dict[str, Callable[..., Tensor]] = {}
+#: threads of the compiled CPU step's generated (elementwise) kernels; -1: torch's
+CPU_STEP_KERNEL_THREADS = 1
 
 
 def compile_stats() -> dict[str, float]:
@@ -144,8 +153,14 @@ def _counting_backend(cudagraphs: bool) -> Callable[..., Any]:
 
         _COMPILE_STATS["compilations"] += 1
         # CUDA: graphs (mode="reduce-overhead"); CPU: a C++ wrapper around the kernels
-        # instead of Python (measured 15 % less CPU per ImageGPT step, slower to compile)
-        patches = {"triton.cudagraphs": True} if cudagraphs else {"cpp_wrapper": True}
+        # instead of Python (measured 15 % less CPU per ImageGPT step, slower to compile),
+        # and the generated kernels serial: one token's norms and activations are a few
+        # KB, less work than an OpenMP fork-join, which on a busy machine waits for the
+        # other thread to be scheduled, at every kernel; the GEMMs and the attention
+        # (ATen calls) still use every thread. (Serial kernels also keep a cached graph
+        # compiled at one thread count correct to run at another.)
+        patches = {"triton.cudagraphs": True} if cudagraphs else {
+            "cpp_wrapper": True, "cpp.threads": CPU_STEP_KERNEL_THREADS}
         return compile_fx(gm, example_inputs, config_patches=patches)
     return backend
 
@@ -232,14 +247,25 @@ class _Stepper:
         if static and use_cache:
             self.cache = _static_cache(self.cache, compile_step, device or torch.device("cpu"))
         self.kwargs = model_kwargs
+        # looked up on the class: a wrapper (torch.compile's) keeps its own forward
+        self.head_on_last = bool(getattr(type(model), "logits_per_position", False))
 
     def __call__(self, new_ids: Tensor, all_ids: Tensor, mask: Tensor | None) -> Tensor:
         """Logits (B, V) for the token after ``all_ids`` (``new_ids`` are its not yet
         cached tail)."""
         if self.cache is None:
-            return self.model(all_ids, attention_mask=mask, **self.kwargs)[:, -1]
-        logits = self.model(new_ids, attention_mask=mask, cache=self.cache, **self.kwargs)
-        return logits[:, -1]
+            return self._last_logits(all_ids, mask, self.kwargs)
+        return self._last_logits(new_ids, mask, {**self.kwargs, "cache": self.cache})
+
+    def _last_logits(self, ids: Tensor, mask: Tensor | None, kwargs: dict[str, Any]) -> Tensor:
+        """The last position's logits (B, V). Several positions (the prompt's prefill, an
+        uncached step) through a decoder whose head works row by row
+        (``logits_per_position``): its features, then the head on the last row only, so
+        the (N, dim) x (dim, V) vocabulary projection of the rows nobody reads is skipped."""
+        if self.head_on_last and ids.shape[1] > 1:
+            features = self.model.forward_features(ids, attention_mask=mask, **kwargs)
+            return self.model.forward_head(features[:, -1:])[:, -1]
+        return self.model(ids, attention_mask=mask, **kwargs)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         if self.cache is not None:

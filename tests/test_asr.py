@@ -134,6 +134,30 @@ def test_transcribe_batches_give_the_same_text_as_one_by_one(model_dir, tmp_path
     assert torch.is_tensor(read_speech(tmp_path / "b0.wav"))
 
 
+def test_cli_compile_decodes_through_the_compiled_step_with_the_same_text(
+        model_dir, tmp_path, capsys, monkeypatch):
+    """``--compile`` reaches the decoding loop's compiled step (replaced by a counted eager
+    static step: the plumbing, not inductor) and prints the eager transcripts."""
+    import multimodal.generation as gen
+    from multimodal.nn.block import static_step
+
+    calls = [0]
+
+    def fake_compiled(*args):
+        calls[0] += 1
+        return static_step(*args)
+
+    for i in range(2):
+        sf.write(tmp_path / f"k{i}.wav", _tone(0.8, seed=20 + i), 16000)
+    cli_main(["transcribe", "--model", str(model_dir), "--inputs", str(tmp_path)])
+    eager = capsys.readouterr().out
+    monkeypatch.setattr(gen, "compile_unavailable", lambda device: None)
+    monkeypatch.setitem(gen._COMPILED, "cpu", fake_compiled)
+    cli_main(["transcribe", "--model", str(model_dir), "--inputs", str(tmp_path),
+              "--compile"])
+    assert capsys.readouterr().out == eager and calls[0] > 0
+
+
 def test_a_transformers_whisper_folder_transcribes_like_its_ctranslate2_copy(model_dir,
                                                                             tmp_path):
     from tokenizers import Tokenizer

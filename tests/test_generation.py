@@ -224,6 +224,40 @@ def test_cached_and_uncached_decoding_agree() -> None:
         assert outs[0].tolist() == outs[1].tolist(), kwargs
 
 
+@pytest.mark.parametrize("cache", ["kv", "static", "none"])
+def test_prefill_projects_only_the_last_position_with_the_full_forward_logits(
+        cache: str) -> None:
+    """The prompt's logits come from the head on the last row alone, and equal (to float
+    rounding) the last row of a full forward pass, for a left-padded text batch and for
+    class-conditional ImageGPT (whose features have one row more: the class token)."""
+    from multimodal.models.image_gpt import ImageGPT, ImageGPTConfig
+
+    text = tiny_model(vocab=11, seed=2, scale=1.0)
+    ids = torch.randint(0, 11, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    torch.manual_seed(1)
+    igpt = ImageGPT(ImageGPTConfig(image_size=4, vocab_size=8, dim=16, depth=2, heads=2,
+                                   num_classes=3)).eval()
+    pixels = torch.randint(0, 8, (2, 6), generator=torch.Generator().manual_seed(1))
+    labels = torch.tensor([2, 0])
+    kw = {"kv": {}, "static": {"static_cache": True}, "none": {"use_cache": False}}[cache]
+    for model, prompt, extra in ((text, ids, {"attention_mask": mask}),
+                                 (igpt, pixels, {"class_label": labels})):
+        with torch.no_grad():
+            full = model(prompt, **extra)[:, -1]
+        seen: list[tuple[int, torch.Tensor]] = []
+        hook = model.lm_head.register_forward_hook(
+            lambda mod, args, out, seen=seen: seen.append((args[0].shape[1],
+                                                           out[:, -1].clone())))
+        try:
+            generate(model, prompt, 1, **extra, **kw)
+        finally:
+            hook.remove()
+        assert [rows for rows, _ in seen] == [1]
+        torch.testing.assert_close(seen[0][1], full, atol=1e-5, rtol=1e-5)
+
+
 def test_stops_at_eos_and_pads_the_rest() -> None:
     model = tiny_model(vocab=11, seed=3)
     ref = reference_greedy(model, PROMPT, 10)[len(PROMPT):]

@@ -23,6 +23,7 @@ from multimodal.models.image_gpt import ImageGPT, ImageGPTConfig
 from multimodal.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
 from multimodal.models.text import TextDecoder, TextDecoderConfig
 from multimodal.models.vit import ViTConfig
+from multimodal.models.whisper import Whisper
 from multimodal.nn.cache import StaticKVCache
 
 VOCAB = 40
@@ -306,3 +307,56 @@ def test_whisper_decoder_decodes_the_same_statically(count_static_steps: list[in
                 for s in (False, True)]
         assert torch.equal(*runs)
     assert count_static_steps[0] >= 14
+
+
+def _tiny_whisper() -> Whisper:
+    from test_whisper import NO_TS, hf_whisper
+
+    from multimodal.convert.hf_audio import whisper_from_hf
+
+    return whisper_from_hf(hf_whisper(), languages=("en", "de"), no_timestamps_token_id=NO_TS)
+
+
+def test_whisper_generate_passes_static_cache_and_compile_through(
+        count_static_steps: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Whisper.generate(static_cache=True)`` and ``(compile=True)`` decode through the
+    static step (the compiled one replaced here by a counted eager step: the plumbing, not
+    inductor, which the slow test below runs) and give the eager tokens."""
+    pytest.importorskip("transformers")
+    from test_whisper import features
+
+    whisper = _tiny_whisper()
+    feats = features(3)
+    compiled_calls = [0]
+
+    def fake_compiled(*args: object) -> torch.Tensor:
+        compiled_calls[0] += 1
+        return block_module.static_step(*args)
+
+    monkeypatch.setattr(gen, "compile_unavailable", lambda device: None)
+    monkeypatch.setitem(gen._COMPILED, "cpu", fake_compiled)
+    for kwargs in ({}, {"num_beams": 2}):
+        count_static_steps[0] = compiled_calls[0] = 0
+        eager = whisper.generate(feats, max_new_tokens=8, **kwargs)
+        assert count_static_steps[0] == 0
+        static = whisper.generate(feats, max_new_tokens=8, static_cache=True, **kwargs)
+        assert torch.equal(static, eager) and count_static_steps[0] >= 7
+        assert compiled_calls[0] == 0
+        compiled = whisper.generate(feats, max_new_tokens=8, compile=True, **kwargs)
+        assert torch.equal(compiled, eager) and compiled_calls[0] >= 7
+
+
+@pytest.mark.slow
+def test_compiled_whisper_transcribes_the_eager_tokens() -> None:
+    pytest.importorskip("transformers")
+    if gen.compile_unavailable(torch.device("cpu")):
+        pytest.skip("torch.compile is unavailable here")
+    from test_whisper import features
+
+    whisper = _tiny_whisper()
+    feats = features(2)
+    eager = whisper.generate(feats, max_new_tokens=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no eager fallback
+        compiled = whisper.generate(feats, max_new_tokens=10, compile=True)
+    assert torch.equal(compiled, eager)

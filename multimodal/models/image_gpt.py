@@ -17,7 +17,7 @@ is a start token: one learned vector (unconditional) or one vector per class
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +92,9 @@ class ImageGPT(PretrainedMixin, nn.Module):
 
     config_class = ImageGPTConfig
     modality = "image"
+    #: ``forward`` is ``forward_head(forward_features(...))`` row by row: a decoding loop
+    #: may run the head on the one position whose logits it uses
+    logits_per_position: ClassVar[bool] = True
 
     def __init__(self, config: ImageGPTConfig) -> None:
         super().__init__()

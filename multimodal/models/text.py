@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -74,6 +74,10 @@ class NextTokenHead:
     (features, or ``(features, attention)``) and an ``lm_head``: ``pool`` = the last real
     token's features ``(B, dim)``, ``forward_head`` = logits ``(B, N, vocab)``, ``forward``
     = both in one call (attention passed through when ``forward_features`` returns it)."""
+
+    #: ``forward`` is ``forward_head(forward_features(...))`` row by row: a decoding loop
+    #: may run the head on the one position whose logits it uses
+    logits_per_position: ClassVar[bool] = True
 
     def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
         """The last real token's features ``(B, dim)`` (the last one when no mask)."""

@@ -313,7 +313,11 @@ class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
         row; the encoder runs once per call. ``max_new_tokens`` defaults to the rest of
         the decoder's 448 positions. Beam search stops as transformers' does by default
         (``early_stopping=False``: see :func:`multimodal.generation.generate`).
-        ``compile`` / ``static_cache``: static-cache decoding, the same tokens."""
+        ``compile`` / ``static_cache``: the decoder steps through a static KV cache of
+        the decoder's whole context (``max_len`` positions: one shape, so one compiled
+        step serves every call with the same batch size), compiled with
+        ``torch.compile`` (or eager), see :func:`multimodal.generation.generate`; the same
+        tokens."""
         cfg = self.config
         was_training = self.training
         self.eval()
@@ -327,6 +331,7 @@ class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
             prompts = [self.prompt(lang, task) for lang in langs]
             start = torch.tensor(prompts, dtype=torch.long, device=memory.device)
             steps = self.max_len - start.shape[1] if max_new_tokens is None else max_new_tokens
+            static = compile if static_cache is None else static_cache
             rules = WhisperLogitsProcessor(cfg.suppress_tokens, cfg.begin_suppress_tokens,
                                            start.shape[1], cfg.decoder.vocab_size)
             return generate(self.decoder, start, steps, do_sample=do_sample,
@@ -335,7 +340,9 @@ class Whisper(DecoderHeadMixin, PretrainedMixin, nn.Module):
                             eos_token_id=cfg.eot_token_id, pad_token_id=cfg.eot_token_id,
                             generator=generator, use_cache=use_cache,
                             logits_processor=rules, early_stopping=early_stopping,
-                            compile=compile, static_cache=static_cache, memory=memory)
+                            compile=compile, static_cache=static_cache,
+                            cache_len=self.max_len if use_cache and static else None,
+                            memory=memory)
         finally:
             self.train(was_training)
 
