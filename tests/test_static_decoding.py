@@ -310,7 +310,7 @@ def test_whisper_decoder_decodes_the_same_statically(count_static_steps: list[in
 
 
 def _tiny_whisper() -> Whisper:
-    from test_whisper import NO_TS, hf_whisper
+    from tests.models.test_whisper import NO_TS, hf_whisper
 
     from multimodal.convert.hf_audio import whisper_from_hf
 
@@ -323,7 +323,7 @@ def test_whisper_generate_passes_static_cache_and_compile_through(
     static step (the compiled one replaced here by a counted eager step: the plumbing, not
     inductor, which the slow test below runs) and give the eager tokens."""
     pytest.importorskip("transformers")
-    from test_whisper import features
+    from tests.models.test_whisper import features
 
     whisper = _tiny_whisper()
     feats = features(3)
@@ -351,7 +351,7 @@ def test_compiled_whisper_transcribes_the_eager_tokens() -> None:
     pytest.importorskip("transformers")
     if gen.compile_unavailable(torch.device("cpu")):
         pytest.skip("torch.compile is unavailable here")
-    from test_whisper import features
+    from tests.models.test_whisper import features
 
     whisper = _tiny_whisper()
     feats = features(2)
