@@ -4,7 +4,11 @@ images. Each process builds its own task from the folder; the new head is drawn 
 task's ``setup`` from the data's class count. Every rank writes its weights right after
 ``setup`` (before DDP broadcasts anything) and after training.
 
-    python tests/ddp_finetune_run.py VIT_FOLDER IMAGES_FOLDER OUT_FOLDER
+    python -m tests.ddp_finetune_run VIT_FOLDER IMAGES_FOLDER OUT_FOLDER
+
+(as a module: run by path, the script's folder ``tests/`` would come first on ``sys.path``
+and its ``tokenizers`` test package would shadow the Hugging Face ``tokenizers``; Lightning
+relaunches a ``-m`` run for rank 1 with ``-m`` too)
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def test_two_ranks_fine_tune_a_folder_identically(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    run = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_finetune_run.py"),
+    run = subprocess.run([sys.executable, "-m", "tests.ddp_finetune_run",
                           str(vit), str(tmp_path / "img"), str(out)], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
