@@ -17,7 +17,7 @@ is a start token: one learned vector (unconditional) or one vector per class
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,12 +26,11 @@ from torch import Tensor, nn
 from multimodal.generation import check_sampling_args, generate, next_token
 from multimodal.models.api import with_attention_maps
 from multimodal.models.backbone import model_config
-from multimodal.models.text import embed_tokens
+from multimodal.models.text import NextTokenHead, embed_tokens
 from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.embed import _pair
 from multimodal.nn.init import init_weights
-from multimodal.nn.pool import last_token
 from multimodal.nn.position import LearnedPositions
 from multimodal.registry import register_model, register_preset
 from multimodal.weights import PretrainedMixin
@@ -79,7 +78,7 @@ def bits_per_dim(nll_nats: Tensor | float) -> Tensor | float:
 
 
 @register_model
-class ImageGPT(PretrainedMixin, nn.Module):
+class ImageGPT(NextTokenHead, PretrainedMixin, nn.Module):
     """Causal transformer over pixel tokens in raster order.
 
     ``forward(input_ids, class_label=...)`` takes the first n pixel tokens (B, n) of each
@@ -92,9 +91,6 @@ class ImageGPT(PretrainedMixin, nn.Module):
 
     config_class = ImageGPTConfig
     modality = "image"
-    #: ``forward`` is ``forward_head(forward_features(...))`` row by row: a decoding loop
-    #: may run the head on the one position whose logits it uses
-    logits_per_position: ClassVar[bool] = True
 
     def __init__(self, config: ImageGPTConfig) -> None:
         super().__init__()
@@ -188,18 +184,6 @@ class ImageGPT(PretrainedMixin, nn.Module):
         if return_attention:
             return self.forward_head(out[0]), out[1]
         return self.forward_head(out)
-
-    def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
-        """The last real position's features ``(B, dim)`` (it has seen every pixel given;
-        images do not pad, so without a mask the last position)."""
-        return last_token(features, attention_mask)
-
-    def forward_head(self, features: Tensor, pre_logits: bool = False, *,
-                     attention_mask: Tensor | None = None) -> Tensor:
-        """Next-pixel logits ``(B, N, vocab)`` (``pre_logits``: :meth:`pool`)."""
-        if pre_logits:
-            return self.pool(features, attention_mask=attention_mask)
-        return self.lm_head(features)
 
     def forward_features(
         self,
