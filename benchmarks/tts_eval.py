@@ -448,10 +448,19 @@ def open_vocabulary(args: argparse.Namespace, synth_for: Callable[[], Synth] | N
             orig_hyps.append(judge(load16k(args.tts_root / r["path"])))
             refs.append(r["text"])
     n = f"{len(refs)} sentences, {len(per_voice)} held-out voices"
+
+    def spread(hyps: list[str], examples: int) -> str:
+        """Per-sentence WER: its median, how many sentences are word-perfect, and the
+        first ``examples`` transcripts (corpus WER above 100 % means insertions)."""
+        each = [_wer([r], [h]) for r, h in zip(refs, hyps, strict=True)]
+        said = "; ".join(f"{r!r} -> {h!r}" for r, h in list(zip(refs, hyps, strict=True))[:examples])
+        return (f"{n}; per sentence median {statistics.median(each):.0%}, word-perfect "
+                f"{sum(e == 0 for e in each)}/{len(each)}" + (f"; e.g. {said}" if said else ""))
+
     rows += [("(e) Whisper WER, held-out sentences synthesised", f"{_wer(refs, tts_hyps):.1%}",
-              n),
+              spread(tts_hyps, 3)),
              ("(e) Whisper WER, the espeak-ng / flite originals (ceiling)",
-              f"{_wer(refs, orig_hyps):.1%}", n)]
+              f"{_wer(refs, orig_hyps):.1%}", spread(orig_hyps, 3))]
     return rows
 
 
