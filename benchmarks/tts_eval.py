@@ -452,8 +452,9 @@ def open_vocabulary(args: argparse.Namespace, synth_for: Callable[[], Synth] | N
     def spread(hyps: list[str], examples: int) -> str:
         """Per-sentence WER: its median, how many sentences are word-perfect, and the
         first ``examples`` transcripts (corpus WER above 100 % means insertions)."""
-        each = [_wer([r], [h]) for r, h in zip(refs, hyps, strict=True)]
-        said = "; ".join(f"{r!r} -> {h!r}" for r, h in list(zip(refs, hyps, strict=True))[:examples])
+        pairs = list(zip(refs, hyps, strict=True))
+        each = [_wer([r], [h]) for r, h in pairs]
+        said = "; ".join(f"{r!r} -> {h!r}" for r, h in pairs[:examples])
         return (f"{n}; per sentence median {statistics.median(each):.0%}, word-perfect "
                 f"{sum(e == 0 for e in each)}/{len(each)}" + (f"; e.g. {said}" if said else ""))
 
