@@ -399,7 +399,7 @@ def plot_buckets(runs: dict[str, list[dict]], path: Path, title: str) -> None:
     """Exact match by source-length bucket, one curve per model: the median over seeds,
     with the min-max band."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6 + 0.15 * len(runs)), dpi=110)
     first = next(iter(runs.values()))[0]["buckets"]
     keep = [i for i, b in enumerate(first) if b[3] > 0]
     xs = list(range(len(keep)))
@@ -416,7 +416,7 @@ def plot_buckets(runs: dict[str, list[dict]], path: Path, title: str) -> None:
     ax.set_ylabel("held-out exact match (%)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3))
     save_figure(fig, path)
 
 
@@ -439,8 +439,8 @@ def task_of(r: dict) -> tuple[str, str]:
         return (f"extrapolate{r['train_numbers']}to{k}",
                 f"Trained on lists of 1-{r['train_numbers']} numbers, tested on 1-{k}")
     if mode == "converge":
-        return (f"lists{k}_converged", f"Lists of 1-{k} numbers, trained to convergence "
-                "(early stopping on validation exact match)")
+        return (f"lists{k}_converged", f"Lists of 1-{k} numbers, early stopping on validation "
+                "exact match")
     if mode == "search":
         return (f"lists{k}_search", f"Lists of 1-{k} numbers, recipe search (seed "
                 f"{r['seed']}, validation exact match decides)")
