@@ -25,11 +25,14 @@ run appends one JSON line to ``--results``, and ``--report FILE...`` prints the 
 (median and min-max over seeds) and draws the figure from those lines, so runs split
 over several processes are summarised together.
 
-Issue 33 (the transformer's side): ``--models transformer:pos=rope,norm=post,dim=96,depth=1``
+The transformer's side: ``--models transformer:pos=rope,norm=post,dim=96,depth=1``
 trains a variant of the transformer (positions learned / sinusoidal / rotary, encoder
-post-norm, width, depth, heads, MLP ratio); ``--lr`` / ``--warmup`` set the recipe;
-``--converge`` trains until validation exact match stops improving and records the CPU
-seconds to 90 %; ``--train-numbers M`` trains on lists of 1..M numbers and tests on 1..K
+post-norm, width, depth, heads, MLP ratio); ``--lr`` / ``--warmup`` set the recipe, and
+``NAME@lr=3e-3,warmup=1`` one model's own; ``--converge`` trains until validation exact
+match stops improving (best checkpoint restored) and records the CPU seconds to 90 %, and
+``--grid LR:WARMUP ...`` first tries every point on the first seed for ``--search-budget``
+CPU s and converges each model with its best point (by validation exact match);
+``--train-numbers M`` trains on lists of 1..M numbers and tests on 1..K
 (length generalisation); ``--length-throughput`` measures training tokens per CPU second
 against source length; ``--cross-attention`` draws each trained transformer's
 cross-attention on a 4-number list.
@@ -105,10 +108,39 @@ def parse_variant(name: str) -> tuple[str, dict[str, str]]:
     return base, opts
 
 
-def model_name(name: str) -> str:
-    """Validates ``name`` (argparse type) and returns it unchanged."""
+def parse_recipe(spec: str) -> tuple[str, dict[str, float]]:
+    """``"gru+multiplicative@lr=3e-3,warmup=1"`` -> ``("gru+multiplicative", {"lr": 0.003,
+    "warmup": 1.0})``: a model (see :func:`parse_variant`) and its own learning rate and
+    warm-up, which override ``--lr`` / ``--warmup`` for that model only."""
+    name, _, recipe = spec.partition("@")
     parse_variant(name)
-    return name
+    out: dict[str, float] = {}
+    for item in filter(None, recipe.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in ("lr", "warmup"):
+            raise argparse.ArgumentTypeError(
+                f"bad recipe {item!r} in {spec!r}: only lr=VALUE and warmup=VALUE")
+        try:
+            out[key] = float(value)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{key} must be a number in {spec!r}") from err
+    return name, out
+
+
+def model_name(spec: str) -> str:
+    """Validates ``spec`` (argparse type: a model, optionally ``@lr=..,warmup=..``) and
+    returns it unchanged."""
+    parse_recipe(spec)
+    return spec
+
+
+def grid_point(text: str) -> tuple[float, float]:
+    """``"3e-3:1"`` -> ``(0.003, 1.0)``: a (learning rate, warm-up) point of ``--grid``."""
+    lr, sep, warmup = text.partition(":")
+    try:
+        return float(lr), float(warmup) if sep else 0.05
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"grid point {text!r} is not LR:WARMUP") from err
 
 
 def label(name: str) -> str:
@@ -294,9 +326,10 @@ def train_converge(model: nn.Module, loader: Callable[[], DataLoader], max_budge
     every ``every`` CPU seconds of *training* (evaluation is not counted) ``check()`` gives
     the validation exact match; training stops after ``patience`` checks without a new best,
     at 100 %, or after ``max_budget`` CPU seconds, and the best checkpoint is restored.
-    Returns steps, the curve ``[(cpu_s, steps, val)]``, the best validation exact match and
+    Returns steps, the curve ``[(cpu_s, steps, val)]``, the best validation exact match,
     ``cpu_to_90``: training CPU seconds at the first check with val >= ``target`` (None if
-    never).
+    never), and ``stopped``: why training ended (``"patience"``, ``"100 %"`` or ``"cap"``,
+    the last meaning *not* converged).
     """
     task = Seq2SeqTask(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -326,9 +359,10 @@ def train_converge(model: nn.Module, loader: Callable[[], DataLoader], max_budge
                 since += 1
             if since >= patience or best >= 1.0 or used >= max_budget:
                 model.load_state_dict(best_state)
+                stopped = "100 %" if best >= 1.0 else "patience" if since >= patience else "cap"
                 return {"steps": steps, "loss": loss, "train_cpu_s": used,
                         "wall_s": time.perf_counter() - wall0, "curve": curve,
-                        "best_val": best, "cpu_to_90": hit}
+                        "best_val": best, "cpu_to_90": hit, "stopped": stopped}
 
 
 @torch.no_grad()
@@ -365,7 +399,7 @@ def plot_buckets(runs: dict[str, list[dict]], path: Path, title: str) -> None:
     """Exact match by source-length bucket, one curve per model: the median over seeds,
     with the min-max band."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6 + 0.15 * len(runs)), dpi=110)
     first = next(iter(runs.values()))[0]["buckets"]
     keep = [i for i, b in enumerate(first) if b[3] > 0]
     xs = list(range(len(keep)))
@@ -382,7 +416,7 @@ def plot_buckets(runs: dict[str, list[dict]], path: Path, title: str) -> None:
     ax.set_ylabel("held-out exact match (%)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3))
     save_figure(fig, path)
 
 
@@ -405,8 +439,11 @@ def task_of(r: dict) -> tuple[str, str]:
         return (f"extrapolate{r['train_numbers']}to{k}",
                 f"Trained on lists of 1-{r['train_numbers']} numbers, tested on 1-{k}")
     if mode == "converge":
-        return (f"lists{k}_converged", f"Lists of 1-{k} numbers, trained to convergence "
-                "(early stopping on validation exact match)")
+        return (f"lists{k}_converged", f"Lists of 1-{k} numbers, early stopping on validation "
+                "exact match")
+    if mode == "search":
+        return (f"lists{k}_search", f"Lists of 1-{k} numbers, recipe search (seed "
+                f"{r['seed']}, validation exact match decides)")
     if k == 1:
         return "gru", "Number words -> digits, same parameters and CPU budget"
     return f"lists{k}", f"Lists of 1-{k} numbers, words -> digits, same parameters and CPU budget"
@@ -422,14 +459,15 @@ def report(paths: list[str], figures: Path, plot: bool = True) -> None:
     for (tag, title), runs in by_task.items():
         runs = dict(sorted(runs.items(), key=lambda kv: (
             MODELS.index(parse_variant(kv[0].partition(" @")[0])[0]), kv[0])))
-        converge = tag.endswith("converged")
+        converge = tag.endswith(("converged", "search"))
         budgets = sorted({r["budget"] for rs in runs.values() for r in rs})
         print(f"\n## {title}; budget {budgets} CPU s per model and seed\n")
-        extra = " | CPU s to 90 % val | best val % |" if converge else " |"
+        extra = (" | training CPU s | stopped by | CPU s to 90 % val | best val % |"
+                 if converge else " |")
         print("| model | parameters | width | seeds | steps | exact match %, median "
               "(min-max) | train tokens/s, median (min-max)" + extra)
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---:" + (" | ---: | ---: |" if converge
-                                                                 else " |"))
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---:" + (
+            " | ---: | --- | ---: | ---: |" if converge else " |"))
         for key, rs in runs.items():
             rates = [x for r in rs for x in r.get("tokens_per_s", [])]
             row = (f"| {key_label(key)} | {rs[0]['params']:,} | {rs[0]['hidden'] or 64} | "
@@ -439,7 +477,11 @@ def report(paths: list[str], figures: Path, plot: bool = True) -> None:
                    f"{spread(rates, fmt=',.0f') if rates else '-'} |")
             if converge:
                 hit = [r["cpu_to_90"] for r in rs if r.get("cpu_to_90") is not None]
-                row += (f" {spread(hit, fmt='.0f') if hit else 'never'}"
+                stops = [r.get("stopped", "?") for r in rs]
+                row += (f" {spread([r['train_cpu_s'] for r in rs], fmt='.0f')} | "
+                        + ", ".join(f"{w} {stops.count(w)}/{len(rs)}"
+                                    for w in dict.fromkeys(stops))
+                        + f" | {spread(hit, fmt='.0f') if hit else 'never'}"
                         f"{f' ({len(hit)}/{len(rs)} seeds)' if 0 < len(hit) < len(rs) else ''}"
                         f" | {spread([r['best_val'] for r in rs], 100)} |")
             print(row)
@@ -452,7 +494,7 @@ def report(paths: list[str], figures: Path, plot: bool = True) -> None:
             print(f"| {key_label(key)} | " + " | ".join(
                 spread([r["buckets"][i][2] for r in rs], 100) for i in keep) + " |")
         print("| (test examples) | " + " | ".join(str(first[i][3]) for i in keep) + " |")
-        if plot:
+        if plot and not tag.endswith("search"):
             plot_buckets(runs, figures / f"rnn_vs_transformer_length_{tag}.png", title)
 
 
@@ -526,7 +568,8 @@ def main() -> None:
                         default=["gru", "gru+additive", "gru+multiplicative", "transformer"],
                         help=f"from {MODELS}; the transformer also as a variant, e.g. "
                              "transformer:pos=rope,dim=96,depth=1,mlp=3 (keys: "
-                             f"{', '.join(TRANSFORMER_DEFAULTS)})")
+                             f"{', '.join(TRANSFORMER_DEFAULTS)}); any model with its own "
+                             "recipe: gru@lr=3e-3,warmup=1")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--numbers-per-source", type=int, default=1,
                         help="K > 1: lists of 1..K numbers per example")
@@ -548,6 +591,13 @@ def main() -> None:
                         help="--converge: CPU seconds of training between validations")
     parser.add_argument("--patience", type=int, default=4,
                         help="--converge: validations without a new best before stopping")
+    parser.add_argument("--grid", nargs="+", type=grid_point, metavar="LR:WARMUP",
+                        help="--converge: first train every model without its own @recipe "
+                             "at each (lr, warm-up) point for --search-budget CPU s (first "
+                             "seed), then converge it with the point of best validation "
+                             "exact match")
+    parser.add_argument("--search-budget", type=float, default=40.0,
+                        help="--grid: CPU seconds of training per point")
     parser.add_argument("--train-numbers", type=int, default=None, metavar="M",
                         help="length generalisation: train (and validate) on lists of 1..M "
                              "numbers, test on lists of 1..K (--numbers-per-source K)")
@@ -568,6 +618,7 @@ def main() -> None:
     results = Path(args.results)
     results.parent.mkdir(parents=True, exist_ok=True)
 
+    names = [parse_recipe(spec)[0] for spec in args.models]
     k = args.numbers_per_source
     vocab, buckets = sizes(k), buckets_for(k)
 
@@ -586,7 +637,7 @@ def main() -> None:
     if args.length_throughput is not None:
         lengths = args.length_throughput or [10, 25, 50, 100, 200]
         long_vocab = {**vocab, "max_source_len": max(256, max(lengths))}
-        rows = length_throughput(args.models, lengths, 32, min(16, vocab["max_target_len"]),
+        rows = length_throughput(names, lengths, 32, min(16, vocab["max_target_len"]),
                                  max(args.rounds, 1), args.steps,
                                  long_vocab, lambda n, v: build(n, 0, v))
         with results.open("a") as f:
@@ -594,7 +645,7 @@ def main() -> None:
                 f.write(json.dumps(row) + "\n")
         print("| model | parameters | " + " | ".join(f"L={x}" for x in lengths) + " |")
         print("| --- | ---: |" + " ---: |" * len(lengths))
-        for name in args.models:
+        for name in names:
             rs = [r for r in rows if r["model"] == name]
             print(f"| {label(name)} | {rs[0]['params']:,} | " + " | ".join(
                 spread(r["tokens_per_cpu_s"], fmt=",.0f") for r in rs) + " |")
@@ -626,54 +677,79 @@ def main() -> None:
             return DataLoader(train_set, batch_size=128, shuffle=True, collate_fn=collate_pairs,
                               generator=torch.Generator().manual_seed(0))
         batches = [b for b, _ in zip(first_loader(), range(4), strict=False)]
-        rates = throughput({m: build(m, 0) for m in args.models}, batches, args.rounds,
+        rates = throughput({m: build(m, 0) for m in names}, batches, args.rounds,
                            args.steps)
 
-    for seed in args.seeds:
-        def loader(seed: int = seed) -> DataLoader:
+    def run(name: str, seed: int, lr: float, warmup: float, budget: float, patience: int,
+            run_mode: str) -> dict:
+        """Trains one model with one seed and recipe, tests it, appends its result line."""
+        def loader() -> DataLoader:
             return DataLoader(train_set, batch_size=128, shuffle=True, collate_fn=collate_pairs,
                               generator=torch.Generator().manual_seed(seed))
 
-        for name in args.models:
-            model = build(name, seed)
-            if args.converge:
-                def check(model: nn.Module = model) -> float:
-                    return evaluate(model, val_pairs, buckets, vocab["max_target_len"])[0]
-                stats = train_converge(model, loader, args.budget, args.lr, args.warmup, check,
-                                       args.check_every, args.patience)
-            else:
-                stats = train(model, loader, args.budget, args.lr, args.warmup)
-            em, by_bucket = evaluate(model, pairs, buckets, vocab["max_target_len"])
-            row = {"model": name, "seed": seed, "numbers_per_source": k, "budget": args.budget,
-                   "mode": mode, "train_numbers": args.train_numbers,
-                   "lr": args.lr, "warmup": args.warmup,
-                   "params": n_params(model),
-                   "hidden": getattr(model.config, "hidden_dim", None) or model.config.dim,
-                   **stats, "exact_match": em, "buckets": by_bucket,
-                   "tokens_per_s": rates.get(name, []) if seed == args.seeds[0] else []}
-            with results.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            if args.save:
-                Path(args.save).mkdir(parents=True, exist_ok=True)
-                torch.save(model.state_dict(), Path(args.save) / f"{mode}_{name}_{seed}.pt")
-            print(f"seed {seed} {label(name)}: {stats['steps']} steps, loss {stats['loss']:.4f}, "
-                  f"exact match {100 * em:.2f} % ("
-                  + ", ".join(f"{lo}-{hi}: {100 * r:.0f}" for lo, hi, r, n in by_bucket if n)
-                  + ")", flush=True)
-            if name == "gru+additive" and seed == args.seeds[0]:
-                assert isinstance(model, RNNSeq2Seq)
-                example = (345_678,) if k == 1 else (345_678, 12, 9005, 770_001)[:k]
-                tag = "gru" if k == 1 else f"gru_lists{k}"
-                digits = plot_alignment(model, example,
-                                        figures / f"rnn_additive_alignment_{tag}.png")
-                print(f"alignment figure: {example} decoded as {digits!r}", flush=True)
-            if args.cross_attention and isinstance(model, Seq2Seq) and k > 1 \
-                    and seed == args.seeds[0]:
-                example = (345_678, 12, 9005, 770_001)[:k]
-                tag = name.replace(":", "_").replace(",", "_").replace("=", "")
-                digits = plot_cross_attention(
-                    model, example, figures / f"transformer_cross_attention_{tag}_{mode}.png")
-                print(f"cross-attention figure: {example} decoded as {digits!r}", flush=True)
+        model = build(name, seed)
+        if args.converge:
+            def check() -> float:
+                return evaluate(model, val_pairs, buckets, vocab["max_target_len"])[0]
+            stats = train_converge(model, loader, budget, lr, warmup, check, args.check_every,
+                                   patience)
+        else:
+            stats = train(model, loader, budget, lr, warmup)
+        em, by_bucket = evaluate(model, pairs, buckets, vocab["max_target_len"])
+        row = {"model": name, "seed": seed, "numbers_per_source": k, "budget": budget,
+               "mode": run_mode, "train_numbers": args.train_numbers, "lr": lr, "warmup": warmup,
+               "params": n_params(model),
+               "hidden": getattr(model.config, "hidden_dim", None) or model.config.dim,
+               **stats, "exact_match": em, "buckets": by_bucket,
+               "tokens_per_s": rates.get(name, []) if seed == args.seeds[0] else []}
+        with results.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"seed {seed} {label(name)} (lr {lr:g}, warm-up {warmup:g}): {stats['steps']} "
+              f"steps, loss {stats['loss']:.4f}, exact match {100 * em:.2f} % ("
+              + ", ".join(f"{lo}-{hi}: {100 * r:.0f}" for lo, hi, r, n in by_bucket if n)
+              + ")", flush=True)
+        if run_mode == "search":
+            return row
+        if args.save:
+            Path(args.save).mkdir(parents=True, exist_ok=True)
+            torch.save(model.state_dict(), Path(args.save) / f"{run_mode}_{name}_{seed}.pt")
+        if name == "gru+additive" and seed == args.seeds[0]:
+            assert isinstance(model, RNNSeq2Seq)
+            example = (345_678,) if k == 1 else (345_678, 12, 9005, 770_001)[:k]
+            tag = "gru" if k == 1 else f"gru_lists{k}"
+            digits = plot_alignment(model, example, figures / f"rnn_additive_alignment_{tag}.png")
+            print(f"alignment figure: {example} decoded as {digits!r}", flush=True)
+        if args.cross_attention and isinstance(model, Seq2Seq) and k > 1 \
+                and seed == args.seeds[0]:
+            example = (345_678, 12, 9005, 770_001)[:k]
+            tag = name.replace(":", "_").replace(",", "_").replace("=", "")
+            digits = plot_cross_attention(
+                model, example, figures / f"transformer_cross_attention_{tag}_{run_mode}.png")
+            print(f"cross-attention figure: {example} decoded as {digits!r}", flush=True)
+        return row
+
+    # each model's recipe: its own @lr=..,warmup=.., else --lr / --warmup, else --grid's best
+    recipes: dict[str, tuple[str, float, float]] = {}
+    for spec in args.models:
+        name, own = parse_recipe(spec)
+        recipes[spec] = (name, own.get("lr", args.lr), own.get("warmup", args.warmup))
+    if args.grid:
+        if not args.converge:
+            raise SystemExit("--grid needs --converge (it picks by validation exact match)")
+        for spec, (name, _, _) in recipes.items():
+            if "@" in spec:  # a stated recipe is not searched
+                continue
+            trials = [(run(name, args.seeds[0], lr, warmup, args.search_budget, 10**9,
+                           "search"), lr, warmup) for lr, warmup in args.grid]
+            # best validation exact match; a tie (e.g. all 0 %) goes to the lower final loss
+            row, lr, warmup = max(trials, key=lambda t: (t[0]["best_val"], -t[0]["loss"]))
+            recipes[spec] = (name, lr, warmup)
+            print(f"recipe for {label(name)}: lr {lr:g}, warm-up {warmup:g} (val "
+                  f"{100 * row['best_val']:.1f} %)", flush=True)
+
+    for seed in args.seeds:
+        for name, lr, warmup in recipes.values():
+            run(name, seed, lr, warmup, args.budget, args.patience, mode)
     report([str(results)], figures)
 
 

@@ -91,3 +91,19 @@ def test_benchmark_variants_build_what_they_name() -> None:
     for bad in ("transformer:pos=alibi", "gru:dim=4", "transformer:width=3", "gpt"):
         with pytest.raises(argparse.ArgumentTypeError, match=r"pos|variant|unknown"):
             bench.parse_variant(bad)
+
+
+def test_benchmark_recipes_parse_per_model_and_grid_points() -> None:
+    bench = _benchmark()
+    assert bench.parse_recipe("gru+multiplicative@lr=3e-3,warmup=1") == (
+        "gru+multiplicative", {"lr": 3e-3, "warmup": 1.0})
+    assert bench.parse_recipe("transformer:dim=96,depth=1@lr=1e-3") == (
+        "transformer:dim=96,depth=1", {"lr": 1e-3})
+    assert bench.parse_recipe("lstm") == ("lstm", {})
+    assert bench.grid_point("3e-3:1") == (3e-3, 1.0)
+    assert bench.grid_point("1e-3") == (1e-3, 0.05)  # the budget mode's warm-up fraction
+    for bad in ("gru@momentum=0.9", "gru@lr=fast", "gpt@lr=1e-3", "gru:dim=4@lr=1e-3"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"recipe|number|unknown|variant"):
+            bench.parse_recipe(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="LR:WARMUP"):
+        bench.grid_point("fast:1")
