@@ -310,9 +310,8 @@ def test_whisper_decoder_decodes_the_same_statically(count_static_steps: list[in
 
 
 def _tiny_whisper() -> Whisper:
-    from tests.models.test_whisper import NO_TS, hf_whisper
-
     from multimodal.convert.hf_audio import whisper_from_hf
+    from tests.models.test_whisper import NO_TS, hf_whisper
 
     return whisper_from_hf(hf_whisper(), languages=("en", "de"), no_timestamps_token_id=NO_TS)
 
