@@ -284,6 +284,17 @@ def _own_data(stem: str, root: Path) -> list[str]:
             for i in range(2):
                 sf.write(str(root / cls / f"{i}.wav"), np.zeros(8000, np.float32), 16000)
         return ["--data.init_args.train", str(root)]
+    if stem == "speaker_id":  # the speakers manifest of `bash data/get.sh tts` (not in `all`)
+        import soundfile as sf
+
+        (root / "wav").mkdir(parents=True)
+        rows = []
+        for voice in ("en", "fr"):
+            for i in range(2):
+                sf.write(str(root / "wav" / f"{voice}{i}.wav"), np.zeros(8000, np.float32), 16000)
+                rows.append(f"wav/{voice}{i}.wav,{voice}\n")
+        (root / "speakers.csv").write_text("path,label\n" + "".join(rows))
+        return ["--data.init_args.train", str(root / "speakers.csv")]
     if stem == "gpt_textfiles":
         root.mkdir(parents=True)
         (root / "a.txt").write_text("In the beginning there was text.\n" * 50)
