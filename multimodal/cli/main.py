@@ -234,8 +234,7 @@ def _defaults(cls: type) -> dict[str, Any]:
 
 
 def _modality_of_data(class_path: str) -> str | None:
-    for key, kind in (("vision", "image"), ("images", "image"), ("audio", "audio"),
-                      ("text", "text")):
+    for key, kind in (("vision", "image"), ("audio", "audio"), ("text", "text")):
         if class_path.startswith(f"multimodal.data.{key}"):
             return kind
     return None
