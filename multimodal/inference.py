@@ -50,6 +50,7 @@ from multimodal.hub import (
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.progress import progress
 from multimodal.tokenizers.audio import load_audio
+from multimodal.weights import save_safetensors
 
 __all__ = [
     "DEFAULT_TEMPLATES", "CaptionerBundle", "InputItem", "UnreadableInput", "caption",
@@ -362,11 +363,9 @@ def _write(path: Path, ids: list[str], emb: torch.Tensor, meta: dict[str, Any]) 
         ids_tmp.write_text(json.dumps({"ids": ids, **meta}), encoding="utf-8")
         os.replace(ids_tmp, _ids_file(path))
     else:
-        from safetensors.torch import save_file
-
-        save_file({"embeddings": emb.contiguous()}, str(tmp),
-                  metadata={"ids": json.dumps(ids),
-                            **{k: json.dumps(v) for k, v in meta.items()}})
+        save_safetensors({"embeddings": emb.contiguous()}, tmp,
+                         metadata={"ids": json.dumps(ids),
+                                   **{k: json.dumps(v) for k, v in meta.items()}})
     os.replace(tmp, path)
 
 

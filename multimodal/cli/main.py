@@ -51,7 +51,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import re
 import sys
+import warnings
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
@@ -201,8 +203,33 @@ def _share_logger_version(loggers: Any) -> None:
             continue
         taken = [int(p.name[len("version_"):]) for p in Path(folder).glob("version_*")
                  if p.is_dir() and p.name[len("version_"):].isdigit()]
+        version = max(taken, default=-1) + 1
         for args in shared:
-            args["version"] = max(taken, default=-1) + 1
+            args["version"] = version
+        # the folder is new: the second logger finds the first one's files in it, and the
+        # CSV logger's "exists and is not empty ... will be deleted" would be a false alarm
+        warnings.filterwarnings(
+            "ignore", message="Experiment logs directory .*" + re.escape(
+                os.path.join(os.path.basename(os.path.normpath(folder)), f"version_{version}"))
+            + " exists and is not empty")
+
+
+def place_evaluation_outputs(subcommand: str | None, config: Namespace) -> None:
+    """``test`` / ``validate`` / ``predict`` write nothing into the current directory:
+    given a checkpoint file and no ``trainer.default_root_dir``, the run folder of the
+    checkpoint (``<root>`` of ``<root>/checkpoints/x.ckpt``) is the root, so their logs and
+    figures go to ``<root>/version_N`` beside the training run's; ``predict`` (which logs
+    nothing) runs without loggers unless the config or command line names some."""
+    trainer = config.get("trainer")
+    if subcommand not in ("test", "validate", "predict") or not isinstance(trainer, Namespace):
+        return
+    if subcommand == "predict" and trainer.get("logger") is None:
+        trainer["logger"] = False
+    ckpt = config.get("ckpt_path")
+    if trainer.get("default_root_dir") is None and ckpt and Path(str(ckpt)).is_file():
+        folder = Path(str(ckpt)).resolve().parent
+        trainer["default_root_dir"] = str(folder.parent if folder.name == "checkpoints"
+                                          else folder)
 
 
 def resolve_precision(trainer_config: dict[str, Any], model: Any) -> tuple[Any, str]:
@@ -300,6 +327,9 @@ def _data_model_sizes(datamodule: Any) -> dict[str, int] | None:
 class MultimodalCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        place_evaluation_outputs(self.subcommand, config)
+        if self.subcommand == "predict":  # nothing to record: no config.yaml in the root
+            self.save_config_callback = None
         add_run_defaults(config)
         place_run_outputs(config)
         ckpt_path, init = config.get("ckpt_path"), config.get("model.init_args")

@@ -58,6 +58,7 @@ from multimodal.convert.hf_folder import from_hf_folder, read_hf_weights
 from multimodal.convert.openclip import from_open_clip
 from multimodal.convert.timm_vit import from_timm
 from multimodal.convert.torchvision_vit import from_torchvision
+from multimodal.installed import resolve_weights
 
 SUPPORTED["open_clip"] = ("CLIP, CustomTextCLIP with open_clip's own VisionTransformer and "
                          "TextTransformer (from_open_clip)")
@@ -83,7 +84,7 @@ def from_hf(model: nn.Module | str | os.PathLike) -> nn.Module:
     the whole Whisper with :func:`whisper_from_hf`.
     """
     if isinstance(model, (str, os.PathLike)):
-        return from_hf_folder(model)
+        return from_hf_folder(resolve_weights(model))  # or an installed model's name
     name = type(model).__name__
     if name not in HF_CONVERTERS or not hasattr(model, "config"):
         raise ValueError(f"from_hf supports {SUPPORTED['transformers']}; got {name}")

@@ -131,9 +131,34 @@ class ImagePreprocessor:
 
     @classmethod
     def from_dict(cls, pre: dict[str, Any]) -> ImagePreprocessor:
+        """From a ``preprocessor_config.json``'s settings (``num_channels``: 1 for a grey
+        model, written by :meth:`to_dict`; a Hugging Face folder's are RGB)."""
         keys = ("size", "resample", "do_resize", "do_center_crop", "crop_size", "do_rescale",
                 "rescale_factor", "do_normalize", "image_mean", "image_std")
-        return cls(**{k: pre[k] for k in keys if k in pre and pre[k] is not None})
+        channels = pre.get("num_channels", 3)
+        return cls(**{k: pre[k] for k in keys if k in pre and pre[k] is not None},
+                   channels=channels if channels in (1, 3) else 3)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a ``preprocessor_config.json`` that :meth:`from_dict` and
+        transformers' ``ViTImageProcessor`` read (``num_channels`` only for a grey model)."""
+        out: dict[str, Any] = {
+            "image_processor_type": "ViTImageProcessor", "do_resize": self.do_resize,
+            "size": self.size, "resample": self.resample,
+            "do_center_crop": self.do_center_crop, "do_rescale": self.do_rescale,
+            "rescale_factor": self.rescale_factor, "do_normalize": self.do_normalize,
+            "image_mean": self.mean.tolist(), "image_std": self.std.tolist()}
+        if self.do_center_crop:
+            out["crop_size"] = self.crop_size
+        if self.channels != 3:
+            out["num_channels"] = self.channels
+        return out
+
+    def save(self, folder: str | Path) -> Path:
+        """Write :meth:`to_dict` as ``folder/preprocessor_config.json``; returns the file."""
+        file = Path(folder) / PREPROCESSOR_NAME
+        file.write_text(json.dumps(self.to_dict(), indent=2))
+        return file
 
     def _load(self, image: Any) -> Tensor:
         if isinstance(image, Tensor):

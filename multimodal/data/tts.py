@@ -41,7 +41,6 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -63,6 +62,7 @@ from multimodal.tokenizers.audio import AudioFeatureConfig, load_audio
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 from multimodal.tokenizers.phonemes import PhonemeTokenizer
 from multimodal.tokenizers.text import PAD_ID
+from multimodal.weights import save_safetensors
 
 __all__ = [
     "TTS_CODEC",
@@ -179,7 +179,7 @@ def _encode_all(tts: Path, rows: list[dict[str, str]], key: dict[str, str],
         "phoneme_offsets": torch.tensor([0] + [len(p) for p in phonemes]).cumsum(0),
     }
     tmp = tts / (TOKENS_FILE + ".tmp")
-    save_file(tensors, str(tmp), metadata={"key": json.dumps(key), "rows": str(len(rows))})
+    save_safetensors(tensors, tmp, metadata={"key": json.dumps(key), "rows": str(len(rows))})
     tmp.replace(tts / TOKENS_FILE)
 
 

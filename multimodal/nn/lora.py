@@ -23,10 +23,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from multimodal.weights import load_safetensors
+from multimodal.weights import load_safetensors, save_safetensors
 
 
 class LoRALinear(nn.Module):
@@ -186,8 +185,8 @@ def save_lora(model: nn.Module, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     settings = getattr(model, "_lora_settings", None)
     metadata = {"lora": json.dumps(settings)} if settings else None
-    save_file({k: v.contiguous() for k, v in lora_state_dict(model).items()}, str(path),
-              metadata=metadata)
+    save_safetensors({k: v.contiguous() for k, v in lora_state_dict(model).items()}, path,
+                     metadata=metadata)
     return path
 
 

@@ -21,7 +21,7 @@ from multimodal.tasks.finetune import (
     param_groups,
 )
 from multimodal.tasks.optim import OptimizerConfig, warmup_cosine
-from multimodal.tasks.pretrained import HEAD_MODULES
+from multimodal.tasks.pretrained import HEAD_MODULES, data_image_preprocessor
 
 CHECKPOINT_KEY = "multimodal_model"
 
@@ -76,8 +76,16 @@ class ModelTask(L.LightningModule):
         return self
 
     def save_pretrained(self, path: str | Path) -> Path:
-        """The trained model as by ``save_pretrained``, LoRA adapters merged in."""
-        return merged_model(self.model).save_pretrained(path)
+        """The trained model as by ``save_pretrained``, LoRA adapters merged in; with an
+        image data module attached, also its preprocessing (``preprocessor_config.json``:
+        image size and normalisation, read back by ``pretrained:`` and ``load_encoder``)."""
+        folder = merged_model(self.model).save_pretrained(path)
+        if getattr(self.model, "modality", None) in ("image", "image+text") \
+                and self.datamodule is not None:
+            preprocessor = data_image_preprocessor(self.datamodule)
+            if preprocessor is not None:
+                preprocessor.save(folder)
+        return folder
 
     @property
     def datamodule(self) -> Any:

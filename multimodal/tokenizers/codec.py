@@ -55,12 +55,13 @@ from typing import Any
 
 import torch
 import torchaudio
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 from multimodal.tokenizers.kmeans import kmeans
 from multimodal.tokenizers.waveform import as_mono
+from multimodal.weights import save_safetensors
 
 MIN_GRIFFIN_LIM_FRAMES = 3
 """torchaudio's Griffin-Lim (its centred inverse STFT) fails on 1 or 2 frames."""
@@ -364,7 +365,7 @@ class MelRVQCodec(nn.Module):
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"type": "mel_rvq_codec", "format_version": str(FORMAT_VERSION),
                 "config": json.dumps(self.config.to_dict()), "fitted": str(bool(self.fitted))}
-        save_file({"codebooks": self.rvq.codebooks.contiguous()}, str(path), metadata=meta)
+        save_safetensors({"codebooks": self.rvq.codebooks.contiguous()}, path, metadata=meta)
         return path
 
     @classmethod
