@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from multimodal.data.shards import read_shard_file, read_shard_meta
+from multimodal.installed import resolve_weights
 from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
 from multimodal.tokenizers.text import (
     BOS_ID,
@@ -76,9 +77,9 @@ OWN_SPECIAL_IDS = SpecialIds(PAD_ID, BOS_ID, EOS_ID, (CLS_ID,), ())
 
 
 def tokenizer_file(spec: str | Path) -> Path:
-    """``spec`` itself (a file) or ``spec/tokenizer.json`` (a folder); an error naming the
-    path when neither exists."""
-    path = Path(spec)
+    """``spec`` itself (a file) or ``spec/tokenizer.json`` (a folder, or an installed model's
+    name: ``all-MiniLM-L6-v2``); an error naming the path when neither exists."""
+    path = Path(resolve_weights(spec))
     if path.is_dir():
         inner = path / "tokenizer.json"
         if not inner.is_file():
