@@ -11,7 +11,6 @@ registered). The weight format itself (``config.json`` + ``model.safetensors``,
 
 from __future__ import annotations
 
-import json
 import pickle
 import tempfile
 from pathlib import Path
@@ -23,8 +22,7 @@ from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
 from multimodal.convert import convert, from_hf_folder
-from multimodal.convert.ctranslate2 import is_ctranslate2_dir
-from multimodal.convert.gguf import is_gguf_file, load_gguf
+from multimodal.convert.gguf import load_gguf
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling, write_folder_pooling
 from multimodal.convert.hf_preprocess import (
     PREPROCESSOR_NAME,
@@ -32,13 +30,13 @@ from multimodal.convert.hf_preprocess import (
     apply_audio_preprocessor,
     read_preprocessor_config,
 )
+from multimodal.files import IMAGE_EXTENSIONS, path_kind, sniff_torch_file
 from multimodal.models.api import Model
 from multimodal.nn.pool import pool_tokens
 from multimodal.registry import MODEL_CLASSES, PRESETS
 from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
 from multimodal.tokenizers.text import load_tokenizer
 from multimodal.weights import (
-    CONFIG_NAME,
     WEIGHTS_NAME,
     build_model,
     check_against_header,
@@ -118,29 +116,6 @@ def load_checkpoint(path: str | Path) -> nn.Module:
     return model_from_checkpoint(read_checkpoint(path), path)
 
 
-def sniff_checkpoint(path: str | Path) -> str | None:
-    """``None`` when ``path`` starts like a file ``torch.save`` writes (a zip archive, or a
-    legacy pickle: protocol byte ``0x80``); else what it looks like instead, for the error:
-    a Git LFS pointer (the weights were never pulled), an HTML page (a login or error page
-    saved in place of the download), a text file, or unknown bytes."""
-    with open(path, "rb") as f:
-        head = f.read(512)
-    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
-        return None
-    text = head.lstrip().lower()
-    if text.startswith(b"version https://git-lfs"):
-        return "it is a Git LFS pointer (the file itself was never fetched: `git lfs pull`)"
-    if text.startswith((b"<!doctype html", b"<html", b"<?xml", b"<head")):
-        return "it is an HTML page (a web page saved in place of the file?)"
-    if not head:
-        return "it is empty"
-    try:
-        head.decode("utf-8")
-        return "it is a text file"
-    except UnicodeDecodeError:
-        return f"it starts with the bytes {head[:8]!r}, not a zip archive or pickle"
-
-
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint file as its dict, read with ``torch.load(weights_only=True)``: tensors
     and plain Python values only, so a checkpoint that would run code when unpickled is
@@ -149,7 +124,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
-    what = sniff_checkpoint(path)
+    what = sniff_torch_file(path)
     if what is not None:
         raise ValueError(f"{path} is not a checkpoint file: {what}; {CHECKPOINT_HINT}")
     try:
@@ -229,7 +204,6 @@ def _submodule_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[s
 # ======================================================================================
 
 TOKENIZER_NAME = "tokenizer.json"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 class TokenFeatures(NamedTuple):
@@ -422,7 +396,7 @@ class Encoder(nn.Module):
         seq = [inputs] if isinstance(inputs, str) or not isinstance(inputs, (list, tuple)) \
             else list(inputs)
         if seq and all(isinstance(x, str) for x in seq):
-            files = [x for x in seq if x.lower().endswith(IMAGE_SUFFIXES) and Path(x).is_file()]
+            files = [x for x in seq if x.lower().endswith(IMAGE_EXTENSIONS) and Path(x).is_file()]
             if files:
                 raise ValueError(f"{files[0]!r} is both a text and an image file: pass "
                                  "modality='image' or modality='text'")
@@ -643,21 +617,19 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     folder_pooling = None
     if isinstance(source, (str, Path)):
         path = Path(source)
-        if path.is_file() and path.suffix == ".ckpt":
+        kind = path_kind(path)  # FileNotFoundError / ValueError naming what path is
+        if kind == "checkpoint":
             ckpt = read_checkpoint(path)
             model = model_from_checkpoint(ckpt, path)
             if tokenizer is None:
                 tokenizer = checkpoint_tokenizer(ckpt)
             if getattr(model, "modality", None) in ("image", "image+text"):
                 preprocessor = checkpoint_image_preprocessor(ckpt, model)
-        elif path.suffix.lower() == ".gguf" or is_gguf_file(path):  # model + tokenizer
+        elif kind == "gguf":  # model + tokenizer
             model, own_tokenizer = load_gguf(path, tokenizer=tokenizer is None)
             tokenizer = own_tokenizer if tokenizer is None else tokenizer
         else:
-            if not path.exists():
-                raise FileNotFoundError(f"{path} does not exist: load_encoder expects a "
-                                        "model folder or a .ckpt file")
-            if _is_hf_folder(path) or is_ctranslate2_dir(path):
+            if kind in ("hf", "ctranslate2"):
                 model, preprocessor = _load_hf_folder(path)
             else:
                 model = from_pretrained(path)
@@ -675,17 +647,6 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     return Encoder(model, tokenizer, freeze=freeze, preprocessor=preprocessor,
                    pooling=pooling if pooling is not None else folder_pooling,
                    compile=compile, quantize=quantize)
-
-
-def _is_hf_folder(path: Path) -> bool:
-    """A Hugging Face layout folder: its ``config.json`` names a ``model_type`` but holds no
-    nested ``config`` (ours does)."""
-    try:
-        meta = json.loads((path / CONFIG_NAME).read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return isinstance(meta, dict) and "model_type" in meta \
-        and not isinstance(meta.get("config"), dict)
 
 
 def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
@@ -720,5 +681,5 @@ __all__ = [
     "checkpoint_image_preprocessor", "checkpoint_tokenizer", "create_model",
     "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
     "load_encoder", "model_from_checkpoint", "read_checkpoint", "read_config",
-    "sniff_checkpoint", "tokenizer_from_json",
+    "tokenizer_from_json",
 ]

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from multimodal.convert.hf_preprocess import ImagePreprocessor, read_preprocessor_config
-from multimodal.data.readers import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS
+from multimodal.files import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, TEXT_EXTENSIONS, path_kind
 from multimodal.hub import (
     Encoder,
     checkpoint_image_preprocessor,
@@ -57,7 +57,6 @@ __all__ = [
     "zero_shot",
 ]
 
-TEXT_EXTENSIONS = (".txt",)
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 PARTS_SUFFIX = ".parts"
 OUTPUT_SUFFIXES = (".safetensors", ".npy")
@@ -591,11 +590,15 @@ def load_captioner(path: str | Path, *, image_size: int | None = None,
     ``preprocessor_config.json``, or one written by ``save_pretrained`` with a
     ``tokenizer.json``). ``image_size`` / ``mean`` / ``std`` override the preprocessing."""
     from multimodal.convert import from_hf_folder
-    from multimodal.hub import TOKENIZER_NAME, _is_hf_folder, _load_any_tokenizer
+    from multimodal.hub import TOKENIZER_NAME, _load_any_tokenizer
 
     path = Path(path)
     preprocessor = None
-    if path.is_file():
+    kind = path_kind(path)  # FileNotFoundError / ValueError naming what the path is
+    if kind not in ("checkpoint", "hf", "save_pretrained"):
+        raise ValueError(f"{path} is a {kind} model, not a captioner (a CaptioningTask "
+                         "checkpoint or a VisionEncoderDecoder folder)")
+    if kind == "checkpoint":
         ckpt = read_checkpoint(path)
         model = model_from_checkpoint(ckpt, path)
         _check_captioner(model, path)
@@ -607,8 +610,8 @@ def load_captioner(path: str | Path, *, image_size: int | None = None,
         if image_size is None or mean is None or std is None:
             preprocessor = checkpoint_image_preprocessor(ckpt, model) or \
                 _data_image_preprocessor(ckpt, path, model.config.encoder.in_channels)
-    elif path.is_dir():
-        model = from_hf_folder(path) if _is_hf_folder(path) else from_pretrained(path)
+    else:
+        model = from_hf_folder(path) if kind == "hf" else from_pretrained(path)
         _check_captioner(model, path)
         if not (path / TOKENIZER_NAME).is_file():
             raise ValueError(f"{path} has no {TOKENIZER_NAME}: the captions cannot be decoded")
@@ -619,8 +622,6 @@ def load_captioner(path: str | Path, *, image_size: int | None = None,
         elif image_size is None or mean is None or std is None:
             raise ValueError(f"{path} has no preprocessor_config.json: give --image_size, "
                              "--mean and --std")
-    else:
-        raise FileNotFoundError(f"model {path} does not exist")
     if image_size is not None or mean is not None or std is not None:
         channels = model.config.encoder.in_channels
         base = preprocessor

@@ -4,6 +4,8 @@ Every ``import`` of a ``multimodal`` module, at module level or inside a functio
 with ``ast`` (nothing is imported to find them) and checked against the layer order
 
     registry                   the model-class and preset registries (no package imports)
+    files                      what kind of file a path is: extension lists, magic bytes,
+                               model layouts (path_kind; no package imports)
     weights                    the weight format; finds a model_type's class in the registry
     plots, progress, precision figure helpers (plots.figures), progress output, CPU precision
                                choice (no package imports)
@@ -44,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 
 # package (first part after "multimodal.", or "package.module" where a module of a package
 # sits in another layer) -> the packages it may import
-_BASE = {"weights", "registry", "plots", "progress", "precision"}
+_BASE = {"weights", "registry", "plots", "progress", "precision", "files"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
 _ZOO = {*_MODELS, "hub", "convert", "embeddings", "synthesis", "optimize"}
@@ -52,6 +54,7 @@ _FIGURE_SCRIPTS = {*_ZOO, "tasks", "data", "plots"}
 ALLOWED: dict[str, set[str]] = {
     "__init__": set(),  # lazy attribute access only, never a module-level import
     "registry": set(),
+    "files": set(),  # what kind of file a path is: extensions, magic bytes, model layouts
     "weights": {"registry"},
     "plots": set(),  # figure helpers: matplotlib only
     "progress": set(),  # bars / plain log lines: tqdm only

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["CT2Model", "ctranslate2_to_hf", "ctranslate2_to_transformers", "find_model_parts",
-           "from_ctranslate2", "is_ctranslate2_dir", "read_ctranslate2",
+           "from_ctranslate2", "read_ctranslate2",
            "whisper_special_tokens", "whisper_tokenizer"]
 
 BINARY_VERSION = 6
@@ -90,14 +90,6 @@ def find_model_parts(folder: str | Path) -> list[Path]:
         raise FileNotFoundError(f"{folder} has no model.bin (nor model.bin.part1): not a "
                                 "CTranslate2 model directory")
     return parts
-
-
-def is_ctranslate2_dir(path: str | Path) -> bool:
-    """True for a folder holding ``model.bin`` or ``model.bin.part1`` (the CTranslate2
-    layout; a Hugging Face folder holds safetensors instead)."""
-    path = Path(path)
-    return path.is_dir() and ((path / "model.bin").is_file()
-                              or (path / "model.bin.part1").is_file())
 
 
 class _Reader:

@@ -45,14 +45,14 @@ import torch
 from torch import Tensor
 
 from multimodal.convert.common import HF_CONVERTERS, HFConfig, meta_parameters
+from multimodal.files import GGUF_MAGIC
 from multimodal.models.text import TextDecoder
 from multimodal.progress import progress
 from multimodal.tokenizers.hf_json import HFTokenizer
 
-__all__ = ["ARCHITECTURES", "SUPPORTED_TYPES", "from_gguf", "gguf_tokenizer", "is_gguf_file",
+__all__ = ["ARCHITECTURES", "SUPPORTED_TYPES", "from_gguf", "gguf_tokenizer",
            "load_gguf", "read_gguf_metadata", "unpermute_qk"]
 
-MAGIC = b"GGUF"
 #: ``general.architecture`` values converted (all through transformers' Llama names)
 ARCHITECTURES = ("llama",)
 #: tensor types dequantised (``gguf.GGMLQuantizationType`` names)
@@ -75,16 +75,6 @@ _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # ======================================================================================
 # the file
 # ======================================================================================
-
-
-def is_gguf_file(path: str | os.PathLike) -> bool:
-    """True for a file that starts with the GGUF magic bytes."""
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            return f.read(4) == MAGIC
-    except OSError:
-        return False
 
 
 def _gguf_extent(path: Path) -> int:
@@ -166,8 +156,8 @@ def _open(path: str | os.PathLike) -> Any:
         raise FileNotFoundError(f"GGUF file {path} does not exist")
     with path.open("rb") as f:
         magic = f.read(4)
-    if magic != MAGIC:
-        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not {MAGIC!r}")
+    if magic != GGUF_MAGIC:
+        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not {GGUF_MAGIC!r}")
     try:
         return gguf.GGUFReader(path)
     except Exception as err:  # the reader's own errors are numpy reshape / index errors

@@ -33,15 +33,13 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from multimodal.convert.ctranslate2 import is_ctranslate2_dir
+from multimodal.files import path_kind
 from multimodal.hub import (
-    _is_hf_folder,
     from_pretrained,
     model_from_checkpoint,
     read_checkpoint,
 )
 from multimodal.tasks.presets import preset_model
-from multimodal.weights import CONFIG_NAME
 
 __all__ = ["Pretrained", "head_names", "load_pretrained", "rebuild_with", "select_part",
            "task_model"]
@@ -69,19 +67,12 @@ def load_pretrained(path: str | Path) -> Pretrained:
     """Read PATH (module docstring). Errors name the path and the problem: missing, a file
     that is not a checkpoint, a folder without a model."""
     p = Path(path).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"pretrained: {p} does not exist (expected a Hugging Face "
-                                "folder, a save_pretrained folder or a Lightning .ckpt)")
-    if p.is_file() and (p.suffix.lower() == ".gguf" or _is_gguf(p)):
+    kind = path_kind(p)  # FileNotFoundError / ValueError naming what the path is instead
+    if kind == "gguf":  # llama.cpp's one file
         from multimodal.convert import from_hf
 
-        return Pretrained(from_hf(p).train(), p, "gguf")  # llama.cpp's one file
-    if p.is_file():
-        import zipfile
-
-        if not zipfile.is_zipfile(p):  # torch.save writes a zip archive
-            raise ValueError(f"pretrained: {p} is not a checkpoint file (expected a Lightning "
-                             ".ckpt of one of multimodal's tasks, or a model folder)")
+        return Pretrained(from_hf(p).train(), p, "gguf")
+    if kind == "checkpoint":
         ckpt = read_checkpoint(p)  # ValueError: not a (safe) checkpoint
         model = model_from_checkpoint(ckpt, p)
         hp = ckpt.get("hyper_parameters") or {}
@@ -89,24 +80,11 @@ def load_pretrained(path: str | Path) -> Pretrained:
         return Pretrained(model.train(), p, "checkpoint",
                           list(names) if isinstance(names, (list, tuple)) else None,
                           hp.get("_class_path") if isinstance(hp, dict) else None)
-    if is_ctranslate2_dir(p):  # faster-whisper's layout (model.bin): read by hand
-        from multimodal.convert import from_hf_folder
-
-        return Pretrained(from_hf_folder(p).train(), p, "hf")
-    if not (p / CONFIG_NAME).is_file():
-        raise FileNotFoundError(f"pretrained: {p} has no {CONFIG_NAME}: not a Hugging Face "
-                                "folder nor one written by save_pretrained")
-    if _is_hf_folder(p):
+    if kind in ("hf", "ctranslate2"):  # a CTranslate2 folder (model.bin) is read by hand
         from multimodal.convert import from_hf_folder
 
         return Pretrained(from_hf_folder(p).train(), p, "hf")
     return Pretrained(from_pretrained(p).train(), p, "save_pretrained")
-
-
-def _is_gguf(path: Path) -> bool:
-    from multimodal.convert.gguf import is_gguf_file
-
-    return is_gguf_file(path)
 
 
 def _parts(model: nn.Module) -> dict[str, nn.Module]:
