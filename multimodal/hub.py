@@ -12,7 +12,6 @@ registered). The weight format itself (``config.json`` + ``model.safetensors``,
 from __future__ import annotations
 
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,8 +33,7 @@ from multimodal.files import IMAGE_EXTENSIONS, path_kind, sniff_torch_file
 from multimodal.models.api import Model
 from multimodal.nn.pool import pool_tokens
 from multimodal.registry import MODEL_CLASSES, PRESETS
-from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
-from multimodal.tokenizers.text import load_tokenizer
+from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer, tokenizer_from_json
 from multimodal.weights import (
     WEIGHTS_NAME,
     build_model,
@@ -67,7 +65,7 @@ def read_config(path: str | Path) -> tuple[type[nn.Module], Any]:
 def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
     """Rebuild any model written by ``save_pretrained`` (safetensors + JSON config), or
     the model of a Lightning ``.ckpt`` of one of our tasks (see :func:`load_checkpoint`)."""
-    if Path(path).suffix == ".ckpt" and Path(path).is_file():
+    if Path(path).is_file() and path_kind(path) == "checkpoint":
         return load_checkpoint(path)
     model_cls, config = read_config(path)
     cfg_file, meta = read_meta(path)
@@ -203,7 +201,6 @@ def _submodule_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[s
 # encoders as feature extractors
 # ======================================================================================
 
-TOKENIZER_NAME = "tokenizer.json"
 
 
 class TokenFeatures(NamedTuple):
@@ -518,18 +515,6 @@ def _pad_tokens(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> TokenFeatures:
     return TokenFeatures(features, mask)
 
 
-def _load_any_tokenizer(path: Path) -> Any:
-    return HFTokenizer.from_file(path) if is_hf_tokenizer_file(path) else load_tokenizer(path)
-
-
-def tokenizer_from_json(text: str) -> Any:
-    """A tokenizer saved as a JSON string (task checkpoints keep it that way)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        file = Path(tmp) / TOKENIZER_NAME
-        file.write_text(text, encoding="utf-8")
-        return _load_any_tokenizer(file)
-
-
 def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Any:
     """The tokenizer a task checkpoint's run used, or None: the task's own entry
     (``ckpt["tokenizer"]``, captioning / contrastive), a tokenizer a text data module trained
@@ -547,7 +532,7 @@ def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Any:
         file = Path(given)
         file = file / TOKENIZER_NAME if file.is_dir() else file
         if file.is_file():
-            return _load_any_tokenizer(file)
+            return read_tokenizer(file)
     return None
 
 
@@ -634,7 +619,7 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
             else:
                 model = from_pretrained(path)
             if tokenizer is None and (path / TOKENIZER_NAME).is_file():
-                tokenizer = _load_any_tokenizer(path / TOKENIZER_NAME)
+                tokenizer = read_tokenizer(path / TOKENIZER_NAME)
             if path.is_dir():
                 folder_pooling = read_folder_pooling(path)
     elif isinstance(source, Model):
@@ -677,9 +662,8 @@ def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
 
 
 __all__ = [
-    "CHECKPOINT_HINT", "TOKENIZER_NAME", "Encoder", "TokenFeatures",
+    "CHECKPOINT_HINT", "Encoder", "TokenFeatures",
     "checkpoint_image_preprocessor", "checkpoint_tokenizer", "create_model",
     "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
     "load_encoder", "model_from_checkpoint", "read_checkpoint", "read_config",
-    "tokenizer_from_json",
 ]

@@ -45,7 +45,6 @@ from multimodal.hub import (
     load_encoder,
     model_from_checkpoint,
     read_checkpoint,
-    tokenizer_from_json,
 )
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.progress import progress
@@ -590,7 +589,7 @@ def load_captioner(path: str | Path, *, image_size: int | None = None,
     ``preprocessor_config.json``, or one written by ``save_pretrained`` with a
     ``tokenizer.json``). ``image_size`` / ``mean`` / ``std`` override the preprocessing."""
     from multimodal.convert import from_hf_folder
-    from multimodal.hub import TOKENIZER_NAME, _load_any_tokenizer
+    from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer, tokenizer_from_json
 
     path = Path(path)
     preprocessor = None
@@ -615,7 +614,7 @@ def load_captioner(path: str | Path, *, image_size: int | None = None,
         _check_captioner(model, path)
         if not (path / TOKENIZER_NAME).is_file():
             raise ValueError(f"{path} has no {TOKENIZER_NAME}: the captions cannot be decoded")
-        tokenizer = _load_any_tokenizer(path / TOKENIZER_NAME)
+        tokenizer = read_tokenizer(path / TOKENIZER_NAME)
         pre = read_preprocessor_config(path)
         if pre is not None:
             preprocessor = ImagePreprocessor.from_dict(pre)

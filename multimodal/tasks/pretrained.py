@@ -234,7 +234,7 @@ def folder_tokenizer(source: Pretrained | None) -> Any:
     checkpoint carries; None when there is none."""
     if source is None:
         return None
-    from multimodal.hub import TOKENIZER_NAME, _load_any_tokenizer
+    from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
 
     if source.kind == "gguf":  # the tokenizer its metadata describes
         from multimodal.convert import gguf_tokenizer
@@ -249,9 +249,9 @@ def folder_tokenizer(source: Pretrained | None) -> Any:
         with tempfile.TemporaryDirectory() as tmp:
             file = Path(tmp) / TOKENIZER_NAME
             file.write_text(text, encoding="utf-8")
-            return _load_any_tokenizer(file)
+            return read_tokenizer(file)
     file = source.path / TOKENIZER_NAME
-    return _load_any_tokenizer(file) if file.is_file() else None
+    return read_tokenizer(file) if file.is_file() else None
 
 
 def check_vocab(tokenizer: Any, vocab_size: int, where: str) -> None:
@@ -314,7 +314,8 @@ def data_settings(path: str | Path) -> dict[str, Any]:
     filter bank the folder set) and ``tokenizer.json`` (the folder itself); from one of our
     checkpoints, the non-empty preprocessing arguments its data module was trained with."""
     from multimodal.convert.hf_preprocess import AUDIO_EXTRACTORS, read_preprocessor_config
-    from multimodal.hub import TOKENIZER_NAME, datamodule_arguments
+    from multimodal.hub import datamodule_arguments
+    from multimodal.tokenizers.io import TOKENIZER_NAME
 
     p = Path(path)
     if p.is_file():
