@@ -21,6 +21,7 @@ from typing import Literal
 
 __all__ = [
     "AUDIO_EXTENSIONS",
+    "CONFIG_NAME",
     "GGUF_MAGIC",
     "IMAGE_EXTENSIONS",
     "MODEL_PATHS",

@@ -635,35 +635,42 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
 
 
 def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
-    """Model of a Hugging Face folder and, from its ``preprocessor_config.json`` (when
-    present), the image preprocessor (images) or the front end's settings (audio, applied
-    to the model)."""
+    """Model of a Hugging Face folder (a whole Whisper: its encoder) and its
+    :func:`folder_preprocessor`."""
     model = from_hf_folder(path)
     if getattr(model, "modality", None) == "audio-text":  # a whole Whisper: its encoder
         model = model.encoder
+    return model, folder_preprocessor(path, model)
+
+
+def folder_preprocessor(path: str | Path, model: nn.Module) -> ImagePreprocessor | None:
+    """From a Hugging Face folder's ``preprocessor_config.json`` (when present): the image
+    preprocessor of an image model, or, for an audio model, its front end's settings checked
+    and applied to ``model`` (then None)."""
+    path = Path(path)
     pre = read_preprocessor_config(path)
     if pre is None:
-        return model, None
+        return None
     file = str(path / PREPROCESSOR_NAME)
     modality = getattr(model, "modality", None)
     if modality == "audio":
         apply_audio_preprocessor(model, pre, file)
-        return model, None
+        return None
     if modality in ("image", "image+text"):
         if "feature_extractor_type" in pre and "image_processor_type" not in pre \
                 and "image_mean" not in pre:
             raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "
                              "processor")
         try:
-            return model, ImagePreprocessor.from_dict(pre)
+            return ImagePreprocessor.from_dict(pre)
         except (TypeError, ValueError) as err:
             raise ValueError(f"{file}: {err}") from None
-    return model, None
+    return None
 
 
 __all__ = [
     "CHECKPOINT_HINT", "Encoder", "TokenFeatures",
     "checkpoint_image_preprocessor", "checkpoint_tokenizer", "create_model",
-    "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
-    "load_encoder", "model_from_checkpoint", "read_checkpoint", "read_config",
+    "datamodule_arguments", "folder_preprocessor", "from_pretrained", "list_presets",
+    "load_checkpoint", "load_encoder", "model_from_checkpoint", "read_checkpoint", "read_config",
 ]

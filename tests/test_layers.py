@@ -21,6 +21,8 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     hub, convert               what knows every model: loading by model_type, checkpoints,
                                encoders, presets, conversion from other libraries
     synthesis, asr             text-to-speech (CodecLM) and speech to text (Whisper)
+    loading                    load(path): the one dispatch over model paths, the whole model
+                               and what comes with it (tokenizer, preprocessing, pooling)
     tasks | data               Lightning; data sits beside tasks and neither imports the other
     inference                  embed / zero-shot / caption over folders (models + data readers)
     cli, plots.attention, plots.pixels
@@ -69,10 +71,11 @@ ALLOWED: dict[str, set[str]] = {
     "embeddings": {"tokenizers"},
     "synthesis": {*_MODELS, "hub"},  # text-to-speech from a CodecLM checkpoint
     "asr": {*_ZOO},  # speech to text with a Whisper
-    "tasks": {*_ZOO, "tasks"},
+    "loading": {*_ZOO, "asr"},  # load(path): one dispatch, the whole model + what comes with it
+    "tasks": {*_ZOO, "loading", "tasks"},
     "data": {*_LAYERS, "data"},
-    "inference": {*_ZOO, "data", "progress"},  # embed / zero-shot / caption loops
-    "cli": {*_ZOO, "tasks", "data", "cli", "inference", "asr"},  # entry points
+    "inference": {*_ZOO, "data", "loading", "progress"},  # embed / zero-shot / caption loops
+    "cli": {*_ZOO, "tasks", "data", "cli", "inference", "asr", "loading"},  # entry points
     "plots.attention": _FIGURE_SCRIPTS,
     "plots.pixels": _FIGURE_SCRIPTS,
     "chat": set(),  # one chat turn: a model's generate + a tokenizer's template, duck-typed
