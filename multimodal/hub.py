@@ -656,7 +656,7 @@ def folder_preprocessor(path: str | Path, model: nn.Module) -> ImagePreprocessor
     if modality == "audio":
         apply_audio_preprocessor(model, pre, file)
         return None
-    if modality in ("image", "image+text"):
+    if modality in ("image", "image+text", "image-text"):  # a captioner reads images too
         if "feature_extractor_type" in pre and "image_processor_type" not in pre \
                 and "image_mean" not in pre:
             raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "

@@ -59,7 +59,8 @@ class Loaded:
     checkpoint recorded (an audio front end's settings are applied to the model itself);
     ``pooling``: a sentence-transformers folder's pooling; ``class_names`` and
     ``task_class`` (``"multimodal.tasks.ClassificationTask"`` ...) from a checkpoint;
-    ``data_arguments``: the checkpoint's data module arguments."""
+    ``data_arguments`` and ``data_class``: the checkpoint's data module arguments and class
+    path (``DataModule(**data_arguments)`` rebuilds the run's data)."""
 
     model: nn.Module
     kind: PathKind
@@ -70,6 +71,7 @@ class Loaded:
     class_names: list[str] | None = None
     task_class: str | None = None
     data_arguments: dict[str, Any] = field(default_factory=dict)
+    data_class: str | None = None
 
     def part(self, modality: str | None, accept: tuple[type, ...] = (nn.Module,),
              task: str = "this task") -> nn.Module:
@@ -105,15 +107,17 @@ def _from_checkpoint(path: Path) -> Loaded:
     ckpt = read_checkpoint(path)
     model = model_from_checkpoint(ckpt, path)
     preprocessor = checkpoint_image_preprocessor(ckpt, model) \
-        if getattr(model, "modality", None) in ("image", "image+text") else None
+        if getattr(model, "modality", None) in ("image", "image+text", "image-text") else None
     names = ckpt.get("class_names")
     hp = ckpt.get("hyper_parameters") or {}
     task = hp.get("_class_path") if isinstance(hp, dict) else None
+    data_class = (ckpt.get("datamodule_hyper_parameters") or {}).get("_class_path")
     return Loaded(model, "checkpoint", path, checkpoint_tokenizer(ckpt), preprocessor,
                   class_names=[str(n) for n in names] if isinstance(names, (list, tuple))
                   else None,
                   task_class=task if isinstance(task, str) else None,
-                  data_arguments=datamodule_arguments(ckpt))
+                  data_arguments=datamodule_arguments(ckpt),
+                  data_class=data_class if isinstance(data_class, str) else None)
 
 
 def _is_whisper_folder(path: Path) -> bool:
