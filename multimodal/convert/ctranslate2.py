@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from multimodal.tokenizers.io import byte_alphabet
+
 __all__ = ["CT2Model", "ctranslate2_to_hf", "ctranslate2_to_transformers", "find_model_parts",
            "from_ctranslate2", "read_ctranslate2",
            "whisper_special_tokens", "whisper_tokenizer"]
@@ -430,26 +432,13 @@ def whisper_tokenizer(folder: str | Path) -> Any:
     return ByteLevelVocabulary(_vocabulary(folder))
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte <-> printable character table, inverted."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    chars, n = list(keep), 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
-
-
 class ByteLevelVocabulary:
     """Decoding only, from ``vocabulary.txt``: each token's characters map back to bytes
     (GPT-2's byte-level table), the bytes are UTF-8; ``<|...|>`` tokens are skipped."""
 
     def __init__(self, pieces: list[str]) -> None:
         self.pieces = pieces
-        self.table = _byte_decoder()
+        self.table = {c: b for b, c in byte_alphabet().items()}
 
     @property
     def vocab_size(self) -> int:

@@ -15,8 +15,8 @@ from typing import Any
 from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
 from multimodal.tokenizers.text import load_tokenizer
 
-__all__ = ["TOKENIZER_NAME", "read_tokenizer", "tokenizer_file", "tokenizer_from_json",
-           "tokenizer_to_json"]
+__all__ = ["TOKENIZER_NAME", "byte_alphabet", "read_tokenizer", "tokenizer_file",
+           "tokenizer_from_json", "tokenizer_to_json"]
 
 TOKENIZER_NAME = "tokenizer.json"
 
@@ -64,3 +64,17 @@ def tokenizer_to_json(tok: Any) -> str:
         file = Path(tmp) / TOKENIZER_NAME
         tok.save(file)
         return file.read_text(encoding="utf-8")
+
+
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (byte-level BPE's alphabet): the printable
+    bytes ``!``..``~``, ``¡``..``¬``, ``®``..``ÿ`` stand for themselves, the other 68 bytes, in
+    order, for ``chr(256)``, ``chr(257)``, ..."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
