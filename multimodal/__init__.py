@@ -52,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     # weights in and out
     "from_pretrained": "multimodal.hub",
     "load_encoder": "multimodal.hub",
+    "load": "multimodal.loading",  # any model path -> Loaded (model, tokenizer, preprocessing)
+    "Loaded": "multimodal.loading",
     "load_checkpoint": "multimodal.hub",
     "apply_lora": "multimodal.nn.lora",
     "save_lora": "multimodal.nn.lora",

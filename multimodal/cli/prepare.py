@@ -39,7 +39,8 @@ import tempfile
 from pathlib import Path
 
 from multimodal.data.shards import write_image_shards, write_shards
-from multimodal.data.text_tokenizer import specials_to_dict, tokenizer_file, tokenizer_text
+from multimodal.data.text_tokenizer import specials_to_dict
+from multimodal.tokenizers.io import tokenizer_file, tokenizer_to_json
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -200,7 +201,7 @@ def _labelled_text(args: argparse.Namespace) -> dict[str, int]:
                          "max_length": args.max_length, "vocab_size": dm.vocab_size,
                          "specials": specials_to_dict(dm.specials)},
                         args.workers, args.chunk_bytes,
-                        sidecars={"tokenizer.json": tokenizer_text(dm.tokenizer)})
+                        sidecars={"tokenizer.json": tokenizer_to_json(dm.tokenizer)})
 
 
 def _text_pairs(args: argparse.Namespace) -> dict[str, int]:
@@ -220,7 +221,7 @@ def _text_pairs(args: argparse.Namespace) -> dict[str, int]:
         tok = getattr(dm, f"{side}_tokenizer")
         meta[f"{side}_vocab_size"] = int(tok.vocab_size)
         meta[f"{side}_specials"] = specials_to_dict(dm.specials(side))
-        sidecars[f"{side}_tokenizer.json"] = tokenizer_text(tok)
+        sidecars[f"{side}_tokenizer.json"] = tokenizer_to_json(tok)
     return write_shards(SHARD_KIND, {k: PairShardEncoder(v) for k, v in splits.items()},
                         args.out, meta, args.workers, args.chunk_bytes, sidecars=sidecars)
 

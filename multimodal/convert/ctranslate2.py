@@ -42,8 +42,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from multimodal.tokenizers.io import byte_alphabet
+
 __all__ = ["CT2Model", "ctranslate2_to_hf", "ctranslate2_to_transformers", "find_model_parts",
-           "from_ctranslate2", "is_ctranslate2_dir", "read_ctranslate2",
+           "from_ctranslate2", "read_ctranslate2",
            "whisper_special_tokens", "whisper_tokenizer"]
 
 BINARY_VERSION = 6
@@ -90,14 +92,6 @@ def find_model_parts(folder: str | Path) -> list[Path]:
         raise FileNotFoundError(f"{folder} has no model.bin (nor model.bin.part1): not a "
                                 "CTranslate2 model directory")
     return parts
-
-
-def is_ctranslate2_dir(path: str | Path) -> bool:
-    """True for a folder holding ``model.bin`` or ``model.bin.part1`` (the CTranslate2
-    layout; a Hugging Face folder holds safetensors instead)."""
-    path = Path(path)
-    return path.is_dir() and ((path / "model.bin").is_file()
-                              or (path / "model.bin.part1").is_file())
 
 
 class _Reader:
@@ -438,26 +432,13 @@ def whisper_tokenizer(folder: str | Path) -> Any:
     return ByteLevelVocabulary(_vocabulary(folder))
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte <-> printable character table, inverted."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    chars, n = list(keep), 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
-
-
 class ByteLevelVocabulary:
     """Decoding only, from ``vocabulary.txt``: each token's characters map back to bytes
     (GPT-2's byte-level table), the bytes are UTF-8; ``<|...|>`` tokens are skipped."""
 
     def __init__(self, pieces: list[str]) -> None:
         self.pieces = pieces
-        self.table = _byte_decoder()
+        self.table = {c: b for b, c in byte_alphabet().items()}
 
     @property
     def vocab_size(self) -> int:

@@ -45,14 +45,15 @@ import torch
 from torch import Tensor
 
 from multimodal.convert.common import HF_CONVERTERS, HFConfig, meta_parameters
+from multimodal.files import GGUF_MAGIC
 from multimodal.models.text import TextDecoder
 from multimodal.progress import progress
 from multimodal.tokenizers.hf_json import HFTokenizer
+from multimodal.tokenizers.io import byte_alphabet
 
-__all__ = ["ARCHITECTURES", "SUPPORTED_TYPES", "from_gguf", "gguf_tokenizer", "is_gguf_file",
+__all__ = ["ARCHITECTURES", "SUPPORTED_TYPES", "from_gguf", "gguf_tokenizer",
            "load_gguf", "read_gguf_metadata", "unpermute_qk"]
 
-MAGIC = b"GGUF"
 #: ``general.architecture`` values converted (all through transformers' Llama names)
 ARCHITECTURES = ("llama",)
 #: tensor types dequantised (``gguf.GGMLQuantizationType`` names)
@@ -75,16 +76,6 @@ _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # ======================================================================================
 # the file
 # ======================================================================================
-
-
-def is_gguf_file(path: str | os.PathLike) -> bool:
-    """True for a file that starts with the GGUF magic bytes."""
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            return f.read(4) == MAGIC
-    except OSError:
-        return False
 
 
 def _gguf_extent(path: Path) -> int:
@@ -166,8 +157,8 @@ def _open(path: str | os.PathLike) -> Any:
         raise FileNotFoundError(f"GGUF file {path} does not exist")
     with path.open("rb") as f:
         magic = f.read(4)
-    if magic != MAGIC:
-        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not {MAGIC!r}")
+    if magic != GGUF_MAGIC:
+        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not {GGUF_MAGIC!r}")
     try:
         return gguf.GGUFReader(path)
     except Exception as err:  # the reader's own errors are numpy reshape / index errors
@@ -387,18 +378,6 @@ _PRE_TOKENIZERS = {"default": None, "gpt2": None, "gpt-2": None,
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 
 
-def _byte_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (byte-level BPE's alphabet)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
 def _pre_tokenizer(pre: str | None, add_prefix_space: bool, path: Path) -> Any:
     from tokenizers import Regex, pre_tokenizers
 
@@ -436,7 +415,7 @@ def _tokenizer(reader: Any, path: Path) -> HFTokenizer:
     if len(types) != len(tokens):
         raise ValueError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries, "
                          f"tokenizer.ggml.tokens {len(tokens)}")
-    alphabet = set(_byte_alphabet().values())
+    alphabet = set(byte_alphabet().values())
     vocab = {token: i for i, token in enumerate(tokens)}
     pairs = []
     for i, merge in enumerate(merges):

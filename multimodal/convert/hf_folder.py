@@ -20,8 +20,9 @@ from multimodal.convert.common import (
     meta_parameters,
     traced,
 )
-from multimodal.convert.ctranslate2 import from_ctranslate2, is_ctranslate2_dir
-from multimodal.convert.gguf import from_gguf, is_gguf_file
+from multimodal.convert.ctranslate2 import from_ctranslate2
+from multimodal.convert.gguf import from_gguf
+from multimodal.files import path_kind
 from multimodal.weights import check_depth, name_list, read_safetensors_header
 
 
@@ -143,16 +144,17 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
     :func:`multimodal.convert.gguf.from_gguf` instead.
     """
     folder = Path(folder)
-    if folder.suffix.lower() == ".gguf" or is_gguf_file(folder):  # llama.cpp's one file
+    # llama.cpp's one file (anything named *.gguf gets the GGUF reader's own error)
+    if folder.suffix.lower() == ".gguf" or (folder.is_file() and path_kind(folder) == "gguf"):
         return from_gguf(folder)
+    if folder.is_file():
+        raise ValueError(f"{folder} is a file, not a Hugging Face layout folder (config.json "
+                         "and model.safetensors)")
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
-    if is_ctranslate2_dir(folder):  # faster-whisper's layout: model.bin, no safetensors
+    if path_kind(folder) == "ctranslate2":  # faster-whisper's layout: model.bin
         return from_ctranslate2(folder)
     config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json (a Hugging Face layout folder "
-                                "holds config.json and model.safetensors)")
     try:
         data = json.loads(config_file.read_text())
     except json.JSONDecodeError as err:

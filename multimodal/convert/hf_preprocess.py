@@ -10,7 +10,9 @@ Images (``image_processor_type``: ViT, DeiT, BiT / DINOv2, CLIP processors and t
 mean/std. It follows transformers' default (torchvision) image processors: the image as a
 ``uint8`` tensor, ``resize`` with antialiasing (to ``(height, width)``, or the shorter side
 to ``shortest_edge`` keeping the aspect ratio: the longer side becomes
-``int(shortest_edge * long / short)``), a centre crop, then ``(x * rescale_factor - mean) /
+``int(shortest_edge * long / short)``), a centre crop with floored offsets and zero padding
+(:mod:`multimodal.tokenizers.image_geometry`: torchvision's ``center_crop`` rounds them and
+would shift the window by a pixel on many photos), then ``(x * rescale_factor - mean) /
 std`` per channel.
 """
 
@@ -23,6 +25,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from multimodal.tokenizers.image_geometry import center_crop, shortest_edge_size
 
 PREPROCESSOR_NAME = "preprocessor_config.json"
 AUDIO_EXTRACTORS = ("ASTFeatureExtractor", "WhisperFeatureExtractor")
@@ -187,9 +191,7 @@ class ImagePreprocessor:
         from torchvision.transforms.v2 import functional as tvf
 
         if "shortest_edge" in self.size:
-            h, w = x.shape[-2:]
-            s = int(self.size["shortest_edge"])
-            new = (s, int(s * w / h)) if h <= w else (int(s * h / w), s)
+            new = shortest_edge_size(*x.shape[-2:], int(self.size["shortest_edge"]))
         else:
             new = (int(self.size["height"]), int(self.size["width"]))
         mode = InterpolationMode(_RESAMPLE[self.resample])
@@ -197,9 +199,21 @@ class ImagePreprocessor:
             mode = InterpolationMode.BICUBIC  # as transformers' torchvision backend does
         return tvf.resize(x, list(new), interpolation=mode, antialias=True)
 
-    def __call__(self, images: Any) -> Tensor:
-        from torchvision.transforms.v2 import functional as tvf
+    def _rescale_and_normalize(self, x: Tensor) -> Tensor:
+        """``(x * r - mean) / std``, computed as transformers does it, fused:
+        ``(x - mean / r) / (std / r)`` with ``mean / r`` and ``std / r`` rounded to float32
+        first, so the result is the processor's to the last bit."""
+        if self.do_rescale and self.do_normalize:
+            scale = 1.0 / self.rescale_factor
+            mean, std = self.mean * scale, self.std * scale
+            return (x - mean[:, None, None]) / std[:, None, None]
+        if self.do_rescale:
+            return x * self.rescale_factor
+        if self.do_normalize:
+            return (x - self.mean[:, None, None]) / self.std[:, None, None]
+        return x
 
+    def __call__(self, images: Any) -> Tensor:
         if not isinstance(images, (list, tuple)):
             images = [images]
         out = []
@@ -208,13 +222,8 @@ class ImagePreprocessor:
             if self.do_resize:
                 x = self._resize(x)
             if self.do_center_crop:
-                x = tvf.center_crop(x, [self.crop_size["height"], self.crop_size["width"]])
-            x = x.float()
-            if self.do_rescale:
-                x = x * self.rescale_factor
-            if self.do_normalize:
-                x = (x - self.mean[:, None, None]) / self.std[:, None, None]
-            out.append(x)
+                x = center_crop(x, (self.crop_size["height"], self.crop_size["width"]))
+            out.append(self._rescale_and_normalize(x.float()))
         shapes = {tuple(x.shape) for x in out}
         if len(shapes) > 1:
             raise ValueError(f"images of different sizes after preprocessing: {sorted(shapes)}")

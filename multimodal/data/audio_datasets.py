@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from multimodal.data.audio_transforms import SAMPLE_RATE, Resampler, centre_crop
-from multimodal.data.readers import AUDIO_EXTENSIONS  # WAV, FLAC, OGG, MP3
+from multimodal.files import AUDIO_EXTENSIONS  # WAV, FLAC, OGG, MP3
 from multimodal.tokenizers.audio import AudioFrameTokenizer, load_audio
 
 __all__ = ["AudioBatchCollate", "AudioFolderDataset", "list_audio_files", "read_audio_folder"]

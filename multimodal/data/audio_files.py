@@ -27,7 +27,6 @@ from torch.utils.data import Dataset
 
 from multimodal.data.audio_transforms import SAMPLE_RATE, Augment, Resampler, augment_item
 from multimodal.data.readers import (
-    AUDIO_EXTENSIONS,
     CorruptFileError,
     FileList,
     find_classes,
@@ -35,6 +34,7 @@ from multimodal.data.readers import (
     read_labelled_manifest,
     scan_class_folders,
 )
+from multimodal.files import AUDIO_EXTENSIONS
 from multimodal.tokenizers.audio import load_audio
 
 __all__ = [

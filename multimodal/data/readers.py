@@ -21,8 +21,6 @@ import numpy as np
 import torch
 
 __all__ = [
-    "AUDIO_EXTENSIONS",
-    "IMAGE_EXTENSIONS",
     "CorruptFileError",
     "FileList",
     "PathArray",
@@ -36,8 +34,6 @@ __all__ = [
     "scan_class_folders",
 ]
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
-AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3")
 MANIFEST_EXTENSIONS = (".csv", ".jsonl")
 
 
@@ -341,8 +337,8 @@ def decode_image_file(path: str | os.PathLike, channels: int) -> torch.Tensor:
 
 def decode_image_bytes(data: torch.Tensor, channels: int, name: str) -> torch.Tensor:
     """Decode PNG / JPEG / WebP / GIF (first frame) bytes (a uint8 tensor) with
-    ``torchvision.io.decode_image`` to uint8 (channels, H, W). BMP, and palette PNG wanted
-    as RGBA, go through PIL. Raises :class:`CorruptFileError` naming ``name``.
+    ``torchvision.io.decode_image`` to uint8 (channels, H, W). BMP, TIFF, and palette PNG
+    wanted as RGBA, go through PIL. Raises :class:`CorruptFileError` naming ``name``.
     """
     from torchvision.io import ImageReadMode, decode_image
 
@@ -350,8 +346,9 @@ def decode_image_bytes(data: torch.Tensor, channels: int, name: str) -> torch.Te
         raise ValueError(f"in_channels must be 1, 3 or 4, got {channels}")
     head = bytes(data[:26].tolist())
     try:
-        # torchvision.io reads no BMP, and turns palette PNGs into wrong RGBA (0.26): PIL
-        if head[:2] == b"BM" or (
+        # torchvision.io reads no BMP nor TIFF, and turns palette PNGs into wrong RGBA
+        # (0.26): PIL
+        if head[:2] == b"BM" or head[:4] in (b"II*\x00", b"MM\x00*") or (
             channels == 4 and head[:8] == _PNG and len(head) > 25 and head[25] == 3
         ):
             image = _decode_with_pil(data.numpy().tobytes())

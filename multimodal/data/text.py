@@ -47,8 +47,8 @@ from multimodal.data.text_tokenizer import (
     same_on_every_rank,
     shard_tokenizer,
     special_ids,
-    tokenizer_file,
 )
+from multimodal.tokenizers.io import tokenizer_file
 from multimodal.tokenizers.text import WordPieceTokenizer
 
 # ======================================================================================

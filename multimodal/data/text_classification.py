@@ -42,9 +42,9 @@ from multimodal.data.text_tokenizer import (
     same_on_every_rank,
     shard_tokenizer,
     special_ids,
-    tokenizer_file,
     tokenizer_from_text,
 )
+from multimodal.tokenizers.io import tokenizer_file
 from multimodal.tokenizers.text import WordPieceTokenizer
 
 __all__ = [

@@ -28,15 +28,19 @@ from pathlib import Path
 from typing import Any
 
 from multimodal.data.shards import read_shard_file, read_shard_meta
-from multimodal.installed import resolve_weights
-from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
+from multimodal.tokenizers.hf_json import HFTokenizer
+from multimodal.tokenizers.io import (
+    read_tokenizer,
+    tokenizer_file,
+    tokenizer_from_json,
+    tokenizer_to_json,
+)
 from multimodal.tokenizers.text import (
     BOS_ID,
     CLS_ID,
     EOS_ID,
     PAD_ID,
     TextTokenizer,
-    load_tokenizer,
 )
 
 __all__ = [
@@ -46,15 +50,12 @@ __all__ = [
     "encode_for_encoder",
     "encode_plain",
     "given_tokenizer",
-    "load_text_tokenizer",
     "same_on_every_rank",
     "shard_tokenizer",
     "special_ids",
     "specials_from_dict",
     "specials_to_dict",
-    "tokenizer_file",
     "tokenizer_from_text",
-    "tokenizer_text",
 ]
 
 AnyTextTokenizer = TextTokenizer | HFTokenizer
@@ -74,34 +75,6 @@ class SpecialIds:
 
 
 OWN_SPECIAL_IDS = SpecialIds(PAD_ID, BOS_ID, EOS_ID, (CLS_ID,), ())
-
-
-def tokenizer_file(spec: str | Path) -> Path:
-    """``spec`` itself (a file) or ``spec/tokenizer.json`` (a folder, or an installed model's
-    name: ``all-MiniLM-L6-v2``); an error naming the path when neither exists."""
-    path = Path(resolve_weights(spec))
-    if path.is_dir():
-        inner = path / "tokenizer.json"
-        if not inner.is_file():
-            raise FileNotFoundError(f"tokenizer folder {path} holds no tokenizer.json")
-        return inner
-    if not path.is_file():
-        raise FileNotFoundError(f"tokenizer {path} not found (a tokenizer.json or a folder "
-                                f"holding one)")
-    return path
-
-
-def load_text_tokenizer(spec: str | Path) -> AnyTextTokenizer:
-    """A Hugging Face ``tokenizer.json`` as :class:`HFTokenizer`, one of the package's own
-    as what it holds (:func:`~multimodal.tokenizers.text.load_tokenizer`)."""
-    path = tokenizer_file(spec)
-    if is_hf_tokenizer_file(path):
-        return HFTokenizer.from_file(path)
-    try:
-        return load_tokenizer(path)
-    except ValueError as err:
-        raise ValueError(f"{path} is neither a Hugging Face tokenizer.json nor one of the "
-                         f"package's own: {err}") from err
 
 
 def _named_ids(tok: HFTokenizer, folder: Path | None) -> dict[str, int]:
@@ -169,25 +142,10 @@ def encode_for_encoder(tok: AnyTextTokenizer, texts: Sequence[str],
 def tokenizer_from_text(text: str, specials: SpecialIds | None = None) -> AnyTextTokenizer:
     """A tokenizer from the text of its ``tokenizer.json`` (a shard sidecar); ``specials``
     (saved beside it) restore a Hugging Face tokenizer's pad id."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp, "tokenizer.json")
-        path.write_text(text, encoding="utf-8")
-        tok = load_text_tokenizer(path)
+    tok = tokenizer_from_json(text)
     if isinstance(tok, HFTokenizer) and specials is not None:
         tok.pad_id = specials.pad
     return tok
-
-
-def tokenizer_text(tok: AnyTextTokenizer) -> str:
-    """The ``tokenizer.json`` text of ``tok`` (to write beside shards)."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp, "tokenizer.json")
-        tok.save(path)
-        return path.read_text(encoding="utf-8")
 
 
 def specials_to_dict(ids: SpecialIds) -> dict[str, object]:
@@ -211,7 +169,7 @@ def same_on_every_rank(datamodule: object, tok: AnyTextTokenizer) -> AnyTextToke
     trainer = getattr(datamodule, "trainer", None)
     if trainer is None or getattr(trainer, "world_size", 1) < 2:
         return tok
-    mine = tokenizer_text(tok)
+    mine = tokenizer_to_json(tok)
     agreed = trainer.strategy.broadcast(mine, src=0)
     return tok if agreed == mine else tokenizer_from_text(agreed)
 
@@ -221,7 +179,7 @@ def given_tokenizer(spec: str) -> tuple[AnyTextTokenizer, SpecialIds]:
     """The ``tokenizer.json`` that ``spec`` names (the file or a folder holding one) and its
     special ids (a Hugging Face one's read from the files beside it)."""
     path = tokenizer_file(spec)
-    tok = load_text_tokenizer(path)
+    tok = read_tokenizer(path)
     return tok, special_ids(tok, path.parent)
 
 
@@ -266,7 +224,7 @@ class TrainedTokenizerState:
 
     def state_dict(self) -> dict[str, Any]:
         state = dict(super().state_dict())  # type: ignore[misc]
-        state.update({k: tokenizer_text(t) for k, t in self._trained_tokenizers().items()})
+        state.update({k: tokenizer_to_json(t) for k, t in self._trained_tokenizers().items()})
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -276,7 +234,7 @@ class TrainedTokenizerState:
         if not restored:
             return
         current = self._trained_tokenizers()
-        if current and all(tokenizer_text(current[k]) == text for k, text in restored.items()):
+        if current and all(tokenizer_to_json(current[k]) == text for k, text in restored.items()):
             return
         self._restore_tokenizers(restored)
         self.datasets = {}

@@ -70,7 +70,6 @@ __all__ = [
     "TTSDataset",
     "TTSItems",
     "collate_tts",
-    "load_tts_items",
     "prepare_tts",
 ]
 
@@ -208,11 +207,6 @@ class TTSItems:
 
     def phonemes(self, i: int) -> Tensor:
         return self._ph[self._ph_off[i] : self._ph_off[i + 1]].long()
-
-
-def load_tts_items(root: str | Path = TTS_ROOT.parent) -> TTSItems:
-    """The cached items of ``root/tts`` (made by :func:`prepare_tts`)."""
-    return TTSItems(Path(root) / "tts")
 
 
 class TTSDataset(Dataset):

@@ -17,7 +17,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.readers import (
-    IMAGE_EXTENSIONS,
     FileList,
     find_classes,
     is_manifest,
@@ -44,6 +43,7 @@ from multimodal.data.vision_transforms import (
     image_transform,
     per_channel,
 )
+from multimodal.files import IMAGE_EXTENSIONS
 
 __all__ = ["DATASETS", "ImageClassificationDataModule"]
 

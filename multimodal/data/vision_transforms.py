@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from multimodal.tokenizers.image_geometry import CenterCrop
+
 __all__ = ["AUTO_AUGMENT", "ImageTransformConfig", "ShiftFlip", "image_transform"]
 
 AUTO_AUGMENT = ("rand", "trivial")
@@ -103,7 +105,7 @@ def image_transform(
                                           interpolation=mode))
     elif config.resize is not None:
         steps += [v2.Resize(config.resize, interpolation=mode, antialias=True),
-                  v2.CenterCrop(size)]
+                  CenterCrop(size)]  # transformers' offsets (floored), not v2's (rounded)
     else:
         steps.append(v2.Resize(size, interpolation=mode, antialias=True))
     if train and (config.shift or config.flip):

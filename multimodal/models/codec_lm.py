@@ -39,7 +39,6 @@ Q, K and the phoneme vocabulary are config fields (``num_codebooks``, ``codebook
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -58,7 +57,7 @@ from multimodal.registry import register_config_preset, register_model
 from multimodal.weights import PretrainedMixin
 
 __all__ = ["IGNORE_INDEX", "CodecAR", "CodecARConfig", "CodecLM", "CodecLMConfig", "CodecNAR",
-           "CodecNARConfig", "nar_loss", "pack_segments", "replace_sizes"]
+           "CodecNARConfig", "nar_loss", "pack_segments"]
 
 IGNORE_INDEX = -100
 PositionKind = Literal["sinusoidal", "learned"]
@@ -643,16 +642,6 @@ class CodecLM(PretrainedMixin, nn.Module):
             stats.update(ar_seconds=mid - start, nar_seconds=end - mid,
                          ar_tokens=int(length[0]))
         return codes[0]
-
-
-def replace_sizes(config: CodecLMConfig, *, codebook_size: int, num_codebooks: int,
-                  num_phonemes: int) -> CodecLMConfig:
-    """``config`` with the codec's K, Q and the tokenizer's vocabulary filled in."""
-    return CodecLMConfig(
-        ar=dataclasses.replace(config.ar, codebook_size=codebook_size, num_phonemes=num_phonemes),
-        nar=dataclasses.replace(config.nar, codebook_size=codebook_size,
-                                num_codebooks=num_codebooks, num_phonemes=num_phonemes),
-    )
 
 
 def nar_loss(logits: Tensor, codes: Tensor, code_lengths: Tensor, stage: Tensor) -> Tensor:

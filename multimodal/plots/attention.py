@@ -100,14 +100,14 @@ def load_captioner(checkpoint: str | Path) -> tuple[torch.nn.Module, object, dic
     """(Captioner, its tokenizer, the data module's init arguments) of a CaptioningTask
     checkpoint."""
     from multimodal.hub import datamodule_arguments, model_from_checkpoint, read_checkpoint
-    from multimodal.tasks.captioning import _tokenizer_from_json
+    from multimodal.tokenizers.io import tokenizer_from_json
 
     ckpt = read_checkpoint(checkpoint)
     model = model_from_checkpoint(ckpt, checkpoint)
     if not isinstance(ckpt.get("tokenizer"), str):
         raise ValueError(f"{checkpoint} holds no tokenizer: expected a CaptioningTask "
                          "checkpoint")
-    return model, _tokenizer_from_json(ckpt["tokenizer"]), datamodule_arguments(ckpt)
+    return model, tokenizer_from_json(ckpt["tokenizer"]), datamodule_arguments(ckpt)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

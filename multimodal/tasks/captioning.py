@@ -24,7 +24,6 @@ Metrics on val / test, from greedy (or beam) decoding:
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -34,11 +33,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.text import BLEUScore
 
-from multimodal.hub import _load_any_tokenizer
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.pretrained import check_vocab, folder_tokenizer, task_model
+from multimodal.tokenizers.io import tokenizer_from_json, tokenizer_to_json
 from multimodal.tokenizers.text import (
     MASK_ID,
     PAD_ID,
@@ -79,18 +78,6 @@ def train_caption_tokenizer(captions: list[str], kind: Literal["word", "wordpiec
         raise ValueError(f"the training captions hold {tok.vocab_size} distinct tokens but the "
                          f"decoder's vocab_size is {vocab_size}: raise decoder.vocab_size")
     return tok
-
-
-def _tokenizer_to_json(tok: TextTokenizer) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        return tok.save(Path(tmp) / "tokenizer.json").read_text(encoding="utf-8")
-
-
-def _tokenizer_from_json(text: str) -> TextTokenizer:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "tokenizer.json"
-        path.write_text(text, encoding="utf-8")
-        return _load_any_tokenizer(path)
 
 
 class CaptioningTask(ModelTask):
@@ -256,9 +243,9 @@ class CaptioningTask(ModelTask):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         if self.tokenizer is not None:
-            checkpoint["tokenizer"] = _tokenizer_to_json(self.tokenizer)
+            checkpoint["tokenizer"] = tokenizer_to_json(self.tokenizer)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         text = checkpoint.get("tokenizer")
         if isinstance(text, str):
-            self.tokenizer = _tokenizer_from_json(text)
+            self.tokenizer = tokenizer_from_json(text)

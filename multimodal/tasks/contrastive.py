@@ -24,9 +24,7 @@ the temperature ``train/logit_scale`` / ``train/temperature``.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -34,13 +32,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from multimodal.hub import _load_any_tokenizer
 from multimodal.models.clip import CLIP, tokenize_texts
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.captioning import caption_tokenizer_of
 from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.pretrained import check_vocab, folder_tokenizer, task_model
 from multimodal.tokenizers.hf_json import HFTokenizer
+from multimodal.tokenizers.io import tokenizer_from_json, tokenizer_to_json
 from multimodal.tokenizers.text import TextTokenizer
 
 __all__ = ["ContrastiveTask", "clip_loss", "gather_with_grad", "recall_at_k", "siglip_loss",
@@ -280,15 +278,10 @@ class ContrastiveTask(ModelTask):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         if self.tokenizer is not None:
-            with tempfile.TemporaryDirectory() as tmp:
-                path = self.tokenizer.save(Path(tmp) / "tokenizer.json")
-                checkpoint["tokenizer"] = path.read_text(encoding="utf-8")
+            checkpoint["tokenizer"] = tokenizer_to_json(self.tokenizer)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         text = checkpoint.get("tokenizer")
         if isinstance(text, str):
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "tokenizer.json"
-                path.write_text(text, encoding="utf-8")
-                self.tokenizer = _load_any_tokenizer(path)
+            self.tokenizer = tokenizer_from_json(text)

@@ -26,26 +26,19 @@ outside the head that do not fit are an error: an override that changes the arch
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from multimodal.convert.ctranslate2 import is_ctranslate2_dir
-from multimodal.hub import (
-    _is_hf_folder,
-    from_pretrained,
-    model_from_checkpoint,
-    read_checkpoint,
-)
+from multimodal.files import path_kind
+from multimodal.hub import read_checkpoint
 from multimodal.installed import resolve_weights
+from multimodal.loading import Loaded, load, select_part
 from multimodal.tasks.presets import preset_model
-from multimodal.weights import CONFIG_NAME
 
-__all__ = ["Pretrained", "head_names", "load_pretrained", "rebuild_with", "select_part",
-           "task_model"]
+__all__ = ["head_names", "load_pretrained", "rebuild_with", "task_model"]
 
 # Top-level modules that make a model's head: re-initialised when their shape changes,
 # trained by a linear probe, given ``head_lr``.
@@ -53,104 +46,13 @@ HEAD_MODULES = ("head", "head_dist", "head_norm", "attn_pool", "mlm", "visual_pr
                 "text_projection", "logit_scale", "logit_bias")
 
 
-@dataclass
-class Pretrained:
-    """What ``pretrained: PATH`` gave: the whole model, where it came from (``kind``:
-    ``"hf"``, ``"save_pretrained"``, ``"checkpoint"`` or ``"gguf"``) and, from a
-    checkpoint, its class names and task class."""
-
-    model: nn.Module
-    path: Path
-    kind: str
-    class_names: list[str] | None = None
-    task_class: str | None = None
-
-
-def load_pretrained(path: str | Path) -> Pretrained:
-    """Read PATH (module docstring). Errors name the path and the problem: missing, a file
-    that is not a checkpoint, a folder without a model."""
-    p = Path(resolve_weights(path)).expanduser()  # an installed model's name: its path
-    if not p.exists():
-        raise FileNotFoundError(f"pretrained: {p} does not exist (expected a Hugging Face "
-                                "folder, a save_pretrained folder or a Lightning .ckpt)")
-    if p.is_file() and (p.suffix.lower() == ".gguf" or _is_gguf(p)):
-        from multimodal.convert import from_hf
-
-        return Pretrained(from_hf(p).train(), p, "gguf")  # llama.cpp's one file
-    if p.is_file():
-        import zipfile
-
-        if not zipfile.is_zipfile(p):  # torch.save writes a zip archive
-            raise ValueError(f"pretrained: {p} is not a checkpoint file (expected a Lightning "
-                             ".ckpt of one of multimodal's tasks, or a model folder)")
-        ckpt = read_checkpoint(p)  # ValueError: not a (safe) checkpoint
-        model = model_from_checkpoint(ckpt, p)
-        hp = ckpt.get("hyper_parameters") or {}
-        names = ckpt.get("class_names")
-        return Pretrained(model.train(), p, "checkpoint",
-                          list(names) if isinstance(names, (list, tuple)) else None,
-                          hp.get("_class_path") if isinstance(hp, dict) else None)
-    if is_ctranslate2_dir(p):  # faster-whisper's layout (model.bin): read by hand
-        from multimodal.convert import from_hf_folder
-
-        return Pretrained(from_hf_folder(p).train(), p, "hf")
-    if not (p / CONFIG_NAME).is_file():
-        raise FileNotFoundError(f"pretrained: {p} has no {CONFIG_NAME}: not a Hugging Face "
-                                "folder nor one written by save_pretrained")
-    if _is_hf_folder(p):
-        from multimodal.convert import from_hf_folder
-
-        return Pretrained(from_hf_folder(p).train(), p, "hf")
-    return Pretrained(from_pretrained(p).train(), p, "save_pretrained")
-
-
-def _is_gguf(path: Path) -> bool:
-    from multimodal.convert.gguf import is_gguf_file
-
-    return is_gguf_file(path)
-
-
-def _parts(model: nn.Module) -> dict[str, nn.Module]:
-    """The single-modality parts of ``model`` by modality (the model itself included)."""
-    parts: dict[str, nn.Module] = {}
-    modality = getattr(model, "modality", None)
-    if modality in ("image", "text", "audio"):
-        parts[modality] = model
-    for attr in ("vision_model", "text_model", "encoder"):  # CLIP's towers, an encoder-
-        sub = getattr(model, attr, None)                     # decoder's encoder
-        kind = getattr(sub, "modality", None)
-        if kind in ("image", "text", "audio") and kind not in parts:
-            parts[kind] = sub
-    return parts
-
-
-def select_part(model: nn.Module, modality: str | None, accept: tuple[type, ...],
-                path: Path | str, task: str) -> nn.Module:
-    """The part of ``model`` (from ``path``) that ``task`` trains: ``model`` itself when it is
-    one of ``accept``, else its tower of ``modality`` (CLIP's vision / text tower, a
-    captioner's image encoder) when that is one of ``accept``. Anything else is a ValueError
-    naming what the folder holds and what the task needs."""
-    if isinstance(model, accept) and (modality is None
-                                      or getattr(model, "modality", modality) == modality):
-        return model
-    parts = _parts(model)
-    if modality is None:
-        usable = [m for m in parts.values() if isinstance(m, accept)]
-        if len(usable) == 1:
-            return usable[0]
-        if len(usable) > 1:
-            raise ValueError(f"pretrained: {path} holds a {type(model).__name__} with "
-                             f"{' and '.join(sorted(parts))} parts; set the task's modality "
-                             f"to one of {sorted(parts)}")
-    elif modality in parts and isinstance(parts[modality], accept):
-        return parts[modality]
-    held = type(model).__name__
-    kind = getattr(model, "modality", "?")
-    wanted = " or ".join(c.__name__ for c in accept)
-    what = f" as {'an' if modality in ('image', 'audio') else 'a'} {modality} model" \
-        if modality else ""
-    raise ValueError(f"pretrained: {path} holds a {held} ({kind} model): it has no part "
-                     f"{task} can train{what} (needs a {wanted})")
+def load_pretrained(path: str | Path) -> Loaded:
+    """PATH read by :func:`multimodal.loading.load` (module docstring), the model in train
+    mode. Errors name the path and the problem: missing, a file that is not a checkpoint, a
+    folder without a model."""
+    source = load(path)
+    source.model.train()
+    return source
 
 
 def head_names(model: nn.Module) -> list[str]:
@@ -200,7 +102,7 @@ def task_model(model: nn.Module | None, pretrained: str | Path | None,
                overrides: dict[str, Any] | None, *, task: str, accept: tuple[type, ...],
                modality: str | None = None, preset: str | None = None,
                data_sizes: dict[str, Any] | None = None
-               ) -> tuple[nn.Module, Pretrained | None]:
+               ) -> tuple[nn.Module, Loaded | None]:
     """The model a task trains: ``model`` as given, the named ``preset``
     (:func:`multimodal.tasks.presets.preset_model`, new weights) with ``overrides`` changing
     fields of its config and ``data_sizes`` (the data module's ``model_sizes``) setting the
@@ -251,30 +153,10 @@ def task_model(model: nn.Module | None, pretrained: str | Path | None,
     return part, source
 
 
-def folder_tokenizer(source: Pretrained | None) -> Any:
-    """The tokenizer that came with PATH: a folder's ``tokenizer.json`` (a Hugging Face one
-    through :class:`~multimodal.tokenizers.hf_json.HFTokenizer`, else ours) or the tokenizer a
-    checkpoint carries; None when there is none."""
-    if source is None:
-        return None
-    from multimodal.hub import TOKENIZER_NAME, _load_any_tokenizer
-
-    if source.kind == "gguf":  # the tokenizer its metadata describes
-        from multimodal.convert import gguf_tokenizer
-
-        return gguf_tokenizer(source.path)
-    if source.kind == "checkpoint":
-        text = read_checkpoint(source.path).get("tokenizer")
-        if not isinstance(text, str):
-            return None
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            file = Path(tmp) / TOKENIZER_NAME
-            file.write_text(text, encoding="utf-8")
-            return _load_any_tokenizer(file)
-    file = source.path / TOKENIZER_NAME
-    return _load_any_tokenizer(file) if file.is_file() else None
+def folder_tokenizer(source: Loaded | None) -> Any:
+    """The tokenizer that came with PATH (a folder's ``tokenizer.json``, a GGUF file's
+    metadata, the tokenizer a checkpoint carries); None when there is none."""
+    return None if source is None else source.tokenizer
 
 
 def check_vocab(tokenizer: Any, vocab_size: int, where: str) -> None:
@@ -377,6 +259,14 @@ def data_image_preprocessor(datamodule: Any) -> Any:
         image_std=std * channels if len(std) == 1 else std, channels=channels)
 
 
+def _kind(path: Path) -> str | None:
+    """``path_kind`` of ``path``, None where it holds no model (load_pretrained says why)."""
+    try:
+        return path_kind(path)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def data_settings(path: str | Path) -> dict[str, Any]:
     """The data settings PATH implies (the keys of :data:`PREPROCESSING_KEYS` a data module
     may take): from a folder's ``preprocessor_config.json`` (images: size after resize /
@@ -384,7 +274,8 @@ def data_settings(path: str | Path) -> dict[str, Any]:
     filter bank the folder set) and ``tokenizer.json`` (the folder itself); from one of our
     checkpoints, the non-empty preprocessing arguments its data module was trained with."""
     from multimodal.convert.hf_preprocess import AUDIO_EXTRACTORS, read_preprocessor_config
-    from multimodal.hub import TOKENIZER_NAME, datamodule_arguments
+    from multimodal.hub import datamodule_arguments
+    from multimodal.tokenizers.io import TOKENIZER_NAME
 
     try:
         p = Path(resolve_weights(path))  # an installed model's name: its path
@@ -406,7 +297,7 @@ def data_settings(path: str | Path) -> dict[str, Any]:
             out["features"] = False  # waveforms: the model's front end makes its features
         else:
             out.update(_image_settings(pre))
-    elif not _is_hf_folder(p):
+    elif p.is_dir() and _kind(p) == "save_pretrained":
         out.update(_config_image_settings(p))  # ours: the image size its config.json holds
     if (p / TOKENIZER_NAME).is_file():
         out["tokenizer"] = str(p)

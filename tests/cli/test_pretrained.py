@@ -135,10 +135,13 @@ def test_predict_dir_after_training_on_shards_uses_a_plain_loader(tmp_path):
     assert images.shape == (1, 3, 8, 8) and list(names) == ["a.png"]
 
 
-def test_image_data_follows_a_clip_style_processor(tmp_path):
+@pytest.mark.parametrize("height,width", [(30, 50), (37, 61)])
+def test_image_data_follows_a_clip_style_processor(tmp_path, height, width):
     """shortest_edge resize + centre crop + bicubic + CLIP's mean/std, as data module
     arguments (data_settings), give the inputs of the repo's transformers-parity
-    ImagePreprocessor for the same preprocessor_config.json, on a non-square image."""
+    ImagePreprocessor for the same preprocessor_config.json, on non-square images: 30x50
+    (resized 36x60, crop offset 14) and 37x61 (resized 36x59, offset 13.5, floored to 13 as
+    transformers does, where torchvision's CenterCrop would round it to 14)."""
     from multimodal.convert.hf_preprocess import ImagePreprocessor
     from multimodal.data.vision import ImageClassificationDataModule
     from multimodal.tasks.pretrained import data_settings
@@ -159,7 +162,7 @@ def test_image_data_follows_a_clip_style_processor(tmp_path):
     _images(tmp_path / "photos", per_class=2, size=40)
     pngs = tmp_path / "pngs"
     pngs.mkdir()
-    pixels = np.random.default_rng(1).integers(0, 256, (30, 50, 3), dtype=np.uint8)
+    pixels = np.random.default_rng(1).integers(0, 256, (height, width, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(pngs / "wide.png")
     dm = ImageClassificationDataModule(train=str(tmp_path / "photos"), **settings)
     dm.predict_dir = str(pngs)

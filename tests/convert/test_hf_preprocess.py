@@ -193,3 +193,71 @@ def test_vit_folder_png_to_features(tmp_path):
     torch.testing.assert_close(encoder.encode([png], output="tokens").features, want,
                                atol=ATOL, rtol=1e-4)
     torch.testing.assert_close(encoder.encode([png]), want[:, 0], atol=ATOL, rtol=1e-4)
+
+
+# Photo sizes whose resized side minus the crop is odd (333x251 -> 339x256 for a 256 / 224
+# BiT processor: offset 57.5) and even, portrait and landscape, up- and down-sampled.
+PHOTO_SIZES = [(333, 251), (251, 333), (339, 256), (320, 240), (97, 61), (64, 64)]
+PROCESSORS = {
+    "ViTImageProcessor": dict(size={"height": 224, "width": 224}),
+    "BitImageProcessor": dict(size={"shortest_edge": 256}, crop_size={"height": 224,
+                                                                      "width": 224}),
+    "CLIPImageProcessor": dict(size={"shortest_edge": 224}, crop_size={"height": 224,
+                                                                       "width": 224}),
+    "SiglipImageProcessor": dict(size={"height": 224, "width": 224}),
+    "DeiTImageProcessor": dict(size={"height": 256, "width": 256},
+                               crop_size={"height": 224, "width": 224}),
+}
+
+
+def _photo(width: int, height: int, seed: int = 0):
+    """A photo-like RGB image: noise blurred into smooth regions and edges."""
+    import numpy as np
+    from PIL import ImageFilter
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return PIL.Image.fromarray(pixels).filter(ImageFilter.GaussianBlur(2))
+
+
+@pytest.mark.parametrize("size", PHOTO_SIZES, ids=[f"{w}x{h}" for w, h in PHOTO_SIZES])
+@pytest.mark.parametrize("kind", list(PROCESSORS))
+def test_image_preprocessor_is_transformers_to_the_bit(kind, size):
+    """transformers' default (torchvision) image processors, every supported class, odd and
+    even crop offsets: the same float32 pixel tensor, bit for bit (max difference 0)."""
+    proc = getattr(transformers, kind)(**PROCESSORS[kind])
+    image = _photo(*size)
+    want = proc(image, return_tensors="pt")["pixel_values"]
+    got = ImagePreprocessor.from_dict(proc.to_dict())(image)
+    assert got.shape == want.shape
+    assert torch.equal(got, want), (got - want).abs().max().item()
+
+
+@pytest.mark.parametrize("kind", list(PROCESSORS))
+def test_image_preprocessor_against_the_pil_backends(kind):
+    """transformers' PIL backends (``...ImageProcessorPil``) resample with Pillow, not
+    torchvision: the crop window is the same, the pixels within 2 uint8 steps."""
+    cls = getattr(transformers, f"{kind}Pil", None)
+    if cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {kind}Pil")
+    proc = cls(**PROCESSORS[kind])
+    for size in PHOTO_SIZES[:3]:
+        image = _photo(*size, seed=1)
+        want = proc(image, return_tensors="pt")["pixel_values"]
+        got = ImagePreprocessor.from_dict(proc.to_dict())(image)
+        step = 1.0 / (255.0 * torch.tensor(proc.image_std))[:, None, None]
+        assert ((got - want).abs() / step).max() <= 2.0 + 1e-3
+
+
+@pytest.mark.parametrize("image_hw,crop", [((7, 9), (4, 4)), ((8, 8), (3, 5)),
+                                           ((5, 6), (8, 8)), ((5, 9), (8, 4))])
+def test_center_crop_offsets_and_padding_are_transformers(image_hw, crop):
+    """Floored offsets, and zero padding split as transformers' torchvision backend splits
+    it when the crop is larger than the image (odd differences included)."""
+    from transformers.image_processing_backends import TorchvisionBackend
+    from transformers.image_utils import SizeDict
+
+    from multimodal.tokenizers.image_geometry import center_crop
+
+    image = torch.arange(3 * image_hw[0] * image_hw[1], dtype=torch.uint8).reshape(3, *image_hw)
+    want = TorchvisionBackend.center_crop(None, image, SizeDict(height=crop[0], width=crop[1]))
+    assert torch.equal(center_crop(image, crop), want)

@@ -168,8 +168,8 @@ def test_fit_then_test_from_the_checkpoint_uses_the_trained_tokenizer(tmp_path):
     import torch
 
     from multimodal import TextEncoder, TextEncoderConfig
-    from multimodal.data.text_tokenizer import tokenizer_text
     from multimodal.tasks.masked_lm import SequenceClassificationTask
+    from multimodal.tokenizers.io import tokenizer_to_json
 
     train = animals_csv(tmp_path, repeat=4)
     kw = dict(train=str(train), vocab_size=64, max_length=32, batch_size=8)
@@ -188,10 +188,10 @@ def test_fit_then_test_from_the_checkpoint_uses_the_trained_tokenizer(tmp_path):
     trainer().fit(task(), datamodule=dm)
     (ckpt,) = tmp_path.rglob("*.ckpt")
     state = torch.load(ckpt, weights_only=False)["TextClassificationDataModule"]
-    assert state["tokenizer"] == tokenizer_text(dm.tokenizer)
+    assert state["tokenizer"] == tokenizer_to_json(dm.tokenizer)
     again = TextClassificationDataModule(**kw)
     trainer().test(task(), datamodule=again, ckpt_path=ckpt)
-    assert tokenizer_text(again.tokenizer) == state["tokenizer"]
+    assert tokenizer_to_json(again.tokenizer) == state["tokenizer"]
     assert again.datasets["test"].ids == dm.datasets["test"].ids
     # predict: the checkpoint's tokenizer, the module's arguments saved to rebuild it
     new = tmp_path / "new.txt"
@@ -201,7 +201,7 @@ def test_fit_then_test_from_the_checkpoint_uses_the_trained_tokenizer(tmp_path):
     later = TextClassificationDataModule(**kw, predict=str(new))
     rows = trainer().predict(task(), datamodule=later, ckpt_path=ckpt)
     assert [name for batch in rows for name, _, _ in batch] == [f"{new}:1", f"{new}:2"]
-    assert tokenizer_text(later.tokenizer) == state["tokenizer"] and later.datasets == {}
+    assert tokenizer_to_json(later.tokenizer) == state["tokenizer"] and later.datasets == {}
 
 
 # ------------------------------------------------------------------------------ bad input

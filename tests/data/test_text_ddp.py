@@ -15,10 +15,10 @@ from multimodal.data.documents import Document
 from multimodal.data.text import SourceClassificationDataModule
 from multimodal.data.text_classification import TextClassificationDataModule
 from multimodal.data.text_pairs import TextPairsDataModule
-from multimodal.data.text_tokenizer import load_text_tokenizer, tokenizer_text
 from multimodal.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from multimodal.tasks.masked_lm import SequenceClassificationTask
 from multimodal.tasks.seq2seq import Seq2SeqTask
+from multimodal.tokenizers.io import read_tokenizer, tokenizer_to_json
 
 WORDS = ["amber", "basil", "cedar", "dune", "ember", "fjord", "grove", "heath", "inlet",
          "juniper", "kelp", "larch", "moss", "nettle", "oak", "pine"]
@@ -32,7 +32,7 @@ class SaveTokenizer(L.Callback):
         dm = trainer.datamodule
         if isinstance(dm, TextPairsDataModule):  # one shared vocabulary, still shared
             assert dm.source_tokenizer is dm.target_tokenizer
-        text = tokenizer_text(getattr(dm, "tokenizer", None) or dm.target_tokenizer)
+        text = tokenizer_to_json(getattr(dm, "tokenizer", None) or dm.target_tokenizer)
         Path(self.folder, f"rank{trainer.global_rank}.json").write_text(text)
 
 
@@ -76,5 +76,5 @@ def test_ddp_ranks_share_rank_zeros_trained_wordpiece(tmp_path, module):
     trainer.fit(task, dm)
     assert (tmp_path / "rank0.json").read_text() == (tmp_path / "rank1.json").read_text()
     if module == "sources":  # the file kept for later runs is the one the ranks used
-        assert tokenizer_text(load_text_tokenizer(tmp_path / "tok.json")) == \
+        assert tokenizer_to_json(read_tokenizer(tmp_path / "tok.json")) == \
             (tmp_path / "rank0.json").read_text()

@@ -1,0 +1,147 @@
+"""``multimodal.files``: what a path is, decided in one place.
+
+Each kind of model path made for real (a save_pretrained folder, a transformers folder, a
+CTranslate2 layout, a GGUF file under a wrong name, a task checkpoint, a legacy pickle), the
+paths that hold no model named for what they are, and a scan of the package that fails on a
+second classifier (magic bytes, layout tests, suffix lists) outside ``files.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import multimodal as mm
+from multimodal.files import (
+    AUDIO_EXTENSIONS,
+    IMAGE_EXTENSIONS,
+    path_kind,
+    sniff_torch_file,
+)
+
+PACKAGE = Path(__file__).resolve().parents[1] / "multimodal"
+
+
+def _tiny_vit() -> mm.ViT:
+    return mm.ViT(mm.ViTConfig(image_size=8, patch_size=4, in_channels=1, num_classes=2,
+                               dim=8, depth=1, heads=2, mlp_dim=16))
+
+
+def test_every_model_kind_is_recognised(tmp_path):
+    ours = _tiny_vit().save_pretrained(tmp_path / "ours")
+    assert path_kind(ours) == "save_pretrained"
+
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=16)
+    transformers.BertModel(cfg).save_pretrained(tmp_path / "hf")
+    assert path_kind(tmp_path / "hf") == "hf"
+
+    ct2 = tmp_path / "ct2"
+    ct2.mkdir()
+    (ct2 / "model.bin").write_bytes(b"\x00" * 16)
+    (ct2 / "config.json").write_text("{}")
+    assert path_kind(ct2) == "ctranslate2"
+
+    gguf = tmp_path / "weights.bin"  # the magic decides, not the name
+    gguf.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 16)
+    assert path_kind(gguf) == "gguf"
+
+    ckpt = tmp_path / "task.ckpt"
+    torch.save({"state_dict": {}}, ckpt)
+    assert path_kind(ckpt) == "checkpoint"
+    legacy = tmp_path / "legacy.pt"
+    with legacy.open("wb") as f:
+        pickle.dump({"state_dict": {}}, f, protocol=2)  # starts with 0x80: protocol byte
+    assert path_kind(legacy) == "checkpoint"
+
+
+@pytest.mark.parametrize("content,named", [
+    (b"epoch,loss\n1,0.5\n", r"notes\.ckpt is not a checkpoint file: it is a text file"),
+    (b"<!DOCTYPE html><html>login</html>", r"is not a checkpoint file: it is an HTML page"),
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\n", r"Git LFS pointer"),
+    (b"", r"it is empty"),
+])
+def test_files_that_are_no_model_are_named(tmp_path, content, named):
+    path = tmp_path / "notes.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=named):
+        path_kind(path)
+
+
+def test_folders_without_a_model_and_missing_paths(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"absent does not exist"):
+        path_kind(tmp_path / "absent")
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.png").write_bytes(b"\x89PNG")
+    with pytest.raises(FileNotFoundError, match=r"photos has no config\.json"):
+        path_kind(photos)
+    (photos / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+        path_kind(photos)
+    (photos / "config.json").write_text(json.dumps([1, 2]))
+    with pytest.raises(ValueError, match=r"expected a JSON object, got list"):
+        path_kind(photos)
+
+
+def test_sniff_names_what_a_file_is(tmp_path):
+    zipped = tmp_path / "a.ckpt"
+    torch.save({"x": 1}, zipped)
+    assert sniff_torch_file(zipped) is None
+    binary = tmp_path / "b.ckpt"
+    binary.write_bytes(bytes(range(200, 256)))
+    assert "starts with the bytes" in sniff_torch_file(binary)
+
+
+def test_one_extension_list_per_modality():
+    assert len(set(IMAGE_EXTENSIONS)) == len(IMAGE_EXTENSIONS)
+    assert not set(IMAGE_EXTENSIONS) & set(AUDIO_EXTENSIONS)
+    assert all(e.startswith(".") and e == e.lower() for e in IMAGE_EXTENSIONS + AUDIO_EXTENSIONS)
+
+
+# What classifying a path looks like in source: a magic-byte literal, a layout test, a suffix
+# list. Outside files.py each would be a second answer to "what is at PATH".
+SECOND_CLASSIFIERS = {
+    "GGUF magic": re.compile(r"""b["']GGUF["']"""),
+    "zip magic": re.compile(r"""b["']PK\\x03\\x04["']"""),
+    "zipfile sniff": re.compile(r"\bis_zipfile\("),
+    "old classifier": re.compile(r"\b(is_gguf_file|is_ctranslate2_dir|sniff_checkpoint|"
+                                 r"_is_hf_folder)\b"),
+    "CTranslate2 layout test": re.compile(r"""["']model\.bin(\.part1)?["']\)\.(is_file|exists)"""),
+    "suffix list": re.compile(r"^\s*(IMAGE|AUDIO|SPEECH|TEXT)_(EXTENSIONS|SUFFIXES)\s*=",
+                              re.MULTILINE),
+}
+
+
+def test_paths_are_classified_only_in_files_py():
+    found = []
+    for file in sorted(PACKAGE.rglob("*.py")):
+        if file == PACKAGE / "files.py":
+            continue
+        text = file.read_text(encoding="utf-8")
+        for what, pattern in SECOND_CLASSIFIERS.items():
+            for match in pattern.finditer(text):
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{file.relative_to(PACKAGE.parent)}:{line}: {what}")
+    assert not found, "classify paths with multimodal.files instead:\n" + "\n".join(found)
+
+
+def test_the_scan_catches_a_second_classifier(tmp_path):
+    """The patterns above match the code they are meant to catch (else the scan proves
+    nothing)."""
+    samples = {
+        "GGUF magic": 'if f.read(4) == b"GGUF":',
+        "zip magic": r'if head != b"PK\x03\x04":',
+        "zipfile sniff": "zipfile.is_zipfile(p)",
+        "old classifier": "if is_ctranslate2_dir(path):",
+        "CTranslate2 layout test": 'if (path / "model.bin").is_file():',
+        "suffix list": 'IMAGE_SUFFIXES = (".png",)',
+    }
+    for what, code in samples.items():
+        assert SECOND_CLASSIFIERS[what].search(code), what
