@@ -61,7 +61,13 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from multimodal.cli.callbacks import EpochSummary, Preemption, resume_checkpoint
+from multimodal.cli.callbacks import (
+    EpochSummary,
+    Preemption,
+    RunCheckpoint,
+    StepBudget,
+    resume_checkpoint,
+)
 from multimodal.cli.precision import auto_precision
 from multimodal.progress import is_terminal
 
@@ -151,7 +157,10 @@ def add_run_defaults(config: Namespace) -> None:
       ``${trainer.default_root_dir}`` with no name, so one run's logs are ``<root>/version_N``;
       ``--trainer.logger false`` keeps a run without loggers;
     * no ``ModelCheckpoint`` among ``trainer.callbacks`` (and checkpointing not switched off):
-      one keeping ``last.ckpt`` and the best ``best-<epoch>-<value>.ckpt`` by the metric of
+      a :class:`~multimodal.cli.callbacks.RunCheckpoint` keeping ``last.ckpt`` (the latest
+      state: written at every epoch end and validation, whatever the metric does) and the
+      best ``best-<epoch>-<value>.ckpt`` (ties: the lower ``val/loss``, then the later
+      step) by the metric of
       ``--monitor`` / ``--monitor_mode`` (in a config: top-level ``monitor:`` /
       ``monitor_mode:``), by default the task class's ``default_monitor``
       (:data:`DEFAULT_MONITOR` when it has none);
@@ -176,7 +185,7 @@ def add_run_defaults(config: Namespace) -> None:
             mode = "min" if any(k in metric for k in _LOWER_IS_BETTER) else "max"
         mode = config.get("monitor_mode") or mode
         callbacks.append(Namespace(
-            class_path="lightning.pytorch.callbacks.ModelCheckpoint",
+            class_path="multimodal.cli.callbacks.RunCheckpoint",
             init_args=Namespace(monitor=metric, mode=mode, save_last=True,
                                 filename=f"best-{{epoch}}-{{{metric}:.4f}}",
                                 auto_insert_metric_name=False)))
@@ -317,6 +326,8 @@ class MultimodalCLI(LightningCLI):
         if not any(isinstance(c, Preemption) for c in trainer.callbacks):
             minutes = self._get(self.config, "checkpoint_every_minutes", default=None)
             trainer.callbacks.append(Preemption(every_minutes=minutes))
+        if not any(isinstance(c, StepBudget) for c in trainer.callbacks):
+            trainer.callbacks.append(StepBudget())  # trainer.min_steps raises max_epochs
         return trainer
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -356,8 +367,26 @@ class MultimodalCLI(LightningCLI):
         has_test = type(self.datamodule).test_dataloader is not L.LightningDataModule \
             .test_dataloader
         if has_test:
-            best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
-            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+            path, why = self.checkpoint_to_test()
+            rank_zero_info(f"test after fit: {path or 'the weights at the end of fit'} ({why})")
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=path)
+
+    def checkpoint_to_test(self) -> tuple[str | None, str]:
+        """The checkpoint the test after fit reads and why: the best of the run's checkpoint
+        callback (with its metric, value and tie rule), else the weights in memory."""
+        callback = self.trainer.checkpoint_callback
+        best = getattr(callback, "best_model_path", "") or None
+        if best is None:
+            return None, "no best checkpoint: nothing was ranked by a validation metric"
+        if isinstance(callback, RunCheckpoint):
+            why = callback.best_reason()
+            if callback.val_examples is not None and \
+                    0 < callback.val_examples < callback.min_val_examples:
+                why += (f"; only {callback.val_examples} validation examples, see the "
+                        "warning above")
+            return best, why
+        monitor = getattr(callback, "monitor", None)
+        return best, f"the best by {monitor}" if monitor else "the checkpoint callback's best"
 
 
 def speak(args: list[str]) -> int:
