@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,15 +87,25 @@ class RunCheckpoint(ModelCheckpoint):
       then to the later step, where Lightning kept the first. So a validation accuracy of
       1.0 from the first epoch on keeps the epoch with the lowest validation loss, not the
       first one.
+    * ``last_every_seconds`` (default 0: every epoch end): an epoch end less than that many
+      seconds after the previous ``last.ckpt`` is skipped, so that 200 one-step epochs of a
+      small data set do not write 200 whole checkpoints (a fine-tuned MiniLM with its AdamW
+      state is 270 MB); the end of training is always written. A kill then loses at most the
+      epoch in progress or that many seconds, whichever is longer. The CLI sets 60.
     * The first validation counts its examples (:attr:`val_examples`); below
       ``min_val_examples`` it warns once that the split is too small to rank checkpoints.
     """
 
     def __init__(self, *args: Any, tie_break: str | None = "val/loss",
-                 min_val_examples: int = MIN_VAL_EXAMPLES, **kwargs: Any) -> None:
+                 min_val_examples: int = MIN_VAL_EXAMPLES, last_every_seconds: float = 0.0,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("save_last", True)
         super().__init__(*args, **kwargs)
+        if last_every_seconds < 0:
+            raise ValueError(f"last_every_seconds must be >= 0, got {last_every_seconds}")
         self.tie_break = tie_break
+        self.last_every_seconds = last_every_seconds
+        self._last_written_at = -float("inf")
         self.min_val_examples = min_val_examples
         self.val_examples: int | None = None
         self.rank_keys: dict[str, tuple[float, float, int]] = {}
@@ -167,30 +178,49 @@ class RunCheckpoint(ModelCheckpoint):
     # -- last.ckpt ----------------------------------------------------------------------
     def _save_last_checkpoint(self, trainer: L.Trainer,
                               monitor_candidates: dict[str, torch.Tensor]) -> None:
-        """``<dirpath>/last.ckpt``, through a temporary file and a rename, at every call."""
+        """``<dirpath>/last.ckpt``, through a temporary file and a rename, at every call; a
+        hard link to (else a copy of) the top-k checkpoint saved at this very step, if any."""
         if not self.save_last:
             return
         path = Path(self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST))
         partial = path.with_name(f".{path.name}.partial")
         self.last_model_path = str(path)  # before saving: it is part of the saved state
+        same_step = self._last_global_step_saved == trainer.global_step and \
+            bool(self._last_checkpoint_saved) and not self.save_weights_only
         if trainer.is_global_zero:
             path.parent.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(partial, self.save_weights_only)
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+        if same_step:  # the same weights and state: no second serialisation
+            if trainer.is_global_zero:
+                try:
+                    os.link(self._last_checkpoint_saved, partial)
+                except OSError:
+                    shutil.copyfile(self._last_checkpoint_saved, partial)
+        else:
+            trainer.save_checkpoint(partial, self.save_weights_only)
         if trainer.is_global_zero:
             os.replace(partial, path)
         trainer.strategy.barrier("last_checkpoint")
         # (not Lightning's _last_global_step_saved: that one says a top-k checkpoint of this
         # step exists, and would stop the epoch-end hook from ranking this step)
         self._last_written_step = trainer.global_step
+        self._last_written_at = time.monotonic()
 
-    def _save_latest(self, trainer: L.Trainer) -> None:
+    def _save_latest(self, trainer: L.Trainer, final: bool = False) -> None:
         from lightning.pytorch.trainer.states import TrainerFn
 
         if not self.save_last or trainer.fast_dev_run or trainer.sanity_checking \
                 or trainer.state.fn != TrainerFn.FITTING \
                 or self._last_written_step == trainer.global_step:
             return
+        recent = time.monotonic() - self._last_written_at < self.last_every_seconds
+        if not final and trainer.strategy.broadcast(recent):  # ranks agree (rank 0's clock)
+            return
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save_latest(trainer, final=True)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and self.val_examples is None:
@@ -258,7 +288,16 @@ class StepBudget(L.Callback):
             return
         loop = trainer.fit_loop
         min_steps = loop.min_steps
-        if not min_steps or min_steps <= 0 or loop.max_epochs in (None, -1):
+        if not min_steps or min_steps <= 0:
+            return
+        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
+        after = "; then early stopping on " + ", ".join(
+            f"{c.monitor} (patience {c.patience} validations)" for c in stops) \
+            if stops else ""
+        head = f"step budget: at least {min_steps} optimiser steps (trainer.min_steps)"
+        if loop.max_epochs in (None, -1):
+            self.message = f"{head}, no epoch limit (max_steps {loop.max_steps}){after}"
+            rank_zero_info(self.message)
             return
         loop.setup_data()  # what estimated_stepping_batches does: the loader is reused
         batches = trainer.num_training_batches
@@ -269,14 +308,9 @@ class StepBudget(L.Callback):
         old = loop.max_epochs
         if needed > old:
             loop.max_epochs = needed
-        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
-        after = "; then early stopping on " + ", ".join(
-            f"{c.monitor} (patience {c.patience} validations)" for c in stops) \
-            if stops else ""
         chosen = f"max_epochs {old} raised to {needed}" if needed > old else \
             f"max_epochs {old} already gives {old * per_epoch}"
-        self.message = (f"step budget: at least {min_steps} optimiser steps (trainer.min_steps)"
-                        f", {per_epoch} an epoch: {chosen}{after}")
+        self.message = f"{head}, {per_epoch} an epoch: {chosen}{after}"
         rank_zero_info(self.message)
 
 

@@ -137,6 +137,10 @@ DEFAULT_MONITOR = ("val/loss", "min")
 ``default_monitor`` says otherwise."""
 
 
+LAST_EVERY_SECONDS = 60.0
+"""The default checkpoint writes ``last.ckpt`` at every epoch end, except those less than
+this many seconds after the previous one (short epochs of small data), and at the end."""
+
 _LOWER_IS_BETTER = ("loss", "bpd", "perplexity", "wer", "cer")
 
 
@@ -158,7 +162,8 @@ def add_run_defaults(config: Namespace) -> None:
       ``--trainer.logger false`` keeps a run without loggers;
     * no ``ModelCheckpoint`` among ``trainer.callbacks`` (and checkpointing not switched off):
       a :class:`~multimodal.cli.callbacks.RunCheckpoint` keeping ``last.ckpt`` (the latest
-      state: written at every epoch end and validation, whatever the metric does) and the
+      state: written at every epoch end whatever the metric does, at most once a minute
+      (:data:`LAST_EVERY_SECONDS`) when epochs are shorter, and at the end) and the
       best ``best-<epoch>-<value>.ckpt`` (ties: the lower ``val/loss``, then the later
       step) by the metric of
       ``--monitor`` / ``--monitor_mode`` (in a config: top-level ``monitor:`` /
@@ -187,6 +192,7 @@ def add_run_defaults(config: Namespace) -> None:
         callbacks.append(Namespace(
             class_path="multimodal.cli.callbacks.RunCheckpoint",
             init_args=Namespace(monitor=metric, mode=mode, save_last=True,
+                                last_every_seconds=LAST_EVERY_SECONDS,
                                 filename=f"best-{{epoch}}-{{{metric}:.4f}}",
                                 auto_insert_metric_name=False)))
     if trainer.get("logger") not in (None, False, []) and \

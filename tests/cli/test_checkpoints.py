@@ -91,6 +91,25 @@ def test_last_is_written_at_every_epoch_end_without_validation(tmp_path):
     assert step_of(folder / "last.ckpt") == 15
 
 
+def test_short_epochs_write_last_at_most_every_n_seconds_and_at_the_end(tmp_path):
+    folder = tmp_path / "ckpt"
+    steps = []
+    original = RunCheckpoint._save_last_checkpoint
+
+    def spy(self, trainer, candidates):
+        steps.append(trainer.global_step)
+        original(self, trainer, candidates)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunCheckpoint, "_save_last_checkpoint", spy)
+        run(tmp_path, RunCheckpoint(dirpath=folder, monitor="val/never", mode="max",
+                                    last_every_seconds=3600), epochs=4)
+    assert steps == [5, 20]  # the first epoch end (with the best), then the end of training
+    assert step_of(folder / "last.ckpt") == 20
+    with pytest.raises(ValueError, match="last_every_seconds must be >= 0"):
+        RunCheckpoint(last_every_seconds=-1)
+
+
 def test_ties_go_to_the_lower_val_loss_then_the_later_step(tmp_path):
     trainer, constant = run(tmp_path / "a", RunCheckpoint(dirpath=tmp_path / "a" / "c",
                                                           monitor="val/never", mode="max"))
@@ -252,3 +271,71 @@ def test_min_steps_below_max_epochs_changes_nothing(tmp_path):
     trainer.fit(task, data)
     assert trainer.max_epochs == 2 and trainer.global_step == 10
     assert budget.message is not None and "already gives 10" in budget.message
+
+
+def test_the_cli_default_budget_and_test_after_fit_say_what_they_do(tmp_path, caplog, capsys):
+    """Through ``multimodal fit``: the default checkpoint is a RunCheckpoint, ``min_steps``
+    raises ``max_epochs`` (one line says so), last.ckpt holds the final step, and the test
+    after fit names the checkpoint it reads and why."""
+    import logging
+
+    from multimodal.cli.main import main as cli_main
+    from tests.cli.test_resume import DIGITS_VIT
+
+    vit = "\n".join(f"          {k}: {v}" for k, v in DIGITS_VIT.items())
+    cfg = tmp_path / "digits.yaml"
+    cfg.write_text(f"""
+model:
+  class_path: multimodal.tasks.ClassificationTask
+  init_args:
+    model:
+      class_path: multimodal.ViT
+      init_args:
+        config:
+{vit}
+    lr: 0.003
+data:
+  class_path: multimodal.data.vision.ImageClassificationDataModule
+  init_args: {{dataset: digits, batch_size: 16, val_size: 32, limit_train: 32,
+               augment: false}}
+trainer:
+  accelerator: cpu
+  max_epochs: 1
+  min_steps: 5
+  limit_val_batches: 1
+  enable_model_summary: false
+  default_root_dir: {tmp_path / "run"}
+""")
+    with caplog.at_level(logging.INFO):
+        cli_main(["fit", "--config", str(cfg)])
+    text = caplog.text + capsys.readouterr().out
+    # 2 steps an epoch: ceil(5 / 2) = 3 epochs
+    assert "step budget: at least 5 optimiser steps (trainer.min_steps), 2 an epoch: " \
+        "max_epochs 1 raised to 3" in text
+    folder = tmp_path / "run" / "checkpoints"
+    assert step_of(folder / "last.ckpt") == 6
+    (line,) = [ln for ln in text.splitlines() if "test after fit: " in ln]
+    best = [p for p in folder.glob("best-*.ckpt")]
+    assert len(best) == 1 and f"test after fit: {best[0]} (the highest val/acc_macro " in line
+    assert "then the later step" in line and "only 32 validation examples" in line
+
+
+OWN_DATA_CONFIGS = ("finetune_text", "finetune_image", "finetune_audio", "finetune_clip",
+                    "vit_imagefolder", "audio_folder", "caption_manifest", "gpt_textfiles",
+                    "seq2seq_pairs")
+
+
+@pytest.mark.parametrize("stem", OWN_DATA_CONFIGS)
+def test_every_own_data_config_has_a_step_budget_and_early_stopping(stem):
+    import yaml
+
+    path = Path(__file__).parents[2] / "configs" / f"{stem}.yaml"
+    text = path.read_text()
+    trainer = yaml.safe_load(text)["trainer"]
+    assert trainer["min_steps"] >= 100
+    stops = [c for c in trainer.get("callbacks") or []
+             if c["class_path"] == "lightning.pytorch.callbacks.EarlyStopping"]
+    assert len(stops) == 1 and stops[0]["init_args"]["monitor"] == "val/loss"
+    assert "# Training length, whatever the data size: " in text  # the comment says so
+    if trainer.get("max_steps") is None:  # epochs: the budget fits in them for large data
+        assert trainer["max_epochs"] >= 5
