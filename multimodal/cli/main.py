@@ -23,8 +23,11 @@ one plain line of metrics instead of Lightning's progress bar
 (``--trainer.enable_progress_bar true`` brings the bar back).
 
 A config says only what differs from the CLI's trainer defaults (:func:`add_run_defaults`):
-TensorBoard + CSV loggers, a ``ModelCheckpoint`` (``last.ckpt`` and the best by the task's
-metric, or ``--monitor`` / ``--monitor_mode``) and a ``LearningRateMonitor``.
+TensorBoard + CSV loggers, a :class:`~multimodal.cli.callbacks.RunCheckpoint` (``last.ckpt``,
+the latest state at every epoch end, and the best by the task's metric, or ``--monitor`` /
+``--monitor_mode``, ties to the lower ``val/loss`` then the later step) and a
+``LearningRateMonitor``. ``trainer.min_steps`` is a step budget: the CLI raises ``max_epochs``
+to reach it for the data size (:class:`~multimodal.cli.callbacks.StepBudget`).
 
 A config names its model (``preset: NAME`` + ``overrides``, :mod:`multimodal.tasks.presets`)
 and writes each size once, in the data section: the data module's ``class_names`` and
@@ -350,7 +353,7 @@ class MultimodalCLI(LightningCLI):
                               compute_fn=_data_model_sizes, apply_on="instantiate")
         parser.add_argument("--monitor", type=str | None, default=None,
                             help="metric the default ModelCheckpoint keeps the best of "
-                                 "(default: the task's, e.g. val/acc)")
+                                 "(default: the task's, e.g. val/acc_macro)")
         parser.add_argument("--monitor_mode", type=Literal["max", "min"] | None, default=None,
                             help="max or min (default: min for a loss, else max; or the "
                                  "task's)")
