@@ -288,7 +288,7 @@ class StepBudget(L.Callback):
             return
         loop = trainer.fit_loop
         min_steps = loop.min_steps
-        if not min_steps or min_steps <= 0:
+        if not min_steps or min_steps <= 0 or trainer.fast_dev_run:
             return
         stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
         after = "; then early stopping on " + ", ".join(
