@@ -201,7 +201,7 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
         "--data.init_args.batch_size", str(opts.batch_size),
         "--seed_everything", str(seed), "--trainer.accelerator", opts.accelerator,
         "--trainer.default_root_dir", str(run), "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", *length,
+        "--trainer.enable_model_summary", "false", "--trainer.min_steps", "0", *length,
     ]
     return fit, run
 

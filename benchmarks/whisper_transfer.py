@@ -83,7 +83,7 @@ def command(data: Path, out: Path, regime: str, seed: int, opts) -> tuple[list[s
         "--data.init_args.clip_seconds", str(opts.clip_seconds),
         "--data.init_args.batch_size", str(opts.batch_size),
         "--seed_everything", str(seed),
-        "--trainer.max_epochs", str(opts.epochs),
+        "--trainer.max_epochs", str(opts.epochs), "--trainer.min_steps", "0",
         "--trainer.accelerator", opts.accelerator,
         "--trainer.default_root_dir", str(run),
         "--trainer.enable_progress_bar", "false",

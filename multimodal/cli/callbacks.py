@@ -4,7 +4,9 @@ that pick a checkpoint to resume from."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ from typing import IO, Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -61,6 +63,256 @@ class EpochSummary(L.Callback):
         values = "  ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
         print(f"epoch {trainer.current_epoch + 1}{epochs}  step {trainer.global_step}  "
               f"{minutes}m{seconds:02d}s  {values}", file=self.stream, flush=True)
+
+
+MIN_VAL_EXAMPLES = 50
+"""Below this many validation examples a metric such as accuracy moves in steps of ``1/n``
+and ties between epochs are the rule: the run warns that the split is too small to rank
+checkpoints."""
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` with a ``last.ckpt`` that is the latest state, always,
+    and a best checkpoint that is the best, ties included. The ``multimodal`` CLI's default.
+
+    * ``last.ckpt`` (``save_last``, on by default) is written at the end of every validation
+      and every training epoch, whatever the monitored metric does. (Lightning 2.6 writes
+      it only at a step where a top-k checkpoint is saved too, i.e. when the metric
+      improves, so a metric that stops improving left ``last.ckpt`` at that epoch.) It is
+      written to a temporary file and renamed, so a kill while writing leaves the previous
+      one whole: a run killed with no signal (SIGKILL, a dead node) loses at most the epoch in
+      progress (or the minutes, with :class:`Preemption`'s ``every_minutes``).
+    * Ranking: a checkpoint's key is ``(metric, -tie_break, step)`` (``metric`` negated for
+      ``mode="min"``; ``tie_break``, default ``val/loss``, only when it is logged and is not
+      the monitored metric itself): an equal metric goes to the lower validation loss and
+      then to the later step, where Lightning kept the first. So a validation accuracy of
+      1.0 from the first epoch on keeps the epoch with the lowest validation loss, not the
+      first one.
+    * ``last_every_seconds`` (default 0: every epoch end): an epoch end less than that many
+      seconds after the previous ``last.ckpt`` is skipped, so that 200 one-step epochs of a
+      small data set do not write 200 whole checkpoints (a fine-tuned MiniLM with its AdamW
+      state is 270 MB); the end of training is always written. A kill then loses at most the
+      epoch in progress or that many seconds, whichever is longer. The CLI sets 60.
+    * The first validation counts its examples (:attr:`val_examples`); below
+      ``min_val_examples`` it warns once that the split is too small to rank checkpoints.
+    """
+
+    def __init__(self, *args: Any, tie_break: str | None = "val/loss",
+                 min_val_examples: int = MIN_VAL_EXAMPLES, last_every_seconds: float = 0.0,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("save_last", True)
+        super().__init__(*args, **kwargs)
+        if last_every_seconds < 0:
+            raise ValueError(f"last_every_seconds must be >= 0, got {last_every_seconds}")
+        self.tie_break = tie_break
+        self.last_every_seconds = last_every_seconds
+        self._last_written_at = -float("inf")
+        self.min_val_examples = min_val_examples
+        self.val_examples: int | None = None
+        self.rank_keys: dict[str, tuple[float, float, int]] = {}
+        self._candidates: dict[str, torch.Tensor] = {}
+        self._last_written_step = -1
+
+    # -- ranking ------------------------------------------------------------------------
+    def rank_key(self, current: torch.Tensor | float, candidates: dict[str, Any],
+                 step: int) -> tuple[float, float, int]:
+        """``(metric, -tie_break, step)``, larger is better (see the class docstring)."""
+        value = float(current)
+        if value != value:  # nan: the worst
+            value = float("-inf") if self.mode == "max" else float("inf")
+        score = value if self.mode == "max" else -value
+        second = 0.0
+        if self.tie_break and self.tie_break != self.monitor and self.tie_break in candidates:
+            tie = float(candidates[self.tie_break])
+            second = -tie if tie == tie else float("-inf")
+        return score, second, int(step)
+
+    def _save_monitor_checkpoint(self, trainer: L.Trainer,
+                                 monitor_candidates: dict[str, torch.Tensor]) -> None:
+        self._candidates = monitor_candidates
+        super()._save_monitor_checkpoint(trainer, monitor_candidates)
+
+    def check_monitor_top_k(self, trainer: L.Trainer,
+                            current: torch.Tensor | None = None) -> bool:
+        if current is None:
+            return False
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        worst = self.rank_keys.get(self.kth_best_model_path)
+        new = self.rank_key(current, self._candidates, trainer.global_step)
+        if worst is None:  # ranked before these keys existed: Lightning's rule
+            better = bool(super().check_monitor_top_k(trainer, current))
+        else:
+            better = new > worst
+        return trainer.strategy.reduce_boolean_decision(bool(better))
+
+    def _update_best_and_save(self, current: torch.Tensor, trainer: L.Trainer,
+                              monitor_candidates: dict[str, torch.Tensor]) -> None:
+        super()._update_best_and_save(current, trainer, monitor_candidates)
+        path = self._last_checkpoint_saved
+        if path in self.best_k_models:
+            self.rank_keys[path] = self.rank_key(current, monitor_candidates,
+                                                 trainer.global_step)
+        self.rank_keys = {p: k for p, k in self.rank_keys.items() if p in self.best_k_models}
+        ranked = sorted(self.best_k_models, key=lambda p: self.rank_keys.get(
+            p, self.rank_key(self.best_k_models[p], {}, -1)))
+        self.best_model_path = ranked[-1]
+        self.best_model_score = self.best_k_models[self.best_model_path]
+        k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
+        if len(self.best_k_models) == k:
+            self.kth_best_model_path = ranked[0]
+            self.kth_value = self.best_k_models[self.kth_best_model_path]
+
+    def best_reason(self) -> str:
+        """Why :attr:`best_model_path` is the best, in words (for the test after fit)."""
+        if not self.best_model_path:
+            return "no checkpoint was ranked (no validation metric)"
+        key = self.rank_keys.get(self.best_model_path)
+        word = "highest" if self.mode == "max" else "lowest"
+        value = "" if self.best_model_score is None else f" {float(self.best_model_score):.4f}"
+        at = "" if key is None else f" at step {key[2]}"
+        tie = f"the lower {self.tie_break}, then " if self.tie_break and \
+            self.tie_break != self.monitor else ""
+        return (f"the {word} {self.monitor}{value}{at}; an equal value goes to {tie}"
+                "the later step")
+
+    # -- last.ckpt ----------------------------------------------------------------------
+    def _save_last_checkpoint(self, trainer: L.Trainer,
+                              monitor_candidates: dict[str, torch.Tensor]) -> None:
+        """``<dirpath>/last.ckpt``, through a temporary file and a rename, at every call; a
+        hard link to (else a copy of) the top-k checkpoint saved at this very step, if any."""
+        if not self.save_last:
+            return
+        path = Path(self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST))
+        partial = path.with_name(f".{path.name}.partial")
+        self.last_model_path = str(path)  # before saving: it is part of the saved state
+        same_step = self._last_global_step_saved == trainer.global_step and \
+            bool(self._last_checkpoint_saved) and not self.save_weights_only
+        if trainer.is_global_zero:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+        if same_step:  # the same weights and state: no second serialisation
+            if trainer.is_global_zero:
+                try:
+                    os.link(self._last_checkpoint_saved, partial)
+                except OSError:
+                    shutil.copyfile(self._last_checkpoint_saved, partial)
+        else:
+            trainer.save_checkpoint(partial, self.save_weights_only)
+        if trainer.is_global_zero:
+            os.replace(partial, path)
+        trainer.strategy.barrier("last_checkpoint")
+        # (not Lightning's _last_global_step_saved: that one says a top-k checkpoint of this
+        # step exists, and would stop the epoch-end hook from ranking this step)
+        self._last_written_step = trainer.global_step
+        self._last_written_at = time.monotonic()
+
+    def _save_latest(self, trainer: L.Trainer, final: bool = False) -> None:
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        if not self.save_last or trainer.fast_dev_run or trainer.sanity_checking \
+                or trainer.state.fn != TrainerFn.FITTING \
+                or self._last_written_step == trainer.global_step:
+            return
+        recent = time.monotonic() - self._last_written_at < self.last_every_seconds
+        if not final and trainer.strategy.broadcast(recent):  # ranks agree (rank 0's clock)
+            return
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save_latest(trainer, final=True)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self.val_examples is None:
+            self._count_val_examples(trainer)
+        super().on_validation_end(trainer, pl_module)
+        at_epoch_end = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if not (at_epoch_end and self._should_save_on_train_epoch_end(trainer)):
+            self._save_latest(trainer)  # else on_train_epoch_end, after ranking, writes it
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        self._save_latest(trainer)
+
+    def _count_val_examples(self, trainer: L.Trainer) -> None:
+        loaders = trainer.val_dataloaders
+        loaders = loaders if isinstance(loaders, (list, tuple)) else \
+            [] if loaders is None else [loaders]
+        try:
+            self.val_examples = sum(len(loader.dataset) for loader in loaders)
+        except (TypeError, AttributeError):  # an iterable dataset: unknown
+            self.val_examples = -1
+            return
+        if 0 < self.val_examples < self.min_val_examples and self.monitor:
+            rank_zero_warn(
+                f"the validation split has {self.val_examples} examples (< "
+                f"{self.min_val_examples}): too few to rank checkpoints by {self.monitor} "
+                "(it moves in coarse steps and ties are common); the best checkpoint breaks "
+                f"ties by {self.tie_break or 'nothing'} and then the later step, and last.ckpt "
+                "holds the latest weights. More validation data (a val file, or a larger "
+                "val fraction) ranks better")
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["rank_keys"] = {p: list(k) for p, k in self.rank_keys.items()}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        keys = state_dict.get("rank_keys") or {}
+        self.rank_keys = {p: (float(k[0]), float(k[1]), int(k[2])) for p, k in keys.items()
+                          if p in self.best_k_models}
+
+
+class StepBudget(L.Callback):
+    """Make ``trainer.min_steps`` a promise: at least that many optimiser steps, whatever the
+    size of the data. Lightning's ``min_steps`` only keeps early stopping from ending the run
+    sooner; ``max_epochs`` still ends it. Once the training loader's length is known (in
+    ``setup``, before the optimiser and its schedule are made, so a warm-up + cosine schedule
+    spans the whole run), ``max_epochs`` is raised to::
+
+        ceil(min_steps / steps_per_epoch),  steps_per_epoch = ceil(batches / accumulate)
+
+    when it is below that. A run of 36 labelled texts (2 steps an epoch) with
+    ``min_steps: 300`` trains 150 epochs; one of 10 000 keeps its ``max_epochs``. Logs one
+    line saying what it chose, with the early stopping that may end the run after the
+    budget (an ``EarlyStopping`` callback's metric and patience).
+    """
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        loop = trainer.fit_loop
+        min_steps = loop.min_steps
+        if not min_steps or min_steps <= 0 or trainer.fast_dev_run:
+            return
+        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
+        after = "; then early stopping on " + ", ".join(
+            f"{c.monitor} (patience {c.patience} validations)" for c in stops) \
+            if stops else ""
+        head = f"step budget: at least {min_steps} optimiser steps (trainer.min_steps)"
+        if loop.max_epochs in (None, -1):
+            self.message = f"{head}, no epoch limit (max_steps {loop.max_steps}){after}"
+            rank_zero_info(self.message)
+            return
+        loop.setup_data()  # what estimated_stepping_batches does: the loader is reused
+        batches = trainer.num_training_batches
+        if not batches or batches == float("inf"):
+            return
+        per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+        needed = math.ceil(min_steps / per_epoch)
+        old = loop.max_epochs
+        if needed > old:
+            loop.max_epochs = needed
+        chosen = f"max_epochs {old} raised to {needed}" if needed > old else \
+            f"max_epochs {old} already gives {old * per_epoch}"
+        self.message = f"{head}, {per_epoch} an epoch: {chosen}{after}"
+        rank_zero_info(self.message)
 
 
 class Preemption(L.Callback):
@@ -321,4 +573,5 @@ def resume_checkpoint(trainer: L.Trainer, ckpt_path: str | os.PathLike[str] | No
     return None
 
 
-__all__ = ["EpochSummary", "Preemption", "checkpoint_problem", "resume_checkpoint"]
+__all__ = ["EpochSummary", "Preemption", "RunCheckpoint", "StepBudget", "checkpoint_problem",
+           "resume_checkpoint"]

@@ -23,8 +23,11 @@ one plain line of metrics instead of Lightning's progress bar
 (``--trainer.enable_progress_bar true`` brings the bar back).
 
 A config says only what differs from the CLI's trainer defaults (:func:`add_run_defaults`):
-TensorBoard + CSV loggers, a ``ModelCheckpoint`` (``last.ckpt`` and the best by the task's
-metric, or ``--monitor`` / ``--monitor_mode``) and a ``LearningRateMonitor``.
+TensorBoard + CSV loggers, a :class:`~multimodal.cli.callbacks.RunCheckpoint` (``last.ckpt``,
+the latest state at every epoch end, and the best by the task's metric, or ``--monitor`` /
+``--monitor_mode``, ties to the lower ``val/loss`` then the later step) and a
+``LearningRateMonitor``. ``trainer.min_steps`` is a step budget: the CLI raises ``max_epochs``
+to reach it for the data size (:class:`~multimodal.cli.callbacks.StepBudget`).
 
 A config names its model (``preset: NAME`` + ``overrides``, :mod:`multimodal.tasks.presets`)
 and writes each size once, in the data section: the data module's ``class_names`` and
@@ -63,7 +66,13 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from multimodal.cli.callbacks import EpochSummary, Preemption, resume_checkpoint
+from multimodal.cli.callbacks import (
+    EpochSummary,
+    Preemption,
+    RunCheckpoint,
+    StepBudget,
+    resume_checkpoint,
+)
 from multimodal.cli.precision import auto_precision
 from multimodal.progress import is_terminal
 
@@ -133,6 +142,10 @@ DEFAULT_MONITOR = ("val/loss", "min")
 ``default_monitor`` says otherwise."""
 
 
+LAST_EVERY_SECONDS = 60.0
+"""The default checkpoint writes ``last.ckpt`` at every epoch end, except those less than
+this many seconds after the previous one (short epochs of small data), and at the end."""
+
 _LOWER_IS_BETTER = ("loss", "bpd", "perplexity", "wer", "cer")
 
 
@@ -153,7 +166,11 @@ def add_run_defaults(config: Namespace) -> None:
       ``${trainer.default_root_dir}`` with no name, so one run's logs are ``<root>/version_N``;
       ``--trainer.logger false`` keeps a run without loggers;
     * no ``ModelCheckpoint`` among ``trainer.callbacks`` (and checkpointing not switched off):
-      one keeping ``last.ckpt`` and the best ``best-<epoch>-<value>.ckpt`` by the metric of
+      a :class:`~multimodal.cli.callbacks.RunCheckpoint` keeping ``last.ckpt`` (the latest
+      state: written at every epoch end whatever the metric does, at most once a minute
+      (:data:`LAST_EVERY_SECONDS`) when epochs are shorter, and at the end) and the
+      best ``best-<epoch>-<value>.ckpt`` (ties: the lower ``val/loss``, then the later
+      step) by the metric of
       ``--monitor`` / ``--monitor_mode`` (in a config: top-level ``monitor:`` /
       ``monitor_mode:``), by default the task class's ``default_monitor``
       (:data:`DEFAULT_MONITOR` when it has none);
@@ -178,8 +195,9 @@ def add_run_defaults(config: Namespace) -> None:
             mode = "min" if any(k in metric for k in _LOWER_IS_BETTER) else "max"
         mode = config.get("monitor_mode") or mode
         callbacks.append(Namespace(
-            class_path="lightning.pytorch.callbacks.ModelCheckpoint",
+            class_path="multimodal.cli.callbacks.RunCheckpoint",
             init_args=Namespace(monitor=metric, mode=mode, save_last=True,
+                                last_every_seconds=LAST_EVERY_SECONDS,
                                 filename=f"best-{{epoch}}-{{{metric}:.4f}}",
                                 auto_insert_metric_name=False)))
     if trainer.get("logger") not in (None, False, []) and \
@@ -347,6 +365,8 @@ class MultimodalCLI(LightningCLI):
         if not any(isinstance(c, Preemption) for c in trainer.callbacks):
             minutes = self._get(self.config, "checkpoint_every_minutes", default=None)
             trainer.callbacks.append(Preemption(every_minutes=minutes))
+        if not any(isinstance(c, StepBudget) for c in trainer.callbacks):
+            trainer.callbacks.append(StepBudget())  # trainer.min_steps raises max_epochs
         return trainer
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -363,7 +383,7 @@ class MultimodalCLI(LightningCLI):
                               compute_fn=_data_model_sizes, apply_on="instantiate")
         parser.add_argument("--monitor", type=str | None, default=None,
                             help="metric the default ModelCheckpoint keeps the best of "
-                                 "(default: the task's, e.g. val/acc)")
+                                 "(default: the task's, e.g. val/acc_macro)")
         parser.add_argument("--monitor_mode", type=Literal["max", "min"] | None, default=None,
                             help="max or min (default: min for a loss, else max; or the "
                                  "task's)")
@@ -386,8 +406,26 @@ class MultimodalCLI(LightningCLI):
         has_test = type(self.datamodule).test_dataloader is not L.LightningDataModule \
             .test_dataloader
         if has_test:
-            best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
-            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+            path, why = self.checkpoint_to_test()
+            rank_zero_info(f"test after fit: {path or 'the weights at the end of fit'} ({why})")
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=path)
+
+    def checkpoint_to_test(self) -> tuple[str | None, str]:
+        """The checkpoint the test after fit reads and why: the best of the run's checkpoint
+        callback (with its metric, value and tie rule), else the weights in memory."""
+        callback = self.trainer.checkpoint_callback
+        best = getattr(callback, "best_model_path", "") or None
+        if best is None:
+            return None, "no best checkpoint: nothing was ranked by a validation metric"
+        if isinstance(callback, RunCheckpoint):
+            why = callback.best_reason()
+            if callback.val_examples is not None and \
+                    0 < callback.val_examples < callback.min_val_examples:
+                why += (f"; only {callback.val_examples} validation examples, see the "
+                        "warning above")
+            return best, why
+        monitor = getattr(callback, "monitor", None)
+        return best, f"the best by {monitor}" if monitor else "the checkpoint callback's best"
 
 
 def speak(args: list[str]) -> int:

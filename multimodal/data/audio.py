@@ -246,7 +246,8 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         full = read_audio_files(self.files["train"], classes)  # type: ignore[arg-type]
         given = {k: self.files[k] for k in ("val", "test") if self.files[k] is not None}
         idx = held_out(len(full), self.seed, self.val_fraction, self.test_fraction,
-                       "test" in given, "val" in given, self.limit_train)
+                       "test" in given, "val" in given, self.limit_train,
+                       labels=full.labels)  # stratified by class
         splits = {k: full.subset(v) for k, v in idx.items() if v is not None}
         for k, path in given.items():
             splits[k] = read_audio_files(path, classes)  # type: ignore[arg-type]

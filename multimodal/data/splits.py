@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import lightning as L
@@ -121,6 +121,7 @@ def held_out(
     has_test: bool,
     has_val: bool = False,
     limit_train: int | None = None,
+    labels: Sequence[Hashable] | torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor | None]:
     """Seeded, sorted row indices of train / val / test within ``n`` training rows.
 
@@ -128,22 +129,91 @@ def held_out(
     are the test split (unless ``has_test``: a test split is given separately, ``"test"`` is
     None), the next ``split_size(val_size, rest)`` the validation split (unless ``has_val``),
     the rest training, cut to ``limit_train``.
+
+    ``labels`` (one per row): the held-out splits are stratified by class instead, with the
+    same sizes. Each split of ``k`` rows takes from class ``c`` (``n_c`` rows) its share
+    ``k * n_c / n`` rounded by largest remainder (:func:`stratified_counts`: the counts sum to
+    ``k``, each within one of its exact share, and a class keeps at least one row for training
+    where the sizes allow), the rows of each class taken in the order of the seeded permutation.
     """
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    if labels is not None and len(labels) != n:
+        raise ValueError(f"held_out: {len(labels)} labels for {n} rows")
+    codes = None if labels is None else _label_codes(labels)
+
+    def take(order: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if codes is None or k == 0:
+            return order[:k], order[k:]
+        return _take_stratified(order, codes, k)
+
     test_idx: torch.Tensor | None = None
     if not has_test:
         n_test = split_size(test_size, n, "test_size")
-        test_idx, order = order[:n_test].sort().values, order[n_test:]
+        test_idx, order = take(order, n_test)
+        test_idx = test_idx.sort().values
     n_val = 0 if has_val else split_size(val_size, len(order), "val_size")
     if n_val >= len(order):
         raise ValueError(
             f"val_size={val_size} leaves no training images (of {len(order)})"
         )
-    val_idx, train_idx = order[:n_val], order[n_val:]
+    val_idx, train_idx = take(order, n_val)
     if limit_train is not None:
         train_idx = train_idx[:limit_train]
     return {"train": train_idx.sort().values,
             "val": None if has_val else val_idx.sort().values, "test": test_idx}
+
+
+def _label_codes(labels: Sequence[Hashable] | torch.Tensor) -> torch.Tensor:
+    """Each row's class as an index into the sorted distinct labels (int64)."""
+    values = labels.tolist() if isinstance(labels, torch.Tensor) else list(labels)
+    keys = {v: i for i, v in enumerate(sorted(set(values), key=lambda v: (str(type(v)), v)))}
+    return torch.tensor([keys[v] for v in values], dtype=torch.long)
+
+
+def stratified_counts(class_sizes: Sequence[int], k: int) -> list[int]:
+    """How many of ``k`` held-out rows each class gives: largest-remainder rounding of
+    ``k * n_c / N`` (``N = sum n_c``), ties to the larger class, then the lower index; a class
+    gives at most ``n_c - 1`` rows (one stays for training) unless ``k`` needs more."""
+    total = sum(class_sizes)
+    if not 0 <= k <= total:
+        raise ValueError(f"cannot hold out {k} of {total} rows")
+    if total == 0:
+        return []
+    exact = [k * size / total for size in class_sizes]
+    counts = [int(e) for e in exact]
+    rank = sorted(range(len(class_sizes)),
+                  key=lambda c: (-(exact[c] - counts[c]), -class_sizes[c], c))
+    for c in rank[:k - sum(counts)]:
+        counts[c] += 1
+    # keep one row of each class for training: move the excess to classes with room
+    cap = [max(size - 1, 0) for size in class_sizes]
+    spare = sum(max(n - m, 0) for n, m in zip(counts, cap, strict=True))
+    counts = [min(n, m) for n, m in zip(counts, cap, strict=True)]
+    if sum(cap) < k:  # too few rows to keep one of each class
+        cap = list(class_sizes)
+    while spare > 0:
+        for c in rank:
+            if spare > 0 and counts[c] < cap[c]:
+                counts[c] += 1
+                spare -= 1
+    return counts
+
+
+def _take_stratified(order: torch.Tensor, codes: torch.Tensor, k: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the row indices ``order`` into ``k`` stratified rows and the rest (both in
+    ``order``'s order)."""
+    classes = codes[order]
+    n_classes = int(codes.max()) + 1 if len(codes) else 0
+    sizes = torch.bincount(classes, minlength=n_classes).tolist()
+    want = stratified_counts(sizes, k)
+    taken = torch.zeros(len(order), dtype=torch.bool)
+    seen = [0] * n_classes
+    for i, c in enumerate(classes.tolist()):
+        if seen[c] < want[c]:
+            taken[i] = True
+            seen[c] += 1
+    return order[taken], order[~taken]
 
 
 def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int]:
@@ -161,4 +231,4 @@ def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int
     return n_val, n_test
 
 
-__all__ = ["SplitDataModule", "held_out", "split_counts", "split_size"]
+__all__ = ["SplitDataModule", "held_out", "split_counts", "split_size", "stratified_counts"]

@@ -246,7 +246,7 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         given = {k: read_labelled_texts(v, self.text_key, self.label_key)
                  for k in ("val", "test") if (v := self.files[k]) is not None}
         idx = held_out(len(full), self.seed, self.val_fraction, self.test_fraction,
-                       "test" in given, "val" in given)
+                       "test" in given, "val" in given, labels=full.labels)  # stratified
         splits = {k: full.subset(v.tolist()) for k, v in idx.items() if v is not None}
         self.splits = {"train": splits["train"], "val": given.get("val", splits.get("val")),
                        "test": given.get("test", splits.get("test"))}  # type: ignore[dict-item]

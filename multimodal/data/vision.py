@@ -246,12 +246,14 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
                 self._source.read(self.root, split, True)
 
     def _held_out(
-        self, n: int, has_test: bool, has_val: bool = False
+        self, n: int, has_test: bool, has_val: bool = False,
+        labels: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor | None]:
         """Seeded row indices of train / val / test within ``n`` training rows (None for a
-        split that is given separately); see :func:`~multimodal.data.splits.held_out`."""
+        split that is given separately), stratified by ``labels`` when given; see
+        :func:`~multimodal.data.splits.held_out`."""
         return held_out(n, self.seed, self.val_size, self.test_size, has_test, has_val,
-                        self.limit_train)
+                        self.limit_train, labels=labels)
 
     def _load_splits(self) -> dict[str, ImageSet]:
         if self._splits is not None:
@@ -283,7 +285,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         classes = self.class_names
         full = _read_files(self.files["train"], classes)  # type: ignore[arg-type]
         given = {k: self.files[k] for k in ("val", "test") if self.files[k] is not None}
-        idx = self._held_out(len(full), has_test="test" in given, has_val="val" in given)
+        idx = self._held_out(len(full), has_test="test" in given, has_val="val" in given,
+                             labels=full.labels)  # your own images: stratified by class
         self.split_indices = idx
         splits = {k: full.subset(v) for k, v in idx.items() if v is not None}
         for k, path in given.items():

@@ -49,15 +49,19 @@ class ClassificationTask(ModelTask):
     with cross-entropy (optional label smoothing), AdamW and warm-up + cosine.
 
     Batches are ``(inputs, labels)`` or a dict with a ``"label"`` entry whose other entries
-    are passed to the model as keyword arguments. Logs loss, top-1 and (with >= 5
-    classes) top-5 accuracy; at the end of ``test`` writes ``confusion_matrix.png`` to the
-    run's log folder. ``predict`` prints ``file<TAB>class<TAB>probability`` per input; its
-    batches are ``(inputs, filenames)`` or a dict with a ``"filename"`` list. A model with a
+    are passed to the model as keyword arguments. Logs loss, top-1 accuracy twice:
+    ``acc_macro`` (the mean over classes of each class's recall, ``1/C sum_c correct_c / n_c``;
+    what the best checkpoint is ranked by) and ``acc_micro`` (the fraction of examples right,
+    ``sum_c correct_c / N``), ``acc`` (the name before both: ``acc_macro``, kept so that old
+    configs and scripts read the same number) and, with >= 5 classes, ``top5`` (macro); at
+    the end of ``test`` writes ``confusion_matrix.png`` to the run's log folder.
+    ``predict`` prints ``file<TAB>class<TAB>probability`` per input; its batches are
+    ``(inputs, filenames)`` or a dict with a ``"filename"`` list. A model with a
     ``setup_from_data(datamodule)`` method is handed the data module in ``setup`` (the audio
     classifier shares its feature normalisation with it).
     """
 
-    default_monitor = ("val/acc", "max")  # the CLI's default ModelCheckpoint ranks by it
+    default_monitor = ("val/acc_macro", "max")  # the CLI's default ModelCheckpoint ranks by it
 
     def __init__(
         self,
@@ -131,7 +135,8 @@ class ClassificationTask(ModelTask):
         n = self.num_classes
         if n == 1 or n < 0:
             raise ValueError(f"a classifier needs num_classes >= 2, got {n}")
-        metrics = {"acc": MulticlassAccuracy(max(n, 2), top_k=1)}
+        metrics = {"acc_macro": MulticlassAccuracy(max(n, 2), top_k=1, average="macro"),
+                   "acc_micro": MulticlassAccuracy(max(n, 2), top_k=1, average="micro")}
         if n >= 5:
             metrics["top5"] = MulticlassAccuracy(n, top_k=5)
         self.val_metrics = nn.ModuleDict({k: m.clone() for k, m in metrics.items()})
@@ -223,7 +228,9 @@ class ClassificationTask(ModelTask):
         self.log_mean(f"{prefix}/loss", loss, labels.shape[0], prog_bar=True)
         for name, metric in metrics.items():
             metric.update(logits, labels)
-            self.log(f"{prefix}/{name}", metric, prog_bar=name == "acc")
+            self.log(f"{prefix}/{name}", metric, prog_bar=name == "acc_macro")
+            if name == "acc_macro":  # the old name, the same number
+                self.log(f"{prefix}/acc", metric)
         if prefix == "test":
             self.confusion.update(logits, labels)
 

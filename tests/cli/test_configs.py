@@ -72,7 +72,7 @@ def test_config_parses_and_default_root_dir_moves_the_whole_run(
     outside = [k for k, v in values if v.startswith("runs") and k not in INPUTS_FROM_OTHER_RUNS]
     assert not outside, outside
     checkpoints = [c for c in config.trainer.callbacks or []
-                   if c.class_path.endswith("ModelCheckpoint")]
+                   if c.class_path.endswith(("ModelCheckpoint", "RunCheckpoint"))]
     assert checkpoints, "every shipped config keeps a last.ckpt to resume from"
     for callback in checkpoints:
         assert callback.init_args.dirpath == str(root / "checkpoints")
@@ -137,7 +137,8 @@ def test_a_moved_run_writes_only_under_its_root_and_resumes_from_last(
 
 # --- the CLI's trainer defaults: a config says only what differs ----------
 
-_DEFAULTED = ("ModelCheckpoint", "LearningRateMonitor", "TensorBoardLogger", "CSVLogger")
+_DEFAULTED = ("ModelCheckpoint", "RunCheckpoint", "LearningRateMonitor", "TensorBoardLogger",
+              "CSVLogger")
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -151,13 +152,14 @@ def test_no_shipped_config_repeats_the_default_loggers_or_checkpoint(path: Path)
 
 def _checkpoint(config: Namespace) -> Namespace:
     found = [c for c in config.trainer.callbacks
-             if isinstance(c, Namespace) and c.class_path.endswith(".ModelCheckpoint")]
+             if isinstance(c, Namespace)
+             and c.class_path.endswith((".ModelCheckpoint", ".RunCheckpoint"))]
     assert len(found) == 1, found
     return found[0].init_args
 
 
 @pytest.mark.parametrize(("stem", "extra", "monitor", "mode"), [
-    ("vit_fashion_mnist", [], "val/acc", "max"),              # ClassificationTask's metric
+    ("vit_fashion_mnist", [], "val/acc_macro", "max"),        # ClassificationTask's metric
     ("igpt_fashion_mnist", [], "val/bpd", "min"),             # lower bits per dim is better
     ("caption_scenes", [], "val/scene_match", "max"),         # the config's one key
     ("finetune_clip", [], "val/loss", "min"),                 # a loss: mode follows the name
@@ -172,6 +174,9 @@ def test_the_default_checkpoint_ranks_by_the_task_or_the_config(
                      str(tmp_path), *extra], monkeypatch)
     args = _checkpoint(config)
     assert (args.monitor, args.mode, args.save_last) == (monitor, mode, True)
+    # last.ckpt at every epoch end, ties to the lower val/loss (tests/cli/test_checkpoints.py)
+    assert [c.class_path for c in config.trainer.callbacks if isinstance(c, Namespace)
+            and c.class_path.endswith("Checkpoint")] == ["multimodal.cli.callbacks.RunCheckpoint"]
     assert args.dirpath == str(tmp_path / "checkpoints")
     assert args.filename == f"best-{{epoch}}-{{{monitor}:.4f}}"
     loggers = [lg.class_path.rsplit(".", 1)[-1] for lg in config.trainer.logger]

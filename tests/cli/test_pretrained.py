@@ -248,6 +248,7 @@ def test_text_fine_tuning_from_a_folder_through_the_cli(tmp_path, capsys):
               "--data.init_args.train", str(texts), "--data.init_args.max_length", "32",
               "--data.init_args.val_fraction", "4", "--data.init_args.test_fraction", "4",
               "--data.init_args.batch_size", "4", "--trainer.max_epochs", "1",
+              "--trainer.min_steps", "0",  # one epoch, not the config's step budget
               "--trainer.default_root_dir", str(tmp_path / "run"), "--test_after_fit",
               "false"])
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"

@@ -1,0 +1,341 @@
+"""The CLI's default checkpointing (#38): ``last.ckpt`` is the latest state whatever the
+monitored metric does (Lightning 2.6's ``save_last`` writes it only when a top-k checkpoint
+is saved), a SIGKILL loses at most the epoch in progress, ties between epochs go to the lower
+validation loss and then the later step, a too small validation split is named, and
+``trainer.min_steps`` is a step budget that raises ``max_epochs``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+from multimodal.cli.callbacks import Preemption, RunCheckpoint, StepBudget, resume_checkpoint
+from multimodal.cli.main import MultimodalCLI
+from tests.cli.test_resume import digits
+from tests.resume_runs import Record, assert_same_run, fit
+
+STEPS_PER_EPOCH = 5  # digits(): 80 training images, batch 16
+
+
+class Constant(L.Callback):
+    """Logs ``val/never`` = 0.5 at every validation: a metric that never improves; and keeps
+    ``val/loss`` of every validation (``losses[step]``)."""
+
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        pl_module.log("val/never", 0.5)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.losses[trainer.global_step] = float(trainer.callback_metrics["val/loss"])
+
+
+def run(folder: Path, checkpoint: ModelCheckpoint, epochs: int = 3, **trainer_args
+        ) -> tuple[L.Trainer, Constant]:
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    constant = Constant()
+    args = dict(accelerator="cpu", max_epochs=epochs, logger=False, enable_progress_bar=False,
+                enable_model_summary=False, default_root_dir=folder, num_sanity_val_steps=0,
+                limit_val_batches=2, callbacks=[constant, checkpoint])
+    trainer = L.Trainer(**{**args, **trainer_args})
+    trainer.fit(task, data)
+    return trainer, constant
+
+
+def step_of(path: Path | str) -> int:
+    return int(torch.load(path, weights_only=True, map_location="cpu")["global_step"])
+
+
+def test_last_is_the_final_step_when_the_metric_never_improves(tmp_path):
+    # Lightning's own: last.ckpt stays where the metric last improved (the first epoch)
+    run(tmp_path / "lightning", ModelCheckpoint(dirpath=tmp_path / "lightning" / "ckpt",
+                                                monitor="val/never", mode="max",
+                                                save_last=True))
+    assert step_of(tmp_path / "lightning" / "ckpt" / "last.ckpt") == STEPS_PER_EPOCH
+    # ours: the final step
+    folder = tmp_path / "ours" / "ckpt"
+    trainer, _ = run(tmp_path / "ours", RunCheckpoint(dirpath=folder, monitor="val/never",
+                                                      mode="max"))
+    assert trainer.global_step == 3 * STEPS_PER_EPOCH
+    assert step_of(folder / "last.ckpt") == 3 * STEPS_PER_EPOCH
+    assert not list(folder.glob(".*partial")) and not list(folder.glob("last-v*.ckpt"))
+
+
+def test_last_is_written_at_every_epoch_end_without_validation(tmp_path):
+    folder = tmp_path / "ckpt"
+    steps = []
+    original = RunCheckpoint._save_last_checkpoint
+
+    def spy(self, trainer, candidates):
+        steps.append(trainer.global_step)
+        original(self, trainer, candidates)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunCheckpoint, "_save_last_checkpoint", spy)
+        run(tmp_path, RunCheckpoint(dirpath=folder, monitor=None), limit_val_batches=0)
+    assert steps == [5, 10, 15]
+    assert step_of(folder / "last.ckpt") == 15
+
+
+def test_short_epochs_write_last_at_most_every_n_seconds_and_at_the_end(tmp_path):
+    folder = tmp_path / "ckpt"
+    steps = []
+    original = RunCheckpoint._save_last_checkpoint
+
+    def spy(self, trainer, candidates):
+        steps.append(trainer.global_step)
+        original(self, trainer, candidates)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunCheckpoint, "_save_last_checkpoint", spy)
+        run(tmp_path, RunCheckpoint(dirpath=folder, monitor="val/never", mode="max",
+                                    last_every_seconds=3600), epochs=4)
+    assert steps == [5, 20]  # the first epoch end (with the best), then the end of training
+    assert step_of(folder / "last.ckpt") == 20
+    with pytest.raises(ValueError, match="last_every_seconds must be >= 0"):
+        RunCheckpoint(last_every_seconds=-1)
+
+
+def test_ties_go_to_the_lower_val_loss_then_the_later_step(tmp_path):
+    trainer, constant = run(tmp_path / "a", RunCheckpoint(dirpath=tmp_path / "a" / "c",
+                                                          monitor="val/never", mode="max"))
+    best_step = min(constant.losses, key=lambda s: (constant.losses[s], -s))
+    assert step_of(trainer.checkpoint_callback.best_model_path) == best_step
+    assert "the lower val/loss, then the later step" in trainer.checkpoint_callback.best_reason()
+    # without the second key: the later step (Lightning keeps the first)
+    trainer, _ = run(tmp_path / "b", RunCheckpoint(dirpath=tmp_path / "b" / "c", tie_break=None,
+                                                   monitor="val/never", mode="max"))
+    assert step_of(trainer.checkpoint_callback.best_model_path) == 3 * STEPS_PER_EPOCH
+    trainer, _ = run(tmp_path / "c", ModelCheckpoint(dirpath=tmp_path / "c" / "c",
+                                                     monitor="val/never", mode="max"))
+    assert step_of(trainer.checkpoint_callback.best_model_path) == STEPS_PER_EPOCH
+
+
+def test_a_better_value_still_wins_and_top_k_keeps_the_best_keys(tmp_path):
+    """Ranked by val/loss (min): the best is the lowest loss; with save_top_k=2 the two
+    lowest are kept."""
+    folder = tmp_path / "c"
+    trainer, constant = run(tmp_path, RunCheckpoint(dirpath=folder, monitor="val/loss",
+                                                    mode="min", save_top_k=2), epochs=4)
+    ranked = sorted(constant.losses, key=lambda s: (constant.losses[s], -s))
+    callback = trainer.checkpoint_callback
+    assert step_of(callback.best_model_path) == ranked[0]
+    assert sorted(step_of(p) for p in callback.best_k_models) == sorted(ranked[:2])
+    on_disk = sorted(step_of(p) for p in folder.glob("*.ckpt") if p.name != "last.ckpt")
+    assert on_disk == sorted(ranked[:2])
+
+
+def test_a_small_validation_split_is_named_and_the_test_says_what_it_reads(tmp_path):
+    callback = RunCheckpoint(dirpath=tmp_path / "c", monitor="val/never", mode="max")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer, _ = run(tmp_path, callback)
+    messages = [str(w.message) for w in caught]
+    assert [m for m in messages if "the validation split has 32 examples (< 50)" in m], messages
+    assert callback.val_examples == 32
+    path, why = MultimodalCLI.checkpoint_to_test(SimpleNamespace(trainer=trainer))
+    assert path == callback.best_model_path
+    assert why.startswith("the highest val/never 0.5000 at step ")
+    assert "only 32 validation examples" in why
+
+
+def test_the_minutes_clock_and_the_epoch_ends_share_one_last_ckpt(tmp_path, monkeypatch):
+    clock = iter(range(0, 100_000, 20))  # 20 s per read: every_minutes=1 saves every 3rd step
+    monkeypatch.setattr("multimodal.cli.callbacks.time.monotonic", lambda: next(clock))
+    folder = tmp_path / "checkpoints"
+    trainer, _ = run(tmp_path, RunCheckpoint(dirpath=folder, monitor="val/never", mode="max"),
+                     epochs=2)
+    del trainer
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path / "b",
+                        num_sanity_val_steps=0, limit_val_batches=2,
+                        callbacks=[Constant(), Preemption(every_minutes=1),
+                                   RunCheckpoint(dirpath=tmp_path / "b" / "checkpoints",
+                                                 monitor="val/never", mode="max")])
+    trainer.fit(task, data)
+    names = sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("*.ckpt"))
+    assert [n for n in names if n.startswith("last")] == ["last.ckpt"], names
+    assert step_of(tmp_path / "b" / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
+
+
+KILLED_RUN = """
+import sys, time
+import lightning as L, torch
+torch.set_num_threads(1)
+sys.path.insert(0, {root!r})
+from multimodal.cli.callbacks import RunCheckpoint
+from tests.cli.test_checkpoints import Constant, STEPS_PER_EPOCH
+from tests.cli.test_resume import digits
+
+class Report(L.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        print(trainer.global_step, flush=True)
+        time.sleep(0.2)
+
+L.seed_everything(0, verbose=False)
+task, data = digits()()
+trainer = L.Trainer(accelerator="cpu", max_epochs=4, logger=False, enable_progress_bar=False,
+                    enable_model_summary=False, default_root_dir={folder!r},
+                    num_sanity_val_steps=0, limit_val_batches=2,
+                    callbacks=[Constant(), Report(),
+                               RunCheckpoint(dirpath={folder!r} + "/checkpoints",
+                                             monitor="val/never", mode="max")])
+trainer.fit(task, data)
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_loses_at_most_the_epoch_in_progress_and_last_resumes(tmp_path):
+    folder = tmp_path / "killed"
+    root = str(Path(__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN.format(root=root,
+                                                                     folder=str(folder))],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env, cwd=root)
+    kill_at = 2 * STEPS_PER_EPOCH + 2  # in the third epoch
+    deadline = time.monotonic() + 300
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.strip().isdigit() and int(line) >= kill_at:
+            break
+        assert time.monotonic() < deadline, "the run did not reach the third epoch"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    last = folder / "checkpoints" / "last.ckpt"
+    # the metric stopped improving after the first epoch; last.ckpt is still the end of the
+    # second one: only the epoch in progress is lost
+    state = torch.load(last, weights_only=True, map_location="cpu")
+    assert (state["global_step"], state["epoch"]) == (2 * STEPS_PER_EPOCH, 1)
+    # --ckpt_path last finds it (the best checkpoint is older) ...
+    probe = L.Trainer(accelerator="cpu", logger=False, default_root_dir=folder,
+                      callbacks=[RunCheckpoint(dirpath=folder / "checkpoints")])
+    assert resume_checkpoint(probe, "last") == str(last)
+    # ... and the resumed run trains from there to the weights of an uninterrupted one
+    whole, full = fit(digits(), tmp_path / "whole", epochs=4)
+    resumed, rest = fit(digits(), tmp_path / "resumed", epochs=4, ckpt_path=str(last))
+    assert [s for _, s, _ in rest.seen] == list(range(2 * STEPS_PER_EPOCH, 4 * STEPS_PER_EPOCH))
+    assert rest.seen == full.seen[2 * STEPS_PER_EPOCH:]
+    assert_same_run(whole, resumed)
+
+
+def test_min_steps_raises_max_epochs_before_the_schedule_is_made(tmp_path):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    budget = StepBudget()
+    stop = EarlyStopping(monitor="val/loss", patience=1)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, min_steps=38, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, enable_checkpointing=False,
+                        limit_val_batches=1, num_sanity_val_steps=0,
+                        callbacks=[budget, stop, Record()])
+    trainer.fit(task, data)
+    # ceil(38 / 5) = 8 epochs; early stopping cannot end the run before 38 steps
+    assert trainer.max_epochs == 8
+    assert trainer.global_step >= 38
+    assert trainer.estimated_stepping_batches == 40  # the schedule spans the whole run
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert budget.message == ("step budget: at least 38 optimiser steps (trainer.min_steps), "
+                              "5 an epoch: max_epochs 1 raised to 8; then early stopping on "
+                              "val/loss (patience 1 validations)")
+    if trainer.global_step == 40:  # ran to the end: the cosine reached its floor
+        lr = scheduler.get_last_lr()[0]
+        assert lr == pytest.approx(task.hparams.lr * task.hparams.min_lr_ratio, rel=1e-6)
+
+
+def test_min_steps_below_max_epochs_changes_nothing(tmp_path):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    budget = StepBudget()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, min_steps=3, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, enable_checkpointing=False,
+                        limit_val_batches=0, callbacks=[budget])
+    trainer.fit(task, data)
+    assert trainer.max_epochs == 2 and trainer.global_step == 10
+    assert budget.message is not None and "already gives 10" in budget.message
+
+
+def test_the_cli_default_budget_and_test_after_fit_say_what_they_do(tmp_path, caplog, capsys):
+    """Through ``multimodal fit``: the default checkpoint is a RunCheckpoint, ``min_steps``
+    raises ``max_epochs`` (one line says so), last.ckpt holds the final step, and the test
+    after fit names the checkpoint it reads and why."""
+    import logging
+
+    from multimodal.cli.main import main as cli_main
+    from tests.cli.test_resume import DIGITS_VIT
+
+    vit = "\n".join(f"          {k}: {v}" for k, v in DIGITS_VIT.items())
+    cfg = tmp_path / "digits.yaml"
+    cfg.write_text(f"""
+model:
+  class_path: multimodal.tasks.ClassificationTask
+  init_args:
+    model:
+      class_path: multimodal.ViT
+      init_args:
+        config:
+{vit}
+    lr: 0.003
+data:
+  class_path: multimodal.data.vision.ImageClassificationDataModule
+  init_args: {{dataset: digits, batch_size: 16, val_size: 32, limit_train: 32,
+               augment: false}}
+trainer:
+  accelerator: cpu
+  max_epochs: 1
+  min_steps: 5
+  limit_val_batches: 1
+  enable_model_summary: false
+  default_root_dir: {tmp_path / "run"}
+""")
+    with caplog.at_level(logging.INFO):
+        cli_main(["fit", "--config", str(cfg)])
+    text = caplog.text + capsys.readouterr().out
+    # 2 steps an epoch: ceil(5 / 2) = 3 epochs
+    assert "step budget: at least 5 optimiser steps (trainer.min_steps), 2 an epoch: " \
+        "max_epochs 1 raised to 3" in text
+    folder = tmp_path / "run" / "checkpoints"
+    assert step_of(folder / "last.ckpt") == 6
+    (line,) = [ln for ln in text.splitlines() if "test after fit: " in ln]
+    best = [p for p in folder.glob("best-*.ckpt")]
+    assert len(best) == 1 and f"test after fit: {best[0]} (the highest val/acc_macro " in line
+    assert "then the later step" in line and "only 32 validation examples" in line
+
+
+OWN_DATA_CONFIGS = ("finetune_text", "finetune_image", "finetune_audio", "finetune_clip",
+                    "vit_imagefolder", "audio_folder", "caption_manifest", "gpt_textfiles",
+                    "seq2seq_pairs")
+
+
+@pytest.mark.parametrize("stem", OWN_DATA_CONFIGS)
+def test_every_own_data_config_has_a_step_budget_and_early_stopping(stem):
+    import yaml
+
+    path = Path(__file__).parents[2] / "configs" / f"{stem}.yaml"
+    text = path.read_text()
+    trainer = yaml.safe_load(text)["trainer"]
+    assert trainer["min_steps"] >= 100
+    stops = [c for c in trainer.get("callbacks") or []
+             if c["class_path"] == "lightning.pytorch.callbacks.EarlyStopping"]
+    assert len(stops) == 1 and stops[0]["init_args"]["monitor"] == "val/loss"
+    assert "# Training length, whatever the data size: " in text  # the comment says so
+    if trainer.get("max_steps") is None:  # epochs: the budget fits in them for large data
+        assert trainer["max_epochs"] >= 5
