@@ -17,8 +17,10 @@ minimiser). Features ``x_i`` (D,), labels ``y_i`` in 0..K-1, sample weights ``s_
 vanishes at the optimum. :func:`fit_logistic` minimises ``f`` with
 ``torch.optim.LBFGS`` (strong-Wolfe line search) until the largest gradient entry is below
 ``tol``. :func:`fit_probe` picks ``C`` from a grid by stratified k-fold cross-validation on
-the training set (the mean held-out accuracy; ties go to the smaller ``C``, as
-``LogisticRegressionCV``), warm-starting along the grid, then refits on every example.
+the training set (the mean held-out accuracy; among equal accuracies the lower held-out
+cross-entropy, where ``LogisticRegressionCV`` takes the smaller ``C``: with few examples
+the folds often tie at 100 %, and the smallest ``C`` then gives near-uniform
+probabilities), warm-starting along the grid, then refits on every example.
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ def _fit_probe(x: Tensor, labels: Tensor, num_classes: int,
         torch.bincount(labels) == 0, labels.shape[0]).min())
     k = min(folds, smallest)
     scores: list[float] = []
+    losses: list[float] = []
     if len(grid) > 1 and k >= 2:
         held = stratified_folds(labels, k, seed)
         fold_s = torch.zeros(k, labels.shape[0], dtype=x.dtype, device=x.device)
@@ -224,11 +227,15 @@ def _fit_probe(x: Tensor, labels: Tensor, num_classes: int,
         for C in grid:  # warm start from the stronger penalty
             w, b, _ = _lbfgs(x, labels, fold_s, num_classes, C, init, max_iter, tol)
             init = (w, b)
-            pred = (torch.baddbmm(b[:, None], x.expand(k, -1, -1), w.transpose(1, 2))
-                    ).argmax(-1)  # (k, N)
-            right = ((pred == labels) & out).sum(-1).double() / out.sum(-1)
+            logits = torch.baddbmm(b[:, None], x.expand(k, -1, -1), w.transpose(1, 2))
+            right = ((logits.argmax(-1) == labels) & out).sum(-1).double() / out.sum(-1)
+            nll = F.cross_entropy(logits.transpose(1, 2), labels.expand(k, -1),
+                                  reduction="none")  # (k, N)
             scores.append(float(right.mean()))
-        best = grid[max(range(len(grid)), key=lambda j: (scores[j], -j))]  # ties: smaller C
+            losses.append(float(((nll * out).sum(-1) / out.sum(-1)).mean()))
+        # the best accuracy; among equals the lower held-out cross-entropy (few examples
+        # often tie at 100 %, where the smallest C would give near-uniform probabilities)
+        best = grid[max(range(len(grid)), key=lambda j: (scores[j], -losses[j]))]
     else:
         best = grid[len(grid) // 2] if len(grid) > 1 else grid[0]
     w, b, iters = fit_logistic(x, labels, num_classes, best, s, None, max_iter, tol)
