@@ -260,3 +260,64 @@ def test_minilm_contrastive_beats_the_untuned_probe():
         scores[regime] = accuracy(task)
     assert scores["linear_probe"] > 0.6, scores  # the frozen MiniLM already knows a lot
     assert scores["contrastive"] >= scores["linear_probe"] + 0.02, scores
+
+
+def _dict_batches(kind: str):
+    """Eight batches of four (audio clips of several lengths / padded texts), three
+    classes, as dict batches the task passes to the model."""
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for i in range(8):
+        y = torch.tensor([(4 * i + j) % 3 for j in range(4)])
+        if kind == "audio":
+            lengths = torch.tensor([12, 9, 12, 7])
+            x = torch.randn(4, 12, 20, generator=g) + y[:, None, None].float()
+            batches.append({"features": x, "lengths": lengths, "label": y})
+        else:
+            ids = torch.randint(5, 50, (4, 6), generator=g)
+            ids[:, 1] = 10 + y  # one token tells the class
+            mask = torch.ones_like(ids)
+            mask[1, 4:] = 0
+            batches.append({"input_ids": ids, "attention_mask": mask, "label": y})
+    return batches
+
+
+@pytest.mark.parametrize("kind", ["audio", "text"])
+def test_linear_probe_solves_audio_and_text_heads(tmp_path, kind):
+    """Every modality: the head's input is the model's pooled embedding (over real frames /
+    tokens only; through the audio model's head_norm), and the head is the probe solved on
+    it after one pass."""
+    from multimodal.models.audio import AudioClassifier, AudioClassifierConfig
+
+    torch.manual_seed(0)
+    if kind == "audio":
+        model = AudioClassifier(AudioClassifierConfig(
+            num_classes=3, dim=32, depth=2, heads=4, mlp_dim=64, n_mels=20, mode="frames",
+            stack_frames=2, pool="mean", head_norm=True))
+    else:
+        model = mm.TextEncoder(mm.TextEncoderConfig(vocab_size=50, max_len=8, dim=32, depth=2,
+                                                    heads=2, num_classes=3, pool="mean"))
+    task = ClassificationTask(model, finetune={"regime": "linear_probe",
+                                               "probe_cs": [0.1, 1.0, 10.0]})
+    batches = _dict_batches(kind)
+    count = _Count(task)
+    trainer = _trainer(tmp_path, [count], max_epochs=3, enable_checkpointing=False)
+    trainer.fit(task, DataLoader(batches, batch_size=None))
+    assert count.forwards == len(batches)
+    task.eval()
+    rows, ys = [], []
+    with torch.no_grad():
+        for b in batches:
+            got = task.head_inputs({k: v for k, v in b.items() if k != "label"})
+            if kind == "audio":
+                tokens, valid = model.forward_features(b["features"], b["lengths"],
+                                                       return_attention_mask=True)
+                want = model.head_norm(mm.mean_pool(tokens, valid))
+            else:
+                hidden = model(b["input_ids"], attention_mask=b["attention_mask"])
+                want = mm.mean_pool(hidden, b["attention_mask"])
+            torch.testing.assert_close(got, want)
+            rows.append(got)
+            ys.append(b["label"])
+    fit = fit_probe(torch.cat(rows), torch.cat(ys), 3, [0.1, 1.0, 10.0])
+    torch.testing.assert_close(task.model.head.weight, fit.weight.float(), atol=1e-5, rtol=0)
