@@ -34,7 +34,16 @@ data module's ``tokenizer`` set to that folder's tokenizer (``finetune`` keys: s
 full           MiniLM, every weight trained (``finetune.regime: full``)
 lora           MiniLM, LoRA adapters + head (``finetune.regime: lora``, rank 8)
 lora_head      the same with the head at the probe's rate (``finetune.head_lr``)
-linear_probe   MiniLM frozen, head only (``finetune.regime: linear_probe``)
+linear_probe   MiniLM frozen, the head *solved* (``finetune.regime: linear_probe``: one
+               pass of features, logistic regression by L-BFGS, C by 5-fold CV)
+contrastive    SetFit's recipe in multimodal (``finetune.regime: contrastive``): the body
+               tuned on in-batch pairs with the cosine loss for ``--contrastive-epochs``
+               epochs at ``--lr-contrastive``, then the solved probe
+st_sklearn     peer: ``SentenceTransformer(MiniLM).encode`` (its mean pooling, normalised,
+               up to 256 tokens) + scikit-learn ``LogisticRegression(max_iter=1000)``: the
+               five lines a user writes
+setfit         peer: SetFit 1.2 (PyPI ``setfit``) on the same MiniLM, its defaults
+               (``num_iterations=20``, one epoch of pairs, batch 16) + its logistic head
 scratch        MiniLM's architecture and tokenizer, random weights (a
                ``save_pretrained`` folder written by this script)
 own_mlm        ``runs/bert_mlm/encoder`` + ``runs/bert_mlm/tokenizer.json``
@@ -62,7 +71,9 @@ import time
 from pathlib import Path
 
 SOURCES = ("bible", "fortunes", "shakespeare")
-REGIMES = ("full", "lora", "lora_head", "linear_probe", "scratch", "own_mlm")
+REGIMES = ("full", "lora", "lora_head", "linear_probe", "contrastive", "scratch", "own_mlm",
+           "st_sklearn", "setfit")
+PEERS = ("st_sklearn", "setfit")  # run in this process on the same files, not by the CLI
 KS = ("8", "32", "128", "all")
 
 
@@ -163,7 +174,7 @@ def regime_args(regime: str, out: Path, seed: int, own: Path, own_tokenizer: Pat
         if regime == "lora_head":  # the new head at the linear probe's rate
             finetune["head_lr"] = head_lr
     else:
-        finetune = {"regime": "linear_probe" if regime == "linear_probe" else "full"}
+        finetune = {"regime": regime if regime in ("linear_probe", "contrastive") else "full"}
     args += [m + "finetune", json.dumps({"layer_decay": None, "head_lr": None, **finetune})]
     return args, 128
 
@@ -179,9 +190,15 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
     model, max_length = regime_args(regime, out, seed, opts.own_encoder, opts.own_tokenizer,
                                     opts.lora_rank, opts.lr_probe)
     lr = {"linear_probe": opts.lr_probe, "scratch": opts.lr_scratch, "own_mlm": opts.lr_own,
-          "lora": opts.lr_lora, "lora_head": opts.lr_lora}.get(regime, opts.lr)
+          "lora": opts.lr_lora, "lora_head": opts.lr_lora,
+          "contrastive": opts.lr_contrastive}.get(regime, opts.lr)
     batches = math.ceil(n / opts.batch_size)
-    if batches > opts.steps:  # "all": one pass over a random `steps` batches of it
+    if regime == "linear_probe":  # solved: one pass over every training example
+        length = ["--trainer.max_epochs", "1"]
+    elif regime == "contrastive" and batches <= opts.steps:
+        length = ["--trainer.max_epochs", str(opts.contrastive_epochs),
+                  "--trainer.check_val_every_n_epoch", str(opts.contrastive_epochs)]
+    elif batches > opts.steps:  # "all": one pass over a random `steps` batches of it
         length = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches",
                   str(opts.steps)]
     else:  # k per class: whole epochs, about `steps` optimiser steps; val once, at the end
@@ -216,6 +233,42 @@ def test_accuracy(run: Path) -> float | None:
     return None
 
 
+def _jsonl(path: Path) -> tuple[list[str], list[str]]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    return [r["text"] for r in rows], [r["label"] for r in rows]
+
+
+def peer_accuracy(regime: str, data: Path, k: str, seed: int) -> float:
+    """Test accuracy of a peer (``st_sklearn`` or ``setfit``) trained on the same file as
+    the CLI runs of ``(k, seed)`` and scored on the same ``test.jsonl``."""
+    train = data / ("train_all.jsonl" if k == "all" else f"train_k{k}_seed{seed}.jsonl")
+    texts, labels = _jsonl(train)
+    test_texts, test_labels = _jsonl(data / "test.jsonl")
+    if regime == "st_sklearn":
+        from sentence_transformers import SentenceTransformer
+        from sklearn.linear_model import LogisticRegression
+
+        st = SentenceTransformer(str(minilm_folder()), device="cpu")
+        clf = LogisticRegression(max_iter=1000)
+        clf.fit(st.encode(texts, batch_size=64), labels)
+        pred = clf.predict(st.encode(test_texts, batch_size=64))
+    elif regime == "setfit":
+        from datasets import Dataset
+        from setfit import SetFitModel, Trainer, TrainingArguments
+
+        model = SetFitModel.from_pretrained(str(minilm_folder()))
+        args = TrainingArguments(batch_size=16, num_iterations=20, num_epochs=1, seed=seed,
+                                 report_to="none")
+        trainer = Trainer(model=model, args=args,
+                          train_dataset=Dataset.from_dict({"text": texts, "label": labels}))
+        trainer.train()
+        pred = list(model.predict(test_texts, batch_size=64))
+    else:
+        raise ValueError(f"unknown peer {regime!r}; peers: {PEERS}")
+    return sum(str(p) == y for p, y in zip(pred, test_labels, strict=True)) / len(test_labels)
+
+
 def run_all(opts) -> None:
     results = opts.out / "results.jsonl"
     opts.out.mkdir(parents=True, exist_ok=True)
@@ -227,6 +280,18 @@ def run_all(opts) -> None:
     while queue:
         k, regime, seed = queue.pop(0)
         if (regime, k, seed) in done:
+            continue
+        if regime in PEERS:
+            if opts.dry_run:
+                print(f"peer {regime} k={k} seed={seed} (in this process)")
+                continue
+            start = time.perf_counter()
+            acc = peer_accuracy(regime, opts.data, k, seed)
+            row = {"regime": regime, "k": k, "seed": seed, "test_acc": acc,
+                   "seconds": round(time.perf_counter() - start, 1)}
+            print(json.dumps(row), flush=True)
+            with open(results, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
             continue
         try:
             fit, run = commands(opts.data, opts.out, regime, k, seed, opts)
@@ -349,6 +414,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--lr-lora", type=float, default=1e-3)
     r.add_argument("--lr-probe", type=float, default=5e-3)
     r.add_argument("--lr-scratch", type=float, default=5e-4)
+    r.add_argument("--lr-contrastive", type=float, default=5e-5)
+    r.add_argument("--contrastive-epochs", type=int, default=5)
     r.add_argument("--lora-rank", type=int, default=8)
     r.add_argument("--own-encoder", type=Path, default=Path("runs/bert_mlm/encoder"))
     r.add_argument("--own-tokenizer", type=Path, default=Path("runs/bert_mlm/tokenizer.json"))

@@ -13,7 +13,7 @@ from multimodal.models.backbone import model_config
 from multimodal.nn.block import ACTIVATIONS, Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
-from multimodal.nn.pool import last_token
+from multimodal.nn.pool import TOKEN_POOLING, last_token, pool_tokens
 from multimodal.nn.position import LearnedPositions, SinusoidalPositions
 from multimodal.registry import register_model, register_preset
 from multimodal.weights import PretrainedMixin
@@ -214,11 +214,18 @@ class TextEncoderConfig:
     num_classes: int = 0  # > 0: a classification head on the [CLS] token
     mlm_head: bool = True  # BERT's masked-LM head (dense, act, norm, tied decoder)
     pooler: bool = False  # BERT's tanh pooler on [CLS] before the classifier
+    # the one embedding per text (pool; the head reads it): "cls" ([CLS], through the pooler
+    # when there is one) or a sentence-transformers mode of multimodal.nn.pool.pool_tokens
+    # ("mean" for all-MiniLM-L6-v2); normalize: then to unit length (their Normalize module)
+    pool: Literal["cls", "mean", "max", "mean_sqrt_len", "lasttoken"] = "cls"
+    normalize: bool = False
 
     def __post_init__(self) -> None:
         if self.pos_embed not in ("learned", "sinusoidal", "none"):
             raise ValueError(f"pos_embed must be 'learned', 'sinusoidal' or 'none', "
                              f"got {self.pos_embed!r}")
+        if self.pool not in TOKEN_POOLING:
+            raise ValueError(f"pool must be one of {TOKEN_POOLING}, got {self.pool!r}")
 
 
 class MaskedLMHead(nn.Module):
@@ -320,11 +327,17 @@ class TextEncoder(ClassifierHeadMixin, PretrainedMixin, nn.Module):
         return self.mlm(hidden)
 
     def pool(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
-        """The ``[CLS]`` (first) token, through BERT's tanh pooler when the model has one:
-        ``(B, dim)``. ``attention_mask`` is accepted for the common API; the first token is
-        always real."""
-        cls = features[:, 0]
-        return self.pooler(cls) if self.pooler is not None else cls
+        """One embedding per text ``(B, dim)`` by ``config.pool``: the ``[CLS]`` (first)
+        token, through BERT's tanh pooler when the model has one, or a sentence-transformers
+        mode over the real tokens (``attention_mask`` 1 = token;
+        :func:`multimodal.nn.pool.pool_tokens`); with ``config.normalize``
+        ``v / max(||v||, 1e-12)``."""
+        if self.config.pool == "cls":
+            cls = features[:, 0]
+            pooled = self.pooler(cls) if self.pooler is not None else cls
+        else:
+            pooled = pool_tokens(features, attention_mask, self.config.pool)
+        return nn.functional.normalize(pooled, dim=-1) if self.config.normalize else pooled
 
     pooled = pool  # the name used before the common API
 
@@ -335,12 +348,15 @@ class TextEncoder(ClassifierHeadMixin, PretrainedMixin, nn.Module):
         ``pre_logits``: :meth:`pool`."""
         if pre_logits or (self.head is None and self.mlm is None):
             return self.pool(features, attention_mask=attention_mask)
-        return self.classify(features) if self.head is not None else self.mlm_logits(features)
+        return self.classify(features, attention_mask) if self.head is not None \
+            else self.mlm_logits(features)
 
-    def classify(self, hidden: Tensor) -> Tensor:
+    def classify(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Class logits ``head(pool(hidden))`` (``attention_mask``: the padding, for the
+        pooling modes other than ``"cls"``)."""
         if self.head is None:
             raise ValueError("this TextEncoder has no classification head (num_classes=0)")
-        return self.head(self.pool(hidden))
+        return self.head(self.pool(hidden, attention_mask=attention_mask))
 
 
 @register_preset("gpt_tiny")

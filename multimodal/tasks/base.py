@@ -50,6 +50,9 @@ class ModelTask(L.LightningModule):
     """
 
     head_modules: tuple[str, ...] = HEAD_MODULES
+    solves_head: bool = False
+    """True where the task fits its head in closed form (``linear_probe`` solved, and the
+    ``contrastive`` regime): :class:`~multimodal.tasks.classification.ClassificationTask`."""
     default_monitor: tuple[str, str] = ("val/loss", "min")
     """(metric, "min" | "max") the CLI's default ``ModelCheckpoint`` keeps the best of."""
 
@@ -61,6 +64,10 @@ class ModelTask(L.LightningModule):
             raise ValueError("model must be one of multimodal's models (with a dataclass "
                              f".config), got {type(model).__name__}")
         self.finetune = FinetuneConfig.of(finetune)
+        if self.finetune.regime == "contrastive" and not self.solves_head:
+            raise ValueError(f"finetune: regime 'contrastive' fits a classifier's head; "
+                             f"{type(self).__name__} has none to fit (use full, lora or "
+                             "linear_probe)")
         apply_regime(model, self.finetune, self.head_modules)
         if compile:
             model.compile()

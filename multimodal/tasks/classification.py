@@ -18,7 +18,9 @@ from multimodal.models.vit import ViT
 from multimodal.plots.figures import plot_confusion_matrix
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.pairs import pair_loss
 from multimodal.tasks.pretrained import task_model
+from multimodal.tasks.probe import ProbeFit, fit_probe
 
 CLASSIFIERS = (ViT, AudioClassifier, TextEncoder)
 HEAD_SEED = 0  # every rank draws the same new head
@@ -59,9 +61,32 @@ class ClassificationTask(ModelTask):
     ``(inputs, filenames)`` or a dict with a ``"filename"`` list. A model with a
     ``setup_from_data(datamodule)`` method is handed the data module in ``setup`` (the audio
     classifier shares its feature normalisation with it).
+
+    Two regimes fit the head instead of training it (``finetune.regime``):
+
+    * ``linear_probe``: the solved probe. The one training epoch is the forward pass of
+      the frozen backbone over the training data: each step caches the batch's
+      :meth:`head_inputs` (no gradient, nothing else computed); at the epoch's last batch
+      the multinomial logistic regression of :mod:`multimodal.tasks.probe` is solved on
+      all of them (gathered across processes; L-BFGS to convergence, ``C`` by
+      cross-validation, balanced class weights), written into the head, and the run stops
+      (``trainer.should_stop``): validation, checkpoints, ``predict`` and ``embed`` then
+      see an ordinary classifier. Why inside ``fit`` rather than a verb of its own: the
+      pass needs exactly what ``fit`` already provides (the data module's loaders, the
+      device, precision, the distributed sampler, the checkpoint callback), so the probe is
+      one more config of the command users already run. Manual optimisation: Lightning is
+      told of one optimiser step (a zero-gradient, zero-rate SGD step on the head, which
+      leaves the solution as it is) so its checkpointing sees a finished step; hence no
+      ``gradient_clip_val`` / ``accumulate_grad_batches`` with this regime.
+    * ``contrastive`` (SetFit): each step's loss is :func:`~multimodal.tasks.pairs.
+      pair_loss` of the batch's :meth:`head_inputs` (the body trains, the head is frozen);
+      at the end of every epoch (and at ``max_steps``) the training set's features are
+      recomputed in eval mode and the probe solved on them, before validation, so every
+      validation score and checkpoint is that of the tuned body with its solved head.
     """
 
     default_monitor = ("val/acc_macro", "max")  # the CLI's default ModelCheckpoint ranks by it
+    solves_head = True
 
     def __init__(
         self,
@@ -118,6 +143,10 @@ class ClassificationTask(ModelTask):
                 len(source.class_names) == self.num_classes:
             self.class_names = list(source.class_names)
         self._build_metrics()
+        if self.finetune.regime == "linear_probe":
+            self.automatic_optimization = False  # one pass, one solve (class docstring)
+        self._probe_rows: list[tuple[Tensor, Tensor]] = []
+        self.probe_fit: ProbeFit | None = None
         example = model.example_inputs(1) if hasattr(model, "example_inputs") else ()
         if len(example) == 1:  # the model summary counts FLOPs on it
             self.example_input_array = example[0]
@@ -189,6 +218,18 @@ class ClassificationTask(ModelTask):
         hook = getattr(self.model, "setup_from_data", None)  # e.g. audio: share feature stats
         if callable(hook) and not self._pretrained:
             hook(dm)
+        if self.finetune.regime in ("linear_probe", "contrastive"):
+            self._check_solvable()
+
+    def _check_solvable(self) -> None:
+        head = getattr(self.model, "head", None)
+        if not isinstance(head, nn.Linear) or head.bias is None:
+            raise ValueError(f"finetune: {self.finetune.regime} solves a linear head with a "
+                             f"bias; {type(self.model).__name__} has "
+                             f"{type(head).__name__ if head is not None else 'no head'}")
+        if getattr(self.model, "head_dist", None) is not None:
+            raise ValueError(f"finetune: {self.finetune.regime} solves one linear head; "
+                             f"{type(self.model).__name__} also has a distillation head")
 
     def _trainer_has_state(self) -> bool:
         """A run resumed / tested from a checkpoint keeps the checkpoint's head."""
@@ -196,12 +237,30 @@ class ClassificationTask(ModelTask):
         return bool(trainer is not None and getattr(trainer, "ckpt_path", None))
 
     def forward(self, inputs: Any) -> Tensor:
-        if isinstance(self.model, TextEncoder):  # hidden states -> [CLS] head
+        if isinstance(self.model, TextEncoder):  # hidden states -> pooled -> head
             if not isinstance(inputs, dict):
                 inputs = {"input_ids": inputs}
-            hidden = self.model(inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
-            return self.model.classify(hidden)
+            mask = inputs.get("attention_mask")
+            return self.model.classify(self.model(inputs["input_ids"], attention_mask=mask),
+                                       mask)
         return self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
+
+    def head_inputs(self, inputs: Any) -> Tensor:
+        """The vector the classifier head reads, ``(B, D)``: the model's pooled embedding
+        (a TextEncoder's ``pool``: [CLS] or its folder's pooling, normalised where the
+        folder says; a ViT's class token or mean; an audio model's pooled tokens through
+        its ``head_norm``), taken as the input of ``model.head`` during :meth:`forward`,
+        so it is what the head sees for every model."""
+        seen: list[Tensor] = []
+        handle = self.model.head.register_forward_pre_hook(
+            lambda _module, args: seen.append(args[0]))
+        try:
+            self(inputs)
+        finally:
+            handle.remove()
+        if not seen:
+            raise ValueError(f"{type(self.model).__name__}'s forward did not call its head")
+        return seen[-1]
 
     @staticmethod
     def split_batch(batch: Any) -> tuple[Any, Tensor | None]:
@@ -218,10 +277,99 @@ class ClassificationTask(ModelTask):
                                label_smoothing=self.hparams.label_smoothing)
         return loss, logits, labels
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
+        if self.finetune.regime == "linear_probe":
+            return self._probe_step(batch, batch_idx)
+        if self.finetune.regime == "contrastive":
+            inputs, labels = self.split_batch(batch)
+            loss = pair_loss(self.head_inputs(inputs), labels)
+            self.log("train/pair_loss", loss, prog_bar=True)
+            return loss
         loss, _, _ = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         return loss
+
+    # -- solved heads (class docstring) -----------------------------------------------
+    def configure_optimizers(self) -> Any:
+        if self.finetune.regime == "linear_probe":  # the solve writes the head
+            return torch.optim.SGD(self.model.head.parameters(), lr=0.0)
+        return super().configure_optimizers()
+
+    def _epoch_ends(self, batch_idx: int) -> bool:
+        trainer = self.trainer
+        return bool(trainer.is_last_batch) or batch_idx + 1 >= trainer.num_training_batches
+
+    def on_train_epoch_start(self) -> None:
+        self._probe_rows = []
+
+    def _probe_step(self, batch: Any, batch_idx: int) -> None:
+        inputs, labels = self.split_batch(batch)
+        with torch.no_grad():
+            self._probe_rows.append((self.head_inputs(inputs).detach(), labels.detach()))
+        if not self._epoch_ends(batch_idx):
+            return None
+        rows, self._probe_rows = self._probe_rows, []
+        self._solve_head(rows)
+        opt = self.optimizers()
+        for p in self.model.head.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()  # counted by Lightning; a zero rate and gradient change nothing
+        opt.zero_grad()
+        self.trainer.should_stop = True
+        return None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.finetune.regime != "contrastive":
+            return
+        limit = self.trainer.max_steps
+        if self._epoch_ends(batch_idx) or (limit is not None and 0 < limit <= self.global_step):
+            self._solve_head(self._train_features())
+
+    def _train_features(self) -> list[tuple[Tensor, Tensor]]:
+        """Every training batch's :meth:`head_inputs` and labels, in eval mode."""
+        trainer, was = self.trainer, self.training
+        rows = []
+        self.eval()
+        try:
+            with torch.no_grad(), trainer.precision_plugin.forward_context():
+                for batch in trainer.train_dataloader:
+                    batch = trainer.strategy.batch_to_device(batch, self.device)
+                    inputs, labels = self.split_batch(batch)
+                    rows.append((self.head_inputs(inputs), labels))
+        finally:
+            self.train(was)
+        return rows
+
+    def _gather_rows(self, x: Tensor) -> Tensor:
+        """``x`` of every process, concatenated (rows may differ in number)."""
+        if self.trainer.world_size <= 1:
+            return x
+        counts = self.all_gather(torch.tensor([x.shape[0]], device=x.device)).flatten()
+        counts = [int(c) for c in counts.tolist()]
+        pad = x.new_zeros((max(counts) - x.shape[0], *x.shape[1:]))
+        every = self.all_gather(torch.cat([x, pad]))
+        return torch.cat([every[r, :c] for r, c in enumerate(counts)])
+
+    def _solve_head(self, rows: list[tuple[Tensor, Tensor]]) -> None:
+        """Fit the probe (:func:`multimodal.tasks.probe.fit_probe`) on ``rows`` of every
+        process and write it into ``model.head``."""
+        features = self._gather_rows(torch.cat([f for f, _ in rows]).float())
+        labels = self._gather_rows(torch.cat([y for _, y in rows]).long())
+        ft = self.finetune
+        fit = fit_probe(features, labels, self.num_classes, ft.probe_cs, ft.probe_folds,
+                        None if ft.probe_class_weight == "none" else "balanced")
+        head = self.model.head
+        with torch.no_grad():
+            head.weight.copy_(fit.weight.to(head.weight))
+            head.bias.copy_(fit.bias.to(head.bias))
+        self.probe_fit = fit
+        best = max(fit.cv_accuracy) if fit.cv_accuracy else float("nan")
+        self.log("probe/C", fit.C)
+        self.log("probe/cv_acc", best)
+        rank_zero_info(f"probe: logistic regression on {features.shape[0]} x "
+                       f"{features.shape[1]} features solved, C = {fit.C:.3g} "
+                       f"(cross-validated accuracy {best:.3f}), {fit.iterations} L-BFGS "
+                       "iterations")
 
     def _eval_step(self, batch: Any, metrics: nn.ModuleDict, prefix: str) -> None:
         loss, logits, labels = self._loss(batch)
@@ -267,6 +415,9 @@ class ClassificationTask(ModelTask):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint["class_names"] = list(self.class_names)
+        if self.probe_fit is not None:
+            checkpoint["probe"] = {"C": self.probe_fit.C,
+                                   "cv_accuracy": list(self.probe_fit.cv_accuracy)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)

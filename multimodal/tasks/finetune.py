@@ -30,7 +30,7 @@ from multimodal.nn.lora import apply_lora, lora_layers, merge_lora
 
 __all__ = ["FinetuneConfig", "apply_regime", "layer_ids", "merged_model", "param_groups"]
 
-REGIMES = ("full", "linear_probe", "lora")
+REGIMES = ("full", "linear_probe", "lora", "contrastive")
 _BLOCK = re.compile(r"^(.*?)(?:transformer\.)?blocks\.(\d+)\.")
 
 
@@ -42,12 +42,20 @@ class FinetuneConfig:
     backbone is frozen and kept in eval mode), ``lora`` (low-rank adapters of rank
     ``lora_rank`` and scale ``lora_alpha / lora_rank`` on the Linears named by
     ``lora_targets``, plus the head; merged into plain weights by ``save_pretrained``).
+    In a classification task ``linear_probe`` is *solved*, not trained: the frozen
+    features are computed once and a multinomial logistic regression is fitted to its
+    optimum (:mod:`multimodal.tasks.probe`; ``probe_cs``: the grid of inverse L2 strengths
+    ``C``, chosen by ``probe_folds``-fold cross-validation; ``probe_class_weight``:
+    ``balanced`` or ``none``). ``contrastive`` (classification tasks; SetFit, Tunstall et
+    al. 2022): the body is fine-tuned on pairs of examples with a cosine-similarity loss,
+    the head is the solved probe on the tuned features
+    (:class:`~multimodal.tasks.classification.ClassificationTask`).
     ``freeze_blocks``: with ``full``, the embeddings and the first k blocks stay frozen.
     ``layer_decay``: layer-wise learning-rate decay factor in (0, 1]; ``head_lr``: the
     head's learning rate (default: the task's ``lr``).
     """
 
-    regime: Literal["full", "linear_probe", "lora"] = "full"
+    regime: Literal["full", "linear_probe", "lora", "contrastive"] = "full"
     freeze_blocks: int = 0
     layer_decay: float | None = None
     head_lr: float | None = None
@@ -55,6 +63,9 @@ class FinetuneConfig:
     lora_alpha: float = 16.0
     lora_targets: list[str] = field(default_factory=lambda: ["qkv", "proj"])
     lora_dropout: float = 0.0
+    probe_cs: list[float] | None = None
+    probe_folds: int = 5
+    probe_class_weight: Literal["balanced", "none"] = "balanced"
 
     def __post_init__(self) -> None:
         problems = []
@@ -71,6 +82,14 @@ class FinetuneConfig:
             problems.append(f"head_lr must be > 0, got {self.head_lr}")
         if self.lora_rank < 1:
             problems.append(f"lora_rank must be >= 1, got {self.lora_rank}")
+        if self.probe_cs is not None and (not self.probe_cs
+                                          or not all(c > 0 for c in self.probe_cs)):
+            problems.append(f"probe_cs must be a non-empty list of C > 0, got {self.probe_cs}")
+        if self.probe_folds < 2:
+            problems.append(f"probe_folds must be >= 2, got {self.probe_folds}")
+        if self.probe_class_weight not in ("balanced", "none"):
+            problems.append(f"probe_class_weight must be 'balanced' or 'none', got "
+                            f"{self.probe_class_weight!r}")
         if problems:
             raise ValueError("finetune: " + "; ".join(problems))
 
@@ -140,6 +159,12 @@ def apply_regime(model: nn.Module, config: FinetuneConfig, heads: tuple[str, ...
                              f"{type(model).__name__} has none (no {', '.join(heads)})")
         for name, p in model.named_parameters():
             p.requires_grad_(_is_head(name, heads))
+    elif config.regime == "contrastive":  # the body trains; the head is solved
+        if not head_params:
+            raise ValueError(f"finetune: contrastive fits a head, and "
+                             f"{type(model).__name__} has none (no {', '.join(heads)})")
+        for name, p in model.named_parameters():
+            p.requires_grad_(not _is_head(name, heads))
     elif config.regime == "lora":
         apply_lora(model, config.lora_rank, config.lora_alpha, tuple(config.lora_targets),
                    dropout=config.lora_dropout, trainable=tuple(head))

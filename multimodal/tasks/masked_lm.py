@@ -179,7 +179,9 @@ def load_encoder_weights(model: TextEncoder, path: str | Path) -> list[str]:
 
 class SequenceClassificationTask(ClassificationTask):
     """Fine-tune a :class:`TextEncoder` (``num_classes > 0``) on batches
-    ``{"input_ids", "attention_mask", "label"}``: logits = ``head([CLS] hidden state)``.
+    ``{"input_ids", "attention_mask", "label"}``: logits = ``head(pooled hidden states)``
+    (the model's ``pool``: ``[CLS]``, or the pooling of a sentence-transformers folder such
+    as all-MiniLM-L6-v2's normalised mean; :mod:`multimodal.tasks.pretrained`).
 
     Cross-entropy, AdamW, warm-up + cosine, ``val/acc`` and ``test/acc``
     (torchmetrics) as in :class:`ClassificationTask`. ``init_from``: a folder written by
@@ -232,5 +234,5 @@ class SequenceClassificationTask(ClassificationTask):
     def forward(self, inputs: Any) -> Tensor:
         if not isinstance(inputs, dict):
             inputs = {"input_ids": inputs}
-        hidden = self.model(inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
-        return self.model.classify(hidden)
+        mask = inputs.get("attention_mask")
+        return self.model.classify(self.model(inputs["input_ids"], attention_mask=mask), mask)

@@ -143,14 +143,44 @@ def task_model(model: nn.Module | None, pretrained: str | Path | None,
     own = dict(part.named_parameters())
     left = [n for n, p in total.items() if not any(p is q for q in own.values())]
     new: list[str] = []
+    pooling = {k: v for k, v in source_pooling(source, part).items()
+               if k not in (overrides or {}) and getattr(part.config, k) != v}
+    overrides = {**pooling, **(overrides or {})}
     if overrides:
         part, new, more = rebuild_with(part, dict(overrides), f"pretrained {source.path}")
         left += more
     loaded = [n for n in part.state_dict() if n not in new]
+    pooled = f"; pooling: {pooling}" if pooling else ""
     msg = (f"pretrained: {type(part).__name__} from {source.path} ({source.kind}): "
-           f"loaded {len(loaded)} tensors; new: {_short(new)}; left out: {_short(left)}")
+           f"loaded {len(loaded)} tensors; new: {_short(new)}; left out: {_short(left)}"
+           f"{pooled}")
     rank_zero_info(msg)
     return part, source
+
+
+# CLIP's text pooling (CLIPConfig.text_pool) -> TextEncoderConfig.pool of its text tower:
+# the end-of-text token ends every real text, so "eot" is the last real token
+_CLIP_TEXT_POOL = {"cls": "cls", "mean": "mean", "eot": "lasttoken"}
+
+
+def source_pooling(source: Loaded, part: nn.Module) -> dict[str, Any]:
+    """The config fields (``pool``, ``normalize``) that make ``part`` pool as its source
+    does, so that the task's head sits on the embedding the folder gives: a
+    sentence-transformers folder's ``1_Pooling/config.json`` mode and the ``Normalize`` of
+    its ``modules.json`` (all-MiniLM-L6-v2: the mean of the real tokens, unit length), or a
+    CLIP text tower's ``text_pool``. Empty when ``part``'s config has no such fields (a ViT
+    or an audio model pools as its own config says) or the source declares nothing."""
+    fields = getattr(type(part.config), "__dataclass_fields__", {})
+    if "pool" not in fields or "normalize" not in fields:
+        return {}
+    whole = source.model
+    if part is getattr(whole, "text_model", None):
+        mode = _CLIP_TEXT_POOL.get(getattr(whole.config, "text_pool", None))
+        return {"pool": mode, "normalize": False} if mode else {}
+    declared = source.pooling  # read by load() from the folder
+    if declared is None:
+        return {}
+    return {"pool": declared.mode, "normalize": declared.normalize}
 
 
 def folder_tokenizer(source: Loaded | None) -> Any:

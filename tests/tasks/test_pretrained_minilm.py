@@ -61,4 +61,5 @@ def test_minilm_lora_fine_tuning_tells_topics_apart(tmp_path):
     merged = mm.from_pretrained(task.save_pretrained(tmp_path / "merged")).eval()
     with torch.no_grad():
         hidden = merged(test["input_ids"], attention_mask=test["attention_mask"])
-        torch.testing.assert_close(merged.classify(hidden), logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(merged.classify(hidden, test["attention_mask"]), logits,
+                                   atol=1e-4, rtol=1e-4)
