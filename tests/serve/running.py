@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,15 +61,17 @@ class Server:
     def __init__(self, model: str | Path, *args: str, startup_s: float = 120) -> None:
         self.port = free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # a file, not a pipe: a full pipe would block the server
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed with the Server)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "multimodal.serve.cli", "--model", str(model),
              "--port", str(self.port), *args],
-            env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            env=env, cwd=str(ROOT), stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n"
-                                   + self.proc.stdout.read().decode(errors="replace"))
+                                   + self.output())
             try:
                 if request(self.port, "GET", "/health", timeout=2).status == 200:
                     return
@@ -100,4 +103,5 @@ class Server:
             self.proc.wait()
 
     def output(self) -> str:
-        return self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
