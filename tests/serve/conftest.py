@@ -24,3 +24,30 @@ def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                                 depth=2, heads=2, mlp_dim=64))
     return Encoder(model, tok, pooling="mean").save_pretrained(
         tmp_path_factory.mktemp("serve") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight Llama (2 blocks, width 64) with a byte-level BPE and a ChatML template
+    in one GGUF file, written as llama.cpp's converter does (tests/convert/test_gguf.py)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.convert.test_gguf import CORPUS, SPECIALS, Q, llama, write_gguf
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=SPECIALS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    model = llama(tok.get_vocab_size())
+    torch.manual_seed(0)
+    with torch.no_grad():  # spread the blocks' weights: replies of several tokens
+        for name, p in model.named_parameters():
+            if "layers" in name and "norm" not in name:
+                p.normal_(0, 0.2)
+    return write_gguf(tmp_path_factory.mktemp("serve") / "chat.gguf", model, tok, qtype=Q.F32)
