@@ -81,8 +81,10 @@ def _what(value: Any) -> str:
                                                                    type(value).__name__)
 
 
-def parse_embeddings(body: Any, rules: TextRules) -> EmbeddingJob:
-    """Check an embeddings request (module docstring); :class:`ApiError` naming the field."""
+def parse_texts(body: Any, rules: TextRules) -> tuple[list[str], str | None, int]:
+    """The fields every text endpoint shares: ``input`` (a string or a list of strings),
+    ``model`` and ``truncate``; (texts, model, tokens), or an :class:`ApiError` naming the
+    field."""
     if not isinstance(body, dict):
         raise ApiError(400, f"request body must be a JSON object, got {_what(body)}")
     if "input" not in body:
@@ -102,18 +104,10 @@ def parse_embeddings(body: Any, rules: TextRules) -> EmbeddingJob:
         if not isinstance(text, str):
             raise ApiError(400, f"input[{i}] is {_what(text)}, not a string (token "
                            "ids are not accepted: send text)", f"input[{i}]", "invalid_type")
-    fmt = body.get("encoding_format") or "float"
-    if fmt not in ("float", "base64"):
-        raise ApiError(400, f"'encoding_format' must be 'float' or 'base64', got {fmt!r}",
-                       "encoding_format", "invalid_value")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, f"'model' must be a string, got {_what(model)}", "model",
                        "invalid_type")
-    dims = body.get("dimensions")
-    if dims is not None and (isinstance(dims, bool) or dims != rules.dim):
-        raise ApiError(400, f"'dimensions' must be {rules.dim} (this model's width), got "
-                       f"{dims!r}", "dimensions", "invalid_value")
     truncate = body.get("truncate", False)
     if not isinstance(truncate, bool):
         raise ApiError(400, f"'truncate' must be true or false, got {truncate!r}", "truncate",
@@ -125,7 +119,20 @@ def parse_embeddings(body: Any, rules: TextRules) -> EmbeddingJob:
                 raise ApiError(413, f"input[{i}] is {n} tokens, over the model's context of "
                                f"{rules.max_tokens}: shorten it or send \"truncate\": true",
                                f"input[{i}]", "input_too_long")
-    tokens = sum(min(n, rules.max_tokens) for n in counts)
+    return texts, model, sum(min(n, rules.max_tokens) for n in counts)
+
+
+def parse_embeddings(body: Any, rules: TextRules) -> EmbeddingJob:
+    """Check an embeddings request (module docstring); :class:`ApiError` naming the field."""
+    texts, model, tokens = parse_texts(body, rules)
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise ApiError(400, f"'encoding_format' must be 'float' or 'base64', got {fmt!r}",
+                       "encoding_format", "invalid_value")
+    dims = body.get("dimensions")
+    if dims is not None and (isinstance(dims, bool) or dims != rules.dim):
+        raise ApiError(400, f"'dimensions' must be {rules.dim} (this model's width), got "
+                       f"{dims!r}", "dimensions", "invalid_value")
     return EmbeddingJob(texts, fmt, model, tokens)
 
 

@@ -7,6 +7,8 @@ it; when ``mm.load(path)`` lands it becomes a call to that.
   Whisper -> ``"transcribe"`` (:func:`multimodal.asr.load_transcriber`);
 * a ``.gguf`` file (SmolLM2 and other Llama-family decoders) -> ``"chat"``
   (:func:`multimodal.load_encoder` reads model, tokenizer and chat template);
+* a task ``.ckpt`` that recorded class names (a classifier) -> ``"classify"``
+  (:func:`multimodal.serve.classify.load_classifier`: model, tokenizer, class names);
 * anything else :func:`multimodal.load_encoder` reads (``save_pretrained`` folder, Hugging
   Face folder, task ``.ckpt``) -> ``"embed"``.
 """
@@ -18,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-Kind = Literal["embed", "chat", "transcribe"]
-KINDS: tuple[str, ...] = ("embed", "chat", "transcribe")
+Kind = Literal["embed", "chat", "transcribe", "classify"]
+KINDS: tuple[str, ...] = ("embed", "chat", "transcribe", "classify")
 
 
 @dataclass
@@ -54,16 +56,27 @@ def kind_of(path: str | Path) -> str:
         return "transcribe"
     if path.suffix.lower() == ".gguf":
         return "chat"
+    if path.is_file() and path.suffix == ".ckpt":
+        from multimodal.hub import read_checkpoint
+
+        if read_checkpoint(path).get("class_names"):
+            return "classify"
     return "embed"
 
 
 def load_served(path: str | Path, kind: str | None = None, *, compile: bool = False,
                 quantize: str | None = None) -> Served:
     """Load ``path`` as ``kind`` (default: :func:`kind_of`). ``compile`` / ``quantize`` select
-    the encoder paths of :mod:`multimodal.optimize` (embed only)."""
+    the encoder paths of :mod:`multimodal.optimize` (embed only). A classifier comes back
+    as the model with ``tokenizer`` = (Encoder for tokenisation, class names)."""
     kind = kind or kind_of(path)
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind == "classify":
+        from multimodal.serve.classify import load_classifier
+
+        encoder, model, names = load_classifier(str(path))
+        return Served(kind, model, (encoder, names))
     if kind == "transcribe":
         from multimodal.asr import load_transcriber
 

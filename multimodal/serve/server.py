@@ -76,6 +76,15 @@ def _apis(config: ServeConfig, kind: str) -> Any:
         return EmbeddingAPI(config.model, EmbeddingSpec(rules, config.name),
                             max_batch_size=config.max_batch_size, batch_timeout=timeout,
                             compile=config.compile, quantize=config.quantize)
+    if kind == "classify":
+        from multimodal.serve.classify import ClassifyAPI, ClassifySpec, load_classifier
+        from multimodal.serve.embeddings import TextRules
+
+        encoder, _, names = load_classifier(config.model)
+        rules = TextRules.of(encoder, config.max_inputs)
+        del encoder
+        return ClassifyAPI(config.model, ClassifySpec(rules, names, config.name),
+                           max_batch_size=config.max_batch_size, batch_timeout=timeout)
     if kind == "chat":
         from multimodal.serve.chat import ChatAPI
 

@@ -51,3 +51,24 @@ def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> Path:
             if "layers" in name and "norm" not in name:
                 p.normal_(0, 0.2)
     return write_gguf(tmp_path_factory.mktemp("serve") / "chat.gguf", model, tok, qtype=Q.F32)
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``.ckpt`` as the classification task writes it (``multimodal_model``, state dict under
+    ``model.``, class names, the tokenizer as JSON) for a random 3-class text encoder."""
+    import multimodal as mm
+    from multimodal.tasks.classification import ClassificationTask
+
+    folder = tmp_path_factory.mktemp("serve")
+    tok = mm.WordPieceTokenizer.train(TEXTS * 10, vocab_size=120)
+    tok.save(folder / "tokenizer.json")
+    torch.manual_seed(1)
+    model = mm.TextEncoder(mm.TextEncoderConfig(vocab_size=tok.vocab_size, max_len=16, dim=32,
+                                                depth=2, heads=2, mlp_dim=64, num_classes=3))
+    task = ClassificationTask(model=model, class_names=["animals", "colours", "shapes"])
+    ckpt = {"state_dict": task.state_dict(), "hyper_parameters": {}}
+    task.on_save_checkpoint(ckpt)
+    ckpt["tokenizer"] = (folder / "tokenizer.json").read_text()
+    torch.save(ckpt, folder / "classifier.ckpt")
+    return folder / "classifier.ckpt"
