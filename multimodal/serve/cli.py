@@ -3,10 +3,10 @@
 
 Endpoints by kind of model: ``POST /v1/embeddings`` (text encoders: a ``save_pretrained`` or
 Hugging Face folder, a task ``.ckpt``), ``POST /v1/chat/completions`` (a GGUF chat decoder
-such as SmolLM2), ``POST /v1/audio/transcriptions`` (Whisper); every server also has
-``GET /health`` (200 once the model is loaded) and ``GET /v1/models``. Binds 127.0.0.1
-unless ``--host 0.0.0.0`` (then give ``--api_key``). Bad arguments: one ``error: ...`` line,
-exit 2.
+such as SmolLM2), ``POST /v1/audio/transcriptions`` (Whisper), ``POST /v1/classify`` (a
+text classifier ``.ckpt``); every server also has ``GET /health`` (200 once the model is
+loaded) and ``GET /v1/models``. Binds 127.0.0.1 unless ``--host 0.0.0.0`` (then give
+``--api_key``). Bad arguments: one ``error: ...`` line, exit 2.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model folder, .ckpt or .gguf file")
     p.add_argument("--kind", choices=KINDS, default=None,
                    help="what to serve (default: from the path: Whisper -> transcribe, "
-                        ".gguf -> chat, else embed)")
+                        ".gguf -> chat, classifier .ckpt -> classify, else embed)")
     p.add_argument("--host", default="127.0.0.1", choices=HOSTS,
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
