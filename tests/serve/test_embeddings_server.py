@@ -145,3 +145,20 @@ def test_openai_client_reads_the_embeddings(server, offline):
     got = client.embeddings.create(model="tiny", input=TEXTS[:2])  # base64 by default
     vectors = torch.tensor([d.embedding for d in got.data])
     torch.testing.assert_close(vectors, offline.encode(TEXTS[:2]), atol=1e-5, rtol=0)
+
+
+def test_a_client_that_disconnects_mid_request_does_not_stall_the_others(server, offline):
+    import json
+    import socket
+
+    body = json.dumps({"input": TEXTS}).encode()
+    for _ in range(3):  # sent, then gone before the answer
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nAuthorization: Bearer " + KEY.encode()
+                      + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda t: embed(server, {"input": t}), TEXTS[:4]))
+    for text, reply in zip(TEXTS, replies, strict=False):
+        assert reply.status == 200
+        np.testing.assert_allclose(rows(reply), offline.encode([text]).numpy(), atol=1e-5)
