@@ -1,18 +1,25 @@
 """``POST /v1/embeddings``: OpenAI's embeddings API over an :class:`~multimodal.hub.Encoder`,
 with dynamic batching.
 
-Request ``{"input": str | [str], "model"?: str, "encoding_format"?: "float" | "base64",
-"dimensions"?: int (must equal the model's width), "truncate"?: bool}``. A text longer than
-the model's context is refused with 413 naming ``input[i]`` unless ``"truncate": true``
-(then it is cut to the context, as sentence-transformers does). ``base64`` is the vector as
-little-endian float32 bytes (what the ``openai`` client decodes).
+Request ``{"input": str | [item], "model"?: str, "encoding_format"?: "float" | "base64",
+"dimensions"?: int (must equal the model's width), "truncate"?: bool}``. An item is a text
+(text and CLIP-style encoders), an image (image and CLIP-style encoders) as a data URL
+``"data:image/png;base64,..."`` or ``{"type": "image_url", "image_url": {"url": DATA_URL}}``,
+or a clip (audio encoders) as ``"data:audio/wav;base64,..."`` or ``{"type": "input_audio",
+"input_audio": {"data": BASE64, "format": "wav"}}``; the server fetches nothing, so an
+``http`` URL is refused. Images and clips are decoded in the API process (an unreadable one
+is a 400 naming ``input[i]``). A text longer than the model's context is refused with 413
+naming ``input[i]`` unless ``"truncate": true`` (then it is cut to the context, as
+sentence-transformers does). ``base64`` is the vector as little-endian float32 bytes (what
+the ``openai`` client decodes).
 
 Batching (the response's ``X-Batch-Requests`` header says how many requests shared the
 worker call): requests arriving within ``batch_timeout`` (up to ``max_batch_size`` requests)
 become one worker call; their texts, sorted by length so that each forward pass pads
-little, go through :meth:`Encoder.encode` ``chunk`` texts at a time, and each request gets
-its own rows back. The encoder pools over each text's own tokens (padding masked), so a
-text's embedding does not depend on what it was batched with (tested).
+little, go through :meth:`Encoder.encode` ``chunk`` texts at a time (images and clips
+likewise, by kind), and each request gets its own rows back. The encoder pools over each
+text's own tokens (padding masked), so a text's embedding does not depend on what it was
+batched with (tested).
 """
 
 from __future__ import annotations
@@ -33,37 +40,54 @@ from multimodal.serve.spec import QueueSpec, read_json
 
 @dataclass
 class TextRules:
-    """What the API process checks before a request is queued: the tokenizer (to count
-    tokens), the context (``max_tokens``, special tokens included), the embedding width and
-    the most texts one request may hold."""
+    """What the API process checks before a request is queued: what the model reads
+    (``modality``), the tokenizer (to count tokens), the context (``max_tokens``, special
+    tokens included), the embedding width and the most inputs one request may hold."""
 
     tokenizer: Any
     max_tokens: int
     dim: int
     bidirectional: bool = True
     max_inputs: int = 2048
+    modality: str = "text"
+    specials: dict[str, bool] | None = None
 
     @classmethod
     def of(cls, encoder: Any, max_inputs: int = 2048) -> TextRules:
-        if encoder.modality != "text" or encoder.tokenizer is None:
-            raise ValueError(f"/v1/embeddings serves text encoders with a tokenizer; this "
-                             f"model reads {encoder.modality}")
+        modality = encoder.modality
         config = encoder.backbone.config
+        if modality in ("image", "audio"):
+            return cls(None, 0, encoder.dim, True, max_inputs, modality)
+        if encoder.tokenizer is None:
+            raise ValueError("this encoder has no tokenizer: texts cannot be embedded")
+        if modality == "image+text":  # as Encoder._tokenize adds them
+            pool = config.text_pool
+            specials = {"add_cls": pool == "cls", "add_eos": pool in ("eot", "mean")}
+            return cls(encoder.tokenizer, int(config.text.max_len), encoder.dim, True,
+                       max_inputs, modality, specials)
         limit = int(config.max_len)
         if encoder.pooling is not None and encoder.pooling.max_length is not None:
             limit = min(limit, int(encoder.pooling.max_length))
         bidirectional = not config.backbone.causal
         return cls(encoder.tokenizer, limit, encoder.dim, bidirectional, max_inputs)
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of input the model embeds."""
+        return ("image", "text") if self.modality == "image+text" else (self.modality,)
+
     def token_counts(self, texts: list[str]) -> list[int]:
-        ids = self.tokenizer.encode_many(texts, add_cls=self.bidirectional,
-                                         add_sep=self.bidirectional, truncation=False)
+        if not texts:
+            return []
+        specials = self.specials if self.specials is not None else \
+            {"add_cls": self.bidirectional, "add_sep": self.bidirectional}
+        ids = self.tokenizer.encode_many(texts, truncation=False, **specials)
         return [len(row) for row in ids]
 
 
 @dataclass
 class EmbeddingJob:
-    texts: list[str]
+    texts: list[Any]  # a text (str), ("image", uint8 HWC array), ("audio", wave, rate)
     encoding_format: str
     model: str | None
     tokens: int
@@ -81,10 +105,106 @@ def _what(value: Any) -> str:
                                                                    type(value).__name__)
 
 
-def parse_texts(body: Any, rules: TextRules) -> tuple[list[str], str | None, int]:
-    """The fields every text endpoint shares: ``input`` (a string or a list of strings),
-    ``model`` and ``truncate``; (texts, model, tokens), or an :class:`ApiError` naming the
-    field."""
+def _data_url(url: str, i: int) -> tuple[str, bytes]:
+    """(media type, bytes) of a base64 data URL; a 400 naming ``input[i]`` otherwise."""
+    if not url.startswith("data:"):
+        raise ApiError(400, f"input[{i}] is a URL: the server fetches nothing, send the file "
+                       "as a data URL (data:image/png;base64,...)", f"input[{i}]",
+                       "invalid_value")
+    head, _, data = url[5:].partition(",")
+    media, _, encoding = head.partition(";")
+    if encoding != "base64" or not data:
+        raise ApiError(400, f"input[{i}] is not a base64 data URL", f"input[{i}]",
+                       "invalid_value")
+    try:
+        return media.lower(), base64.b64decode(data, validate=True)
+    except ValueError:
+        raise ApiError(400, f"input[{i}] holds invalid base64", f"input[{i}]",
+                       "invalid_value") from None
+
+
+def _image(data: bytes, i: int) -> tuple[str, np.ndarray]:
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            pixels = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except Exception as err:  # PIL raises many kinds, DecompressionBombError among them
+        raise ApiError(400, f"input[{i}] is not a readable image: {err}", f"input[{i}]",
+                       "invalid_image") from None
+    return ("image", pixels)
+
+
+def _audio(data: bytes, i: int) -> tuple[str, np.ndarray, int]:
+    import io
+
+    import soundfile as sf
+
+    try:
+        wave, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as err:  # soundfile's own error types
+        raise ApiError(400, f"input[{i}] is not readable audio: {err}", f"input[{i}]",
+                       "invalid_audio") from None
+    if wave.shape[0] == 0 or not np.isfinite(wave).all():
+        raise ApiError(400, f"input[{i}] is empty or has NaN samples", f"input[{i}]",
+                       "invalid_audio")
+    return ("audio", np.ascontiguousarray(wave.mean(axis=1)), int(rate))
+
+
+def _item(value: Any, i: int, rules: TextRules) -> Any:
+    """One input as the worker takes it (:class:`EmbeddingJob`), checked against what the
+    model reads."""
+    if isinstance(value, str) and not value.startswith("data:"):
+        kind, item = "text", value
+    elif isinstance(value, str):
+        media, data = _data_url(value, i)
+        if media.startswith("image/"):
+            kind, item = "image", _image(data, i)
+        elif media.startswith("audio/"):
+            kind, item = "audio", _audio(data, i)
+        else:
+            raise ApiError(400, f"input[{i}] is a data URL of {media or 'no type'}: send "
+                           "image/* or audio/*", f"input[{i}]", "invalid_value")
+    elif isinstance(value, dict) and ("image_url" in value or value.get("type") == "image_url"):
+        url = value.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str):
+            raise ApiError(400, f"input[{i}].image_url must hold a data URL string",
+                           f"input[{i}]", "invalid_type")
+        kind, item = "image", _image(_data_url(url, i)[1], i)
+    elif isinstance(value, dict) and ("input_audio" in value
+                                      or value.get("type") == "input_audio"):
+        audio = value.get("input_audio")
+        data = audio.get("data") if isinstance(audio, dict) else None
+        if not isinstance(data, str):
+            raise ApiError(400, f"input[{i}].input_audio.data must be base64 audio",
+                           f"input[{i}]", "invalid_type")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except ValueError:
+            raise ApiError(400, f"input[{i}] holds invalid base64", f"input[{i}]",
+                           "invalid_value") from None
+        kind, item = "audio", _audio(raw, i)
+    elif isinstance(value, dict) and value.get("type") == "text" \
+            and isinstance(value.get("text"), str):
+        kind, item = "text", value["text"]
+    else:
+        raise ApiError(400, f"input[{i}] is {_what(value)}, not a string or an image / audio "
+                       "part (token ids are not accepted: send text)", f"input[{i}]",
+                       "invalid_type")
+    if kind not in rules.kinds:
+        raise ApiError(400, f"input[{i}] is {'a text' if kind == 'text' else 'an ' + kind}, "
+                       f"but this model embeds {' and '.join(rules.kinds)}", f"input[{i}]",
+                       "unsupported_input")
+    return item
+
+
+def parse_texts(body: Any, rules: TextRules) -> tuple[list[Any], str | None, int]:
+    """The fields every endpoint with ``input`` shares: ``input`` (a string or a list of
+    items, module docstring), ``model`` and ``truncate``; (items, model, tokens), or an
+    :class:`ApiError` naming the field."""
     if not isinstance(body, dict):
         raise ApiError(400, f"request body must be a JSON object, got {_what(body)}")
     if "input" not in body:
@@ -100,10 +220,7 @@ def parse_texts(body: Any, rules: TextRules) -> tuple[list[str], str | None, int
     if len(texts) > rules.max_inputs:
         raise ApiError(400, f"'input' holds {len(texts)} texts, more than {rules.max_inputs} "
                        "in one request", "input", "too_many_inputs")
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise ApiError(400, f"input[{i}] is {_what(text)}, not a string (token "
-                           "ids are not accepted: send text)", f"input[{i}]", "invalid_type")
+    texts = [_item(x, i, rules) for i, x in enumerate(texts)]
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, f"'model' must be a string, got {_what(model)}", "model",
@@ -112,9 +229,10 @@ def parse_texts(body: Any, rules: TextRules) -> tuple[list[str], str | None, int
     if not isinstance(truncate, bool):
         raise ApiError(400, f"'truncate' must be true or false, got {truncate!r}", "truncate",
                        "invalid_type")
-    counts = rules.token_counts(texts)
+    where = [i for i, x in enumerate(texts) if isinstance(x, str)]
+    counts = rules.token_counts([texts[i] for i in where])
     if not truncate:
-        for i, n in enumerate(counts):
+        for i, n in zip(where, counts, strict=True):
             if n > rules.max_tokens:
                 raise ApiError(413, f"input[{i}] is {n} tokens, over the model's context of "
                                f"{rules.max_tokens}: shorten it or send \"truncate\": true",
@@ -200,18 +318,39 @@ class EmbeddingAPI(ls.LitAPI):
     def unbatch(self, output: list[Any]) -> list[Any]:
         return output
 
-    def embed_texts(self, texts: list[str]) -> np.ndarray:
-        """``(N, D)`` float32 embeddings of ``texts``, encoded shortest first."""
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        emb = self.encoder.encode([texts[i] for i in order], batch_size=self.chunk)
-        out = np.empty((len(texts), emb.shape[-1]), dtype=np.float32)
-        out[order] = emb.float().cpu().numpy()
+    def embed_texts(self, texts: list[Any]) -> np.ndarray:
+        """``(N, D)`` float32 embeddings of the items of :class:`EmbeddingJob`: texts
+        encoded shortest first, images and clips (by sample rate) in groups of their own."""
+        import torch
+
+        out = np.empty((len(texts), self.encoder.dim), dtype=np.float32)
+        dual = self.encoder.modality == "image+text"
+        words = [i for i, t in enumerate(texts) if isinstance(t, str)]
+        if words:
+            order = sorted(words, key=lambda i: len(texts[i]))
+            emb = self.encoder.encode([texts[i] for i in order], batch_size=self.chunk,
+                                      modality="text" if dual else None)
+            out[order] = emb.float().cpu().numpy()
+        groups: dict[Any, list[int]] = {}
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                groups.setdefault((t[0], t[2] if t[0] == "audio" else None), []).append(i)
+        for (kind, rate), index in groups.items():
+            if kind == "image":
+                images = [torch.from_numpy(np.array(texts[i][1])).permute(2, 0, 1)
+                          for i in index]
+                emb = self.encoder.encode(images, batch_size=self.chunk,
+                                          modality="image" if dual else None)
+            else:
+                clips = [torch.from_numpy(np.array(texts[i][1])) for i in index]
+                emb = self.encoder.encode(clips, batch_size=self.chunk, sample_rate=rate)
+            out[index] = emb.float().cpu().numpy()
         return out
 
     def predict(self, x: Any, **kwargs: Any) -> Any:
         """Per request: its rows and how many requests shared the batch (the response's
         ``X-Batch-Requests`` header)."""
-        if x and isinstance(x[0], str):  # max_batch_size 1: one request's texts
+        if x and not isinstance(x[0], list):  # max_batch_size 1: one request's items
             return self.embed_texts(x), 1
         rows = self.embed_texts([t for texts in x for t in texts])
         out, start = [], 0
