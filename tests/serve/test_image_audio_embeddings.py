@@ -42,6 +42,7 @@ def vit(tmp_path_factory):
     return vit_folder(tmp_path_factory.mktemp("serve") / "vit")
 
 
+@pytest.mark.slow  # a server of its own: kept out of the default run
 def test_images_as_data_urls_and_parts_equal_encode_offline(vit):
     from PIL import Image
 
