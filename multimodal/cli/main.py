@@ -543,6 +543,10 @@ def main(args: list[str] | None = None) -> None:
         if code:
             raise SystemExit(code)
         return
+    if argv and argv[0] == "serve":  # until the VERBS table lands (branch cli)
+        from multimodal.serve.cli import main as serve_main
+
+        raise SystemExit(serve_main(argv[1:]))
     if argv and argv[0] == "transcribe":
         from multimodal.asr import main as transcribe_main
 

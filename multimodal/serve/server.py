@@ -1,0 +1,167 @@
+"""Build and run the LitServe server for one model (``multimodal serve``).
+
+:func:`build_server` loads the model once in the main process to learn what the API
+processes check (tokenizer, context, width), makes the endpoint's spec and LitAPI, and a
+:class:`litserve.LitServer` with our middleware (:mod:`multimodal.serve.guard`), the
+OpenAI error shape for every error, and ``GET /v1/models``. The inference workers load the
+model again in their own processes (LitServe spawns them).
+
+:func:`run` binds ``127.0.0.1`` unless told otherwise and drains on SIGTERM: new requests
+get 503, those in flight are answered (up to ``drain_timeout_s``), then LitServe shuts its
+processes down and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from multimodal.serve.models import kind_of, load_served
+
+log = logging.getLogger("multimodal.serve")
+
+
+@dataclass
+class ServeConfig:
+    """Everything ``multimodal serve`` takes (see :mod:`multimodal.serve.cli`)."""
+
+    model: str
+    kind: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch_size: int = 32
+    batch_timeout_ms: float = 10.0
+    workers: int = 1
+    api_servers: int | None = None
+    max_request_mb: float = 10.0
+    max_queue: int = 256
+    max_inputs: int = 2048
+    api_key: str | None = None
+    timeout_s: float = 60.0
+    drain_timeout_s: float = 30.0
+    served_model_name: str | None = None
+    compile: bool = False
+    quantize: str | None = None
+    accelerator: str = "auto"
+    log_level: str = "warning"
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+
+@dataclass
+class Built:
+    server: Any
+    inflight: Any
+    draining: Any
+    kind: str
+
+
+def _apis(config: ServeConfig, kind: str) -> Any:
+    """The LitAPI of ``kind``: the one place that maps a kind of model to its endpoint."""
+    timeout = config.batch_timeout_ms / 1000
+    if kind == "embed":
+        from multimodal.serve.embeddings import EmbeddingAPI, EmbeddingSpec, TextRules
+
+        served = load_served(config.model, "embed")
+        rules = TextRules.of(served.model, config.max_inputs)
+        del served
+        return EmbeddingAPI(config.model, EmbeddingSpec(rules, config.name),
+                            max_batch_size=config.max_batch_size, batch_timeout=timeout,
+                            compile=config.compile, quantize=config.quantize)
+    if kind == "classify":
+        from multimodal.serve.classify import ClassifyAPI, ClassifySpec, load_classifier
+        from multimodal.serve.embeddings import TextRules
+
+        encoder, _, names = load_classifier(config.model)
+        rules = TextRules.of(encoder, config.max_inputs)
+        del encoder
+        return ClassifyAPI(config.model, ClassifySpec(rules, names, config.name),
+                           max_batch_size=config.max_batch_size, batch_timeout=timeout)
+    if kind == "chat":
+        from multimodal.serve.chat import ChatAPI
+
+        return ChatAPI(config.model)
+    if kind == "transcribe":
+        from multimodal.serve.transcription import TranscriptionAPI, TranscriptionSpec
+
+        return TranscriptionAPI(config.model, TranscriptionSpec(config.name),
+                                max_batch_size=min(config.max_batch_size, 8),
+                                batch_timeout=timeout)
+    raise ValueError(f"no endpoint for a {kind!r} model")
+
+
+def _models_route(config: ServeConfig, kind: str) -> Any:
+    created = int(time.time())
+
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": config.name, "object": "model",
+                                            "created": created, "owned_by": "multimodal",
+                                            "kind": kind}]}
+
+    return models
+
+
+def build_server(config: ServeConfig) -> Built:
+    """The LitServer for ``config`` (module docstring); not started."""
+    import litserve as ls
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    from multimodal.serve.errors import http_exception_handler, validation_exception_handler
+    from multimodal.serve.guard import Guard
+
+    kind = config.kind or kind_of(config.model)
+    api = _apis(config, kind)
+    inflight, draining = mp.Value("i", 0), mp.Value("i", 0)
+    guard = (Guard, {"inflight": inflight, "draining": draining, "api_key": config.api_key,
+                     "max_bytes": int(config.max_request_mb * 2 ** 20),
+                     "max_queue": config.max_queue})
+    server = ls.LitServer(api, accelerator=config.accelerator,
+                          workers_per_device=config.workers, timeout=config.timeout_s,
+                          middlewares=[guard], model_metadata={"name": config.name,
+                                                               "kind": kind})
+    server.app.add_exception_handler(HTTPException, http_exception_handler)
+    server.app.add_exception_handler(RequestValidationError, validation_exception_handler)
+    server.app.add_api_route("/v1/models", _models_route(config, kind), methods=["GET"])
+    return Built(server, inflight, draining, kind)
+
+
+def _drain_then_stop(built: Built, timeout_s: float) -> None:
+    built.draining.value = 1
+    deadline = time.monotonic() + timeout_s
+    while built.inflight.value > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if built.inflight.value > 0:
+        log.warning("drain timeout: %d requests still in flight", built.inflight.value)
+    while built.server._shutdown_event is None and time.monotonic() < deadline + 5:
+        time.sleep(0.05)
+    if built.server._shutdown_event is not None:
+        built.server._shutdown_event.set()
+
+
+def run(config: ServeConfig) -> int:
+    """Start the server and block until SIGTERM / Ctrl-C; 0 after a clean drain."""
+    built = build_server(config)
+    started: list[threading.Thread] = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if not started:
+            thread = threading.Thread(target=_drain_then_stop,
+                                      args=(built, config.drain_timeout_s), daemon=True)
+            started.append(thread)
+            thread.start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    print(f"serving {config.model} ({built.kind}) on http://{config.host}:{config.port}",
+          flush=True)
+    built.server.run(host=config.host, port=config.port, num_api_servers=config.api_servers,
+                     log_level=config.log_level, generate_client_file=False)
+    return 0
