@@ -1,0 +1,154 @@
+"""GGUF blocks kept packed (``from_gguf(path, quantize=...)``): every supported block type
+against ``gguf.quants.dequantize`` (llama.cpp's own Python dequantiser), and whole tiny
+Llama files against their float32 reading (same file, same blocks)."""
+
+import numpy as np
+import pytest
+import torch
+
+import multimodal as mm
+from multimodal.convert import gguf as mm_gguf
+from multimodal.nn.quantized import QuantizedEmbedding, QuantizedLinear
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+
+from tests.convert.test_gguf import K_SCALES, llama, random_blocks, write_gguf  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
+BF16_STEP = 2.0**-7  # relative spacing of bf16 numbers (8 significant bits; rounding: half)
+ALL_2D = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def _matrix(rows: int = 48, cols: int = 256, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, cols)) * 0.05 + rng.uniform(-0.02, 0.02, (rows, 1))) \
+        .astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def blocks_file(tmp_path_factory):
+    """One tensor of every supported type (K types: random blocks with sane scales)."""
+    path = tmp_path_factory.mktemp("blocks") / "blocks.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    value = _matrix()
+    for name in ALL_2D:
+        kind = Q[name]
+        if name == "F32":
+            w.add_tensor(name, value)
+        elif name == "F16":
+            w.add_tensor(name, value.astype(np.float16))
+        elif kind in K_SCALES:
+            w.add_tensor(name, random_blocks(value.shape, kind), raw_dtype=kind)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(value, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _reference(tensor) -> torch.Tensor:
+    shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+    values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+
+
+@pytest.mark.parametrize("name", ALL_2D)
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_every_block_type_round_trips_against_gguf_dequantize(blocks_file, name, mode):
+    tensor = next(t for t in gguf.GGUFReader(blocks_file).tensors if t.name == name)
+    ref = _reference(tensor)
+    packed = mm_gguf.pack_gguf_tensor(tensor, blocks_file, mode)
+    layer = mm_gguf._linear(packed, None)
+    got = layer.dequantize()
+    if name in ("Q4_0", "Q4_1"):
+        # the blocks themselves: (q - 8) d + z with z = m + 8 d (Q4_1) or 0 (Q4_0)
+        assert packed.kind == "int4" and layer.mode == "int4"
+        torch.testing.assert_close(packed.dequantize(), ref, rtol=1e-6, atol=1e-7)
+        # in the kernel: d and z rounded to bf16, each off by at most half a bf16 step
+        groups = torch.arange(ref.shape[1]) // 32
+        d, z = packed.scale[:, groups], packed.zero[:, groups]
+        bound = ((packed.q.float() - 8).abs() * d.abs() + z.abs()) * BF16_STEP / 2 + 1e-7
+        assert ((got - ref).abs() <= bound).all()
+    elif name in ("F32", "F16", "BF16") and mode == "int4":
+        assert layer.mode == "int4"
+        groups = torch.arange(ref.shape[1]) // 32
+        lo = ref.view(ref.shape[0], -1, 32).amin(-1)[:, groups]
+        hi = ref.view(ref.shape[0], -1, 32).amax(-1)[:, groups]
+        step = (hi - lo) / 15
+        assert ((got - ref).abs() <= step * (0.5 + BF16_STEP) + lo.abs() * BF16_STEP + 1e-7).all()
+    else:  # int8, one scale per row: half a step of max |row| / 127 (bf16 scale)
+        assert layer.mode == "int8"
+        step = layer.scales.float()[:, None]
+        assert ((got - ref).abs() <= step * 0.5 * (1 + BF16_STEP) + 1e-8).all()
+
+
+def test_q4_1_is_exact_in_the_int4_kernel_up_to_bf16_scales(blocks_file):
+    """The product through the packed kernel equals x W^T with W from gguf's dequantiser,
+    to the bf16 rounding of inputs, outputs and scales."""
+    tensor = next(t for t in gguf.GGUFReader(blocks_file).tensors if t.name == "Q4_1")
+    ref = _reference(tensor)
+    layer = mm_gguf._linear(mm_gguf.pack_gguf_tensor(tensor, blocks_file, "int4"), None)
+    x = torch.randn(3, ref.shape[1], generator=torch.Generator().manual_seed(0))
+    want = x.double() @ ref.double().t()
+    assert (layer(x).double() - want).abs().max() <= 4 * BF16_STEP * want.abs().max()
+
+
+def _tiny(tmp_path, qtype, tensor_types=None, vocab=112, **kw):
+    source = llama(vocab, **kw)
+    return write_gguf(tmp_path / f"tiny_{qtype.name}.gguf", source, qtype=qtype,
+                      tensor_types=tensor_types)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+def test_packed_model_matches_the_float_reading_of_the_same_file(tmp_path, qtype):
+    """Same blocks, two readings: the float32 model (gguf's dequantiser) and the packed
+    one. Q4_*: int4 layers; Q8_0: int8 per row (requantised, half a step). Logits within
+    3 % (relative norm: bf16 activations and scales, 2 blocks) and the same greedy tokens
+    (the tiny model's logits are peaked)."""
+    path = _tiny(tmp_path, qtype)
+    ref = mm.convert.gguf.from_gguf(path)
+    ours = mm_gguf.from_gguf(path, quantize="int4")
+    kinds = {type(m) for m in ours.modules()}
+    assert nn_linear_free(ours) and QuantizedLinear in kinds and QuantizedEmbedding in kinds
+    want = "int4" if qtype in (Q.Q4_0, Q.Q4_1) else "int8"
+    assert ours.transformer.blocks[0].mlp.up.mode == want
+    ids = torch.randint(0, 112, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a, b = ours(ids), ref(ids)
+    assert torch.linalg.vector_norm(a - b) <= 0.03 * torch.linalg.vector_norm(b)
+    assert torch.equal(ours.generate(ids, max_new_tokens=8), ref.generate(ids, max_new_tokens=8))
+
+
+def nn_linear_free(model) -> bool:
+    return not any(type(m) is torch.nn.Linear for m in model.modules())
+
+
+def test_mixed_types_fuse_into_int8_and_untied_head(tmp_path):
+    """A Q4_K_M-like mix: v as Q5_0 (no kernel: dequantised, int8), q / k as Q4_0 -> the
+    fused qkv is int8; an untied output head and embedding of their own."""
+    types = {f"blk.{i}.attn_v.weight": Q.Q5_0 for i in range(2)}
+    types.update({"output.weight": Q.Q8_0, "token_embd.weight": Q.Q4_1})
+    path = _tiny(tmp_path, Q.Q4_0, types, tie_word_embeddings=False)
+    ref = mm_gguf.from_gguf(path)
+    ours = mm_gguf.from_gguf(path, quantize="int8")
+    assert ours.transformer.blocks[0].attn.qkv.mode == "int8"
+    assert ours.transformer.blocks[0].mlp.gate.mode == "int4"
+    ids = torch.randint(0, 112, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        a, b = ours(ids), ref(ids)
+    assert torch.linalg.vector_norm(a - b) <= 0.05 * torch.linalg.vector_norm(b)
+
+
+def test_float_file_quantised_on_load(tmp_path):
+    path = _tiny(tmp_path, Q.F32)
+    ref = mm_gguf.from_gguf(path)
+    ours = mm_gguf.from_gguf(path, quantize="int8")
+    assert ours.transformer.blocks[1].attn.proj.mode == "int8"
+    ids = torch.randint(0, 112, (1, 12), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(ours.generate(ids, max_new_tokens=8), ref.generate(ids, max_new_tokens=8))
+    with pytest.raises(ValueError, match="quantize must be one of"):
+        mm_gguf.from_gguf(path, quantize="q4")
