@@ -13,7 +13,13 @@ from multimodal.nn.quantized import QuantizedEmbedding, QuantizedLinear
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
-from tests.convert.test_gguf import K_SCALES, llama, random_blocks, write_gguf  # noqa: E402
+from tests.convert.test_gguf import (  # noqa: E402
+    K_SCALES,
+    bpe,  # noqa: F401 (a fixture)
+    llama,
+    random_blocks,
+    write_gguf,
+)
 
 Q = gguf.GGMLQuantizationType
 BF16_STEP = 2.0**-7  # relative spacing of bf16 numbers (8 significant bits; rounding: half)
@@ -152,3 +158,18 @@ def test_float_file_quantised_on_load(tmp_path):
     assert torch.equal(ours.generate(ids, max_new_tokens=8), ref.generate(ids, max_new_tokens=8))
     with pytest.raises(ValueError, match="quantize must be one of"):
         mm_gguf.from_gguf(path, quantize="q4")
+
+
+def test_load_encoder_keeps_the_blocks_packed_and_chats(tmp_path, bpe):  # noqa: F811
+    """mm.load_encoder(file.gguf, quantize="int4"): the packed model (not re-quantised:
+    the same weights as from_gguf's packed reading) with the file's tokenizer."""
+    path = write_gguf(tmp_path / "chat.gguf", llama(bpe.get_vocab_size()), bpe, qtype=Q.Q4_1)
+    enc = mm.load_encoder(path, quantize="int4")
+    packed = mm_gguf.from_gguf(path, quantize="int4")
+    assert enc.backbone.transformer.blocks[0].mlp.up.mode == "int4"
+    assert torch.equal(enc.backbone.transformer.blocks[0].mlp.up.qweight,
+                       packed.transformer.blocks[0].mlp.up.qweight)
+    ids = torch.tensor(enc.tokenizer.encode_many(["In the beginning"]))
+    assert torch.equal(enc.backbone.generate(ids, max_new_tokens=6),
+                       packed.generate(ids, max_new_tokens=6))
+    assert isinstance(mm.chat(enc, "Hello", max_new_tokens=4), str)
