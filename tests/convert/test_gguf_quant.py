@@ -173,3 +173,35 @@ def test_load_encoder_keeps_the_blocks_packed_and_chats(tmp_path, bpe):  # noqa:
     assert torch.equal(enc.backbone.generate(ids, max_new_tokens=6),
                        packed.generate(ids, max_new_tokens=6))
     assert isinstance(mm.chat(enc, "Hello", max_new_tokens=4), str)
+
+
+def _same_header(path) -> None:
+    """The packed path's header reader agrees with gguf.GGUFReader: every metadata value
+    and every tensor's type, shape, offset, size and bytes."""
+    ours, ref = mm_gguf._HeaderReader(path), gguf.GGUFReader(path)
+    keys = {k for k in ref.fields if not k.startswith("GGUF.")}
+    assert set(ours.fields) == keys
+    for key in keys:
+        assert ours.fields[key].contents() == ref.fields[key].contents(), key
+        assert len(ours.fields[key].data) == len(ref.fields[key].data), key
+    assert [t.name for t in ours.tensors] == [t.name for t in ref.tensors]
+    for a, b in zip(ours.tensors, ref.tensors, strict=True):
+        assert (a.tensor_type, a.shape.tolist(), a.data_offset, a.n_bytes) == \
+            (b.tensor_type, b.shape.tolist(), b.data_offset, b.n_bytes)
+        assert np.array_equal(a.data, np.asarray(b.data)), a.name
+
+
+def test_header_reader_agrees_with_gguf_reader(tmp_path, bpe):  # noqa: F811
+    types = {"blk.0.attn_v.weight": Q.Q8_0, "blk.1.ffn_up.weight": Q.F16}
+    path = write_gguf(tmp_path / "h.gguf", llama(bpe.get_vocab_size()), bpe, qtype=Q.Q4_1,
+                      tensor_types=types)
+    _same_header(path)
+
+
+def test_truncated_file_is_reported_on_the_packed_path(tmp_path):
+    path = _tiny(tmp_path, Q.Q4_0)
+    data = path.read_bytes()
+    short = tmp_path / "short.gguf"
+    short.write_bytes(data[: len(data) - 100])
+    with pytest.raises(ValueError, match="truncated"):
+        mm_gguf.from_gguf(short, quantize="int4")
