@@ -527,7 +527,7 @@ def from_gguf(path: str | os.PathLike, quantize: str | None = None) -> TextDecod
 # ======================================================================================
 
 _INT4_KINDS = ("Q4_0", "Q4_1")
-_ROW_CHUNK = 2048  # rows dequantised at a time where a float detour is unavoidable
+_ROW_CHUNK = 512  # rows dequantised at a time where a float detour is unavoidable
 
 
 class Packed(NamedTuple):
