@@ -37,6 +37,7 @@ from torch import Tensor
 
 from multimodal.nn.block import static_step
 from multimodal.nn.cache import KVCache, StaticKVCache
+from multimodal.nn.quantized import check_mode, quantized_copy
 
 
 class Cache(Protocol):
@@ -300,6 +301,7 @@ def generate(
     compile: bool = False,
     static_cache: bool | None = None,
     cache_len: int | None = None,
+    quantize: str | None = None,
     **model_kwargs: Any,
 ) -> Tensor:
     """Continue ``input_ids`` (B, N) by up to ``max_new_tokens`` tokens; returns (B, N + T).
@@ -330,6 +332,13 @@ def generate(
     without ``compile``: the same fixed-shape step, eager (default: ``compile``).
     A fixed ``cache_len`` keeps the shapes, hence the compiled step, across prompts of
     different lengths.
+
+    Weight-only quantised decoding (CPU): ``quantize="int8"`` (one scale per output
+    channel) or ``"int4"`` (groups of 32 inputs, a scale and a zero point each) decodes
+    with a copy of ``model`` whose ``nn.Linear`` layers hold packed weights multiplied by
+    PyTorch's packed kernels (:mod:`multimodal.nn.quantized`; activations bf16 inside the
+    kernel, fp32 between layers). The copy shares every other tensor with ``model`` and is
+    kept for the next call while the weights are unchanged; ``model`` is untouched.
     """
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError("input_ids must be a (batch, tokens) integer tensor, got "
@@ -343,6 +352,11 @@ def generate(
     if early_stopping not in (True, False, "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
     check_sampling_args(temperature, top_k, top_p)
+    if quantize is not None:
+        check_mode(quantize)
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"quantize={quantize!r} needs a torch.nn.Module decoder, got "
+                             f"{type(model).__name__}")
     total = input_ids.shape[1] + max_new_tokens
     if total > model.max_len:
         raise ValueError(f"prompt of {input_ids.shape[1]} tokens + max_new_tokens="
@@ -367,6 +381,8 @@ def generate(
         return input_ids
     cache_kw = dict(static=static, compile_step=compile, device=input_ids.device,
                     cache_len=cache_len or total)
+    if quantize is not None:
+        model = quantized_copy(model, quantize)  # type: ignore[arg-type]
     was_training = getattr(model, "training", False)
     if was_training:
         model.eval()

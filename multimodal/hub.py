@@ -251,9 +251,11 @@ class Encoder(nn.Module):
     eval mode even when a model holding the encoder is trained. ``compile=True``: the
     backbone's verbs compiled with ``torch.compile`` (:func:`multimodal.optimize.
     compile_encoder`; one warning and eager where compiling is unavailable);
-    ``quantize="int8"``: its Linears dynamically quantised (:func:`multimodal.optimize.
-    quantize_int8`, a frozen CPU encoder only; check :func:`~multimodal.optimize.
-    output_cosine` on your data first, docs/speed.md).
+    ``quantize="int8" | "int4"``: its Linears weight-only quantised, packed for PyTorch's
+    CPU kernels (:mod:`multimodal.nn.quantized`; a GGUF file's blocks are repacked
+    without a float copy); ``"dynamic-int8"``: dynamically quantised
+    (:func:`multimodal.optimize.quantize_int8`); a frozen CPU encoder only; check
+    :func:`~multimodal.optimize.output_cosine` on your data first, docs/speed.md).
     """
 
     MODALITIES = ("image", "text", "audio", "image+text")
@@ -616,7 +618,8 @@ def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
             if getattr(model, "modality", None) in ("image", "image+text"):
                 preprocessor = checkpoint_image_preprocessor(ckpt, model)
         elif kind == "gguf":  # model + tokenizer
-            model, own_tokenizer = load_gguf(path, tokenizer=tokenizer is None)
+            model, own_tokenizer = load_gguf(path, tokenizer=tokenizer is None,
+                                             quantize=quantize)
             tokenizer = own_tokenizer if tokenizer is None else tokenizer
         else:
             if kind in ("hf", "ctranslate2"):

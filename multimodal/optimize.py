@@ -12,9 +12,12 @@ Functions on a model, each returning the model to use:
   keeps bf16 only where the CPU computes it natively (:func:`multimodal.precision.
   native_bf16`) AND it measured faster, the rule training precision follows.
 - :func:`quantize_int8`: a copy whose ``nn.Linear`` layers are dynamically quantised
-  (int8 weights, activations quantised per call; CPU only), and :func:`output_cosine`, the
-  cosine similarity of its outputs to fp32, which must reach :data:`INT8_MIN_COSINE` for
-  int8 to be offered as a default anywhere.
+  (int8 weights, activations quantised per call; CPU only; ``quantize="dynamic-int8"``),
+  and :func:`output_cosine`, the cosine similarity of its outputs to fp32, which must
+  reach :data:`INT8_MIN_COSINE` for int8 to be offered as a default anywhere.
+- ``quantize="int8" | "int4"``: weight-only (:mod:`multimodal.nn.quantized`, the same
+  packed layers as ``generate(..., quantize=...)``; activations stay floating point): a
+  copy sharing the model's other tensors.
 - :func:`optimize_encoder`: the three in order (quantise, precision, compile).
 """
 
@@ -37,7 +40,8 @@ from multimodal.precision import native_bf16
 ENCODER_METHODS = ("forward", "forward_features", "encode_image", "encode_text")
 """The methods an encoder is called through (hub.Encoder calls ``forward_features``, or
 ``encode_image`` / ``encode_text`` for an image-text model)."""
-QUANTIZE_MODES = ("int8",)
+QUANTIZE_MODES = ("int8", "int4", "dynamic-int8")
+"""Weight-only int8 / int4 (:mod:`multimodal.nn.quantized`), or torch.ao's dynamic int8."""
 PRECISIONS = ("fp32", "bf16")
 INT8_MIN_COSINE = 0.999
 """Smallest output cosine similarity to fp32 at which int8 may be a default."""
@@ -154,7 +158,7 @@ def choose_inference_precision(model: nn.Module, example: Any, *,
 
 
 def _check_quantizable(model: nn.Module, mode: str) -> None:
-    if mode not in QUANTIZE_MODES:
+    if mode not in QUANTIZE_MODES and mode != "int8":
         raise ValueError(f"quantize must be one of {QUANTIZE_MODES} (or None), got {mode!r}")
     engines = torch.backends.quantized.supported_engines
     if not any(e in engines for e in ("x86", "fbgemm", "qnnpack", "onednn")):
@@ -218,19 +222,26 @@ def output_cosine(reference: Callable[..., Tensor], candidate: Callable[..., Ten
 def optimize_encoder(model: nn.Module, *, compile: bool = False, precision: str = "fp32",
                      quantize: str | None = None, example: Any = None,
                      methods: Sequence[str] | None = None) -> nn.Module:
-    """``model`` made faster for inference: ``quantize="int8"`` (:func:`quantize_int8`,
-    a copy), then ``precision`` (``"fp32"``, ``"bf16"``, or ``"auto"``: timed on
-    ``example`` by :func:`choose_inference_precision`, fp32 without an example), then
-    ``compile`` (:func:`compile_encoder`). int8 combines with fp32 only (its GEMMs are
-    int8 already)."""
+    """``model`` made faster for inference: ``quantize`` (``"int8"`` / ``"int4"``:
+    weight-only packed Linears, :func:`multimodal.nn.quantized.quantized_copy`;
+    ``"dynamic-int8"``: :func:`quantize_int8`; a copy either way), then ``precision``
+    (``"fp32"``, ``"bf16"``, or ``"auto"``: timed on ``example`` by
+    :func:`choose_inference_precision`, fp32 without an example), then ``compile``
+    (:func:`compile_encoder`). Quantised models combine with fp32 only (their kernels
+    choose their own arithmetic)."""
     if quantize is not None:
         if quantize not in QUANTIZE_MODES:
             raise ValueError(f"quantize must be one of {QUANTIZE_MODES} (or None), "
                              f"got {quantize!r}")
         if precision == "bf16":
-            raise ValueError("quantize='int8' runs int8 GEMMs: combine it with "
+            raise ValueError(f"quantize={quantize!r} runs its own kernels: combine it with "
                              "precision='fp32' (or 'auto'), not 'bf16'")
-        model = quantize_int8(model)
+        if quantize == "dynamic-int8":
+            model = quantize_int8(model)
+        else:
+            from multimodal.nn.quantized import quantized_copy
+
+            model = uncompile_encoder(quantized_copy(model, quantize))
         precision = "fp32"
     if precision == "auto":
         precision = "fp32" if example is None else choose_inference_precision(

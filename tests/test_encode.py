@@ -175,7 +175,7 @@ def test_bad_requests_are_named(wordpiece):
     with pytest.raises(ValueError, match="text 1 is a int"):
         encoder.encode(["fine", 3])
     with pytest.raises(ValueError, match="quantize must be one of"):
-        Encoder(_text_encoder(wordpiece), wordpiece, quantize="int4")
+        Encoder(_text_encoder(wordpiece), wordpiece, quantize="int3")
     with pytest.raises(ValueError, match="freeze=True"):
         Encoder(_text_encoder(wordpiece), wordpiece, quantize="int8", freeze=False)
     with pytest.raises(ValueError, match="pooling"):
