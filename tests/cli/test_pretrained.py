@@ -217,14 +217,16 @@ def test_a_text_classifier_refuses_data_whose_tokenizer_is_too_big(tmp_path, mon
     assert task.class_names == ["a", "b"]
 
 
-def test_predict_from_a_checkpoint_without_data_arguments_says_so(tmp_path):
+def test_predict_from_a_checkpoint_without_data_arguments_says_so(tmp_path, capsys):
     ckpt = {"state_dict": {}, "hyper_parameters": {
         "_class_path": "multimodal.tasks.ClassificationTask"},
         "multimodal_model": {"model_type": "ViT", "model_config": {}}}
     torch.save(ckpt, tmp_path / "x.ckpt")
-    with pytest.raises(SystemExit, match="holds no data module arguments"):
+    with pytest.raises(SystemExit) as info:
         cli_main(["predict", "--ckpt_path", str(tmp_path / "x.ckpt"),
                   "--data.init_args.predict", "texts.txt"])
+    assert info.value.code == 2
+    assert "holds no data module arguments" in capsys.readouterr().err
 
 
 FOOD = ["bread and jam", "pasta with garlic", "pizza and salad", "rice with beans",
