@@ -382,7 +382,8 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
                              "(--data.init_args.predict)")
         if self.features and not self.tokenizer.is_fitted:
             self.setup("predict")
-        return self.loader(AudioFolderDataset(self.predict), shuffle=False)
+        dataset = AudioFolderDataset(self.predict, skip_corrupt=self.skip_corrupt)
+        return self.loader(dataset, shuffle=False)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "tokenizer": self.tokenizer.to_dict()}

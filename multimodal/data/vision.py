@@ -401,6 +401,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         dataset = ImageFolderDataset(
             self.predict, self.image_size, self.in_channels, self.mean, self.std,
             transform=image_transform(self.transform_config(), train=False) if custom else None,
+            skip_corrupt=self.skip_corrupt,
         )
         return self.loader(dataset, shuffle=False)
 

@@ -239,3 +239,39 @@ def test_inference_verb_mistakes(tmp_path, capsys, monkeypatch):
                             "--batch_size", "many"]) == \
         ["error: argument --batch_size: invalid int value: 'many' (multimodal embed --help "
          "lists the options)"]
+
+
+def test_predict_folders_honour_skip_corrupt(tmp_path, caplog):
+    """What ``predict --skip_corrupt true`` reads: the unreadable files (not an image at
+    all, a PNG cut short) are left out and named; without it, the first is an error naming
+    it."""
+    from multimodal.data.vision_datasets import ImageFolderDataset
+
+    Image.fromarray(np.full((8, 8, 3), 200, np.uint8)).save(tmp_path / "a.png")
+    whole = (tmp_path / "a.png").read_bytes()
+    (tmp_path / "b.png").write_bytes(b"not an image")
+    (tmp_path / "c.png").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"b\.png is not a PNG or JPEG image"):
+        ImageFolderDataset(tmp_path, 8, 3)
+    with caplog.at_level("WARNING"):
+        data = ImageFolderDataset(tmp_path, 8, 3, skip_corrupt=True)
+    assert [f.name for f in data.files] == ["a.png"] and data.skipped == ["b.png", "c.png"]
+    assert "skipped 2 unreadable file(s)" in caplog.text and "c.png" in caplog.text
+    x, name = data[0]
+    assert name == "a.png" and x.shape == (3, 8, 8)
+    torch.testing.assert_close(x, torch.full((3, 8, 8), 200 / 255))
+
+
+def test_audio_predict_folders_honour_skip_corrupt(tmp_path):
+    import soundfile as sf
+
+    from multimodal.data.audio_datasets import AudioFolderDataset
+
+    sf.write(tmp_path / "a.wav", np.sin(np.arange(1600) / 5).astype(np.float32), 16000)
+    (tmp_path / "b.wav").write_bytes(b"RIFF but not really")
+    data = AudioFolderDataset(tmp_path, skip_corrupt=True)
+    assert [f.name for f in data.files] == ["a.wav"] and data.skipped == ["b.wav"]
+    assert data[0]["waveform"].shape == (1600,)
+    with pytest.raises(Exception, match=r"b\.wav"):
+        plain = AudioFolderDataset(tmp_path)
+        [plain[i] for i in range(len(plain))]
