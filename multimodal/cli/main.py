@@ -1,11 +1,13 @@
-"""The ``multimodal`` command: LightningCLI over every task and data module.
+"""``multimodal fit / validate / test / predict``: LightningCLI over every task and data
+module (:func:`run_lightning`; the command's table of verbs is :mod:`multimodal.cli.verbs`,
+the other verbs are in :mod:`multimodal.cli.inference`).
 
     multimodal fit      --config configs/vit_fashion_mnist.yaml [--trainer.max_epochs 3 ...]
     multimodal validate --config ... --ckpt_path best
     multimodal test     --config ... --ckpt_path last
-    multimodal predict  --config ... --ckpt_path best --data.predict_dir my_images/
-    multimodal predict  --ckpt_path run/checkpoints/last.ckpt --data.init_args.predict_dir D
-    multimodal speak    --ckpt tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
+    multimodal predict  --config ... --ckpt_path best --data.init_args.predict my_images/
+    multimodal predict  --ckpt_path run/checkpoints/last.ckpt --data.init_args.predict D
+    multimodal speak    --model tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
     multimodal embed    --model FOLDER --inputs DIR|MANIFEST --out emb.safetensors
     multimodal zero-shot --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
     multimodal caption  --model captioner.ckpt|FOLDER --inputs DIR
@@ -402,7 +404,7 @@ def _option(argv: list[str], name: str) -> str | None:
 
 
 def predict_from_checkpoint(argv: list[str]) -> list[str]:
-    """``multimodal predict --ckpt_path X --data.init_args.predict_dir D`` without a config
+    """``multimodal predict --ckpt_path X --data.init_args.predict D`` without a config
     (``test`` / ``validate`` likewise):
     the checkpoint knows the task (its class and arguments), the model and class names
     (``pretrained: X``) and the data module's arguments, so they become a config written

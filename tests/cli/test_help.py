@@ -143,3 +143,10 @@ def test_lightning_verbs_help_lists_the_shared_options(capsys):
             assert flag in text, (verb, flag)
     assert run(["predict", "-h"]) == 0
     assert "--data.init_args.predict PATH" in capsys.readouterr().out
+
+
+def test_the_readme_first_screen_shows_every_verb():
+    text = (ROOT / "README.md").read_text()
+    first_screen = text[: text.index("## The main job")]
+    for verb, (_, line) in VERBS.items():
+        assert f"multimodal {verb} " in first_screen and line in first_screen, verb
