@@ -275,3 +275,13 @@ def test_audio_predict_folders_honour_skip_corrupt(tmp_path):
     with pytest.raises(Exception, match=r"b\.wav"):
         plain = AudioFolderDataset(tmp_path)
         [plain[i] for i in range(len(plain))]
+
+
+def test_a_folder_is_never_a_missing_checkpoint(tmp_path):
+    from multimodal.cli.callbacks import checkpoint_problem
+    from multimodal.hub import read_checkpoint
+
+    assert checkpoint_problem(tmp_path) == "a folder, not a checkpoint file"
+    assert checkpoint_problem(tmp_path / "no.ckpt") == "no such file"
+    with pytest.raises(IsADirectoryError, match="is a folder, not a checkpoint file"):
+        read_checkpoint(tmp_path)
