@@ -39,6 +39,7 @@ package, too little memory): printed on one line. Any other exception (Attribute
 AssertionError, IndexError, ...) is a bug, raised with its traceback."""
 
 _UNION = "Does not validate against any of the Union subtypes"
+_VERBS_OF_CLI = ("fit", "validate", "test", "predict")  # LightningCLI's subcommands
 
 
 class UsageError(ValueError):
@@ -145,6 +146,12 @@ def _simplify_lines(lines: list[str]) -> tuple[str, list[str]]:
     unknown = re.match(r"^unrecognized arguments:\s*(.*)$", first)
     if unknown:
         return f"unknown option {unknown.group(1).split()[0]}", []
+    required = re.match(r"^the following arguments are required:\s*(.*)$", first)
+    if required:
+        keys = [k.strip().split(".", 1)[-1] if k.strip().split(".", 1)[0] in _VERBS_OF_CLI
+                else k.strip() for k in required.group(1).split(",")]
+        return ("missing " + ", ".join(f"--{k}" for k in keys) +
+                ": give it in the config or on the command line"), []
     missing = re.match(r"^File does not exist:\s*(.*)$", first) or \
         re.match(r"^Problem in path '?([^']+)'?.*does not exist", first)
     if missing:

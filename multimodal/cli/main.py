@@ -529,6 +529,16 @@ def run_lightning(argv: list[str]) -> int:
     import warnings
 
     ckpt_path = _option(argv, "--ckpt_path")
+    has_config = any(a in ("--config", "-c") or a.startswith("--config=") for a in argv)
+    named = any(a.startswith(("--model", "--data")) and "." not in a.split("=")[0][2:]
+                for a in argv)
+    helping = any(a in ("-h", "--help", "--print_config") or a.startswith("--print_config=")
+                  for a in argv)
+    if not has_config and not named and not helping and argv and argv[0] in (
+            "fit", "validate", "test", "predict") and (argv[0] == "fit" or ckpt_path is None):
+        how = "--config CONFIG.yaml (configs/*.yaml)" if argv[0] == "fit" else \
+            "--ckpt_path CKPT (the checkpoint names its task and data) or --config CONFIG.yaml"
+        raise UsageError(f"multimodal {argv[0]} needs {how}", f"multimodal {argv[0]} --help")
     if ckpt_path is not None:
         check_ckpt_path(ckpt_path)
         check_checkpoint_task(argv)

@@ -70,6 +70,8 @@ NOT_A_CLASS = '''Parser key "data":
     ('Parser key "config":\n  File does not exist: \'/x/nowhere.yaml\'',
      ("file not found: '/x/nowhere.yaml'", "--config")),
     ("unrecognized arguments: --bogus 3", ("unknown option --bogus", None)),
+    ("the following arguments are required: fit.data",
+     ("missing --data: give it in the config or on the command line", None)),
 ])
 def test_jsonargparse_dumps_become_the_message_that_matters(message, expected):
     assert simplify(message) == expected
@@ -159,6 +161,11 @@ def images(tmp_path):
 def test_fit_mistakes(images, capsys, monkeypatch):
     monkeypatch.delenv(DEBUG_ENV, raising=False)
     cfg = str(images / "img.yaml")
+    assert _errors(capsys, ["fit"]) == ["error: multimodal fit needs --config CONFIG.yaml "
+                                        "(configs/*.yaml) (multimodal fit --help)"]
+    assert _errors(capsys, ["predict", "--data.init_args.predict", "x"]) == [
+        "error: multimodal predict needs --ckpt_path CKPT (the checkpoint names its task and "
+        "data) or --config CONFIG.yaml (multimodal predict --help)"]
     assert _errors(capsys, ["fit", "--config", str(images / "nowhere.yaml")]) == \
         [f"error: file not found: '{images / 'nowhere.yaml'}' (--config)"]
     assert _errors(capsys, ["fit", "--config", cfg, "--bogus", "3"]) == \
