@@ -256,7 +256,8 @@ def guard(verb: str, run: Callable[[list[str]], int | None], args: list[str]) ->
     except KeyboardInterrupt:
         if debug_enabled():
             raise
-        again = " (run the same command again to resume)" if verb in ("embed", "fit") else ""
+        again = {"embed": " (run the same command again to resume)",
+                 "fit": " (add --ckpt_path last to resume)"}.get(verb, "")
         print(f"interrupted{again}", file=sys.stderr)
         return 130
     except Exception as exc:
