@@ -555,7 +555,7 @@ def run_lightning(argv: list[str]) -> int:
             # not a terminal (a log file, CI): plain epoch lines instead of the redrawn bar
             trainer_defaults={"callbacks": [EpochSummary()],
                               "enable_progress_bar": is_terminal(sys.stdout)},
-            parser_kwargs={**quiet, **{verb: dict(quiet) for verb in
+            parser_kwargs={**quiet, "prog": "multimodal", **{verb: dict(quiet) for verb in
                                        ("fit", "validate", "test", "predict")}},
             args=argv,
             auto_configure_optimizers=False,

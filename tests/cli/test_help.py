@@ -150,3 +150,12 @@ def test_the_readme_first_screen_shows_every_verb():
     first_screen = text[: text.index("## The main job")]
     for verb, (_, line) in VERBS.items():
         assert f"multimodal {verb} " in first_screen and line in first_screen, verb
+
+
+def test_help_all_is_lightning_clis_full_list(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run(["fit", "--help_all"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: multimodal [options] fit")
+    assert "--trainer.max_epochs" in text and "--skip_corrupt" in text
