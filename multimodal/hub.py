@@ -121,6 +121,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     refused. Read once where both the model and other entries (tokenizer, data arguments)
     are wanted."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not a checkpoint file (a .ckpt)")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
     what = sniff_torch_file(path)

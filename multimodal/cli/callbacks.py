@@ -517,6 +517,8 @@ def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
     ``torch.save`` files are not checked.
     """
     file = Path(path)
+    if file.is_dir():
+        return "a folder, not a checkpoint file"
     if not file.is_file():
         return "no such file"
     size = file.stat().st_size

@@ -1,14 +1,19 @@
-"""The ``multimodal embed`` / ``zero-shot`` / ``caption`` verbs: argument parsing and output
-for the loops of :mod:`multimodal.inference`.
+"""The inference verbs: argument parsing and output for :mod:`multimodal.inference`,
+:mod:`multimodal.asr` and :mod:`multimodal.synthesis`.
 
-    multimodal embed     --model FOLDER|CKPT --inputs DIR|MANIFEST --out emb.safetensors
-    multimodal zero-shot --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
-    multimodal caption   --model CKPT|FOLDER --inputs DIR [--out captions.csv]
+    multimodal embed      --model FOLDER|CKPT --inputs DIR|MANIFEST --out emb.safetensors
+    multimodal zero-shot  --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
+    multimodal caption    --model CKPT|FOLDER --inputs DIR [--out captions.csv]
+    multimodal transcribe --model WHISPER_DIR --inputs DIR|FILES [--out transcripts.csv]
+    multimodal speak      --model TTS_CKPT --text "..." --prompt voice.wav --out out.wav
 
-Each takes ``--batch_size``, ``--device`` and ``--skip_corrupt`` (leave unreadable inputs
-out and list them at the end, instead of stopping at the first with an error naming it).
-Bad input prints ``error: ...`` and exits with status 2; an interrupted ``embed`` is
-resumed by running the same command again.
+``embed`` / ``zero-shot`` / ``caption`` take ``--batch_size``, ``--device`` and
+``--skip_corrupt`` (leave unreadable inputs out and list them at the end, instead of
+stopping at the first with an error naming it). Flags are spelled as in
+:mod:`multimodal.cli.flags` (old spellings such as ``--batch-size`` still work); ``--out``
+is checked before the work starts. Bad input prints ``error: ...`` and exits with status 2
+(:func:`multimodal.cli.errors.guard`); an interrupted ``embed`` is resumed by running the
+same command again. torch is imported when a verb runs, not for ``--help``.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import torch
+from multimodal.cli.flags import VerbParser, add_alias, check_out, parse, parse_labels
 
-__all__ = ["VERBS", "run_verb"]
+__all__ = ["caption_main", "embed_main", "speak_main", "transcribe_main", "zero_shot_main"]
 
 
 def _common(parser: argparse.ArgumentParser, batch_size: int) -> None:
@@ -34,9 +39,13 @@ def _common(parser: argparse.ArgumentParser, batch_size: int) -> None:
     parser.add_argument("--skip_corrupt", action="store_true",
                         help="leave unreadable inputs out (listed at the end) instead of "
                              "stopping with an error")
+    add_alias(parser, "--batch-size", "--batch_size")
+    add_alias(parser, "--skip-corrupt", "--skip_corrupt")
 
 
-def _device(name: str | None) -> torch.device:
+def _device(name: str | None) -> Any:
+    import torch
+
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
@@ -45,9 +54,8 @@ def _floats(text: str | None) -> list[float] | None:
 
 
 def embed_main(args: list[str]) -> int:
-    from multimodal.inference import embed, load_model_encoder
-
-    parser = argparse.ArgumentParser(
+    """``multimodal embed``."""
+    parser = VerbParser(
         prog="multimodal embed",
         description="One embedding per input (images, audio clips or texts) with an encoder "
                     "folder or checkpoint; writes them with the input ids. Run the same "
@@ -56,7 +64,10 @@ def embed_main(args: list[str]) -> int:
                         help="Hugging Face folder, save_pretrained folder or task .ckpt")
     parser.add_argument("--out", required=True, help="output file, .safetensors or .npy")
     _common(parser, 32)
-    ns = parser.parse_args(args)
+    ns = parse(parser, args)
+    check_out(ns.out, (".safetensors", ".npy"))
+    from multimodal.inference import embed, load_model_encoder
+
     encoder = load_model_encoder(ns.model)
     encoder.to(_device(ns.device))
     ids, emb = embed(encoder, ns.inputs, ns.out, batch_size=ns.batch_size,
@@ -66,15 +77,14 @@ def embed_main(args: list[str]) -> int:
 
 
 def zero_shot_main(args: list[str]) -> int:
-    from multimodal.inference import DEFAULT_TEMPLATES, load_model_encoder, zero_shot
-
-    parser = argparse.ArgumentParser(
+    """``multimodal zero-shot``."""
+    parser = VerbParser(
         prog="multimodal zero-shot",
         description="Classify a folder of images by label names with a CLIP / SigLIP model; "
                     "prints file, label, probability.")
     parser.add_argument("--model", required=True, help="CLIP / SigLIP folder or .ckpt")
     parser.add_argument("--labels", required=True, help='comma-separated: "cat,dog,bird"')
-    parser.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES),
+    parser.add_argument("--templates", nargs="+", default=None,
                         help="prompt templates with {} for the label (their embeddings are "
                              "averaged); default: 'a photo of a {}.'")
     parser.add_argument("--activation", choices=("softmax", "sigmoid"), default=None,
@@ -83,11 +93,15 @@ def zero_shot_main(args: list[str]) -> int:
     parser.add_argument("--out", default=None,
                         help="CSV file: file, label, probability and one column per label")
     _common(parser, 32)
-    ns = parser.parse_args(args)
-    labels = [x.strip() for x in ns.labels.split(",") if x.strip()]
+    ns = parse(parser, args)
+    labels = parse_labels(ns.labels)
+    check_out(ns.out, (".csv",))
+    from multimodal.inference import DEFAULT_TEMPLATES, load_model_encoder, zero_shot
+
     encoder = load_model_encoder(ns.model)
     encoder.to(_device(ns.device))
-    rows = zero_shot(encoder, ns.inputs, labels, ns.templates, batch_size=ns.batch_size,
+    rows = zero_shot(encoder, ns.inputs, labels, ns.templates or DEFAULT_TEMPLATES,
+                     batch_size=ns.batch_size,
                      skip_corrupt=ns.skip_corrupt, activation=ns.activation)
     for row in rows:
         print(f"{row.id}\t{row.label}\t{row.probability:.4f}")
@@ -105,9 +119,8 @@ def zero_shot_main(args: list[str]) -> int:
 
 
 def caption_main(args: list[str]) -> int:
-    from multimodal.inference import caption, load_captioner
-
-    parser = argparse.ArgumentParser(
+    """``multimodal caption``."""
+    parser = VerbParser(
         prog="multimodal caption",
         description="Caption a folder of images with a captioner checkpoint or a "
                     "VisionEncoderDecoder folder; prints file and caption.")
@@ -122,7 +135,13 @@ def caption_main(args: list[str]) -> int:
     parser.add_argument("--mean", default=None, help="override the normalisation: r,g,b")
     parser.add_argument("--std", default=None, help="override the normalisation: r,g,b")
     _common(parser, 16)
-    ns = parser.parse_args(args)
+    add_alias(parser, "--num-beams", "--num_beams")
+    add_alias(parser, "--max-new-tokens", "--max_new_tokens")
+    add_alias(parser, "--image-size", "--image_size")
+    ns = parse(parser, args)
+    check_out(ns.out, (".csv",))
+    from multimodal.inference import caption, load_captioner
+
     bundle = load_captioner(ns.model, image_size=ns.image_size, mean=_floats(ns.mean),
                             std=_floats(ns.std))
     bundle.model.to(_device(ns.device))
@@ -141,18 +160,81 @@ def caption_main(args: list[str]) -> int:
     return 0
 
 
-VERBS: dict[str, Callable[[list[str]], int]] = {
-    "embed": embed_main, "zero-shot": zero_shot_main, "caption": caption_main}
+def transcribe_main(args: list[str]) -> int:
+    """``multimodal transcribe``: one line per file (``file<TAB>text``), optionally
+    ``--out`` CSV / JSONL (:func:`multimodal.asr.transcribe`)."""
+    parser = VerbParser(
+        prog="multimodal transcribe",
+        description="Transcribe speech files with a Whisper model (a CTranslate2 Whisper "
+                    "directory, a WhisperForConditionalGeneration folder or a saved Whisper).")
+    parser.add_argument("--model", required=True, help="model directory")
+    parser.add_argument("--inputs", required=True, nargs="+",
+                        help="audio files and / or folders of audio files")
+    parser.add_argument("--out", default=None, help="results file, .csv or .jsonl")
+    parser.add_argument("--language", default=None,
+                        help="language code (multilingual models; default: detected)")
+    parser.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
+    parser.add_argument("--num_beams", type=int, default=1, help="1: greedy")
+    parser.add_argument("--batch_size", type=int, default=4, help="30 s windows per batch")
+    parser.add_argument("--resample", action="store_true",
+                        help="resample files that are not 16 kHz (otherwise an error)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="run the layers in bfloat16 (CPUs with native bf16)")
+    parser.add_argument("--compile", action="store_true",
+                        help="decode through a static KV cache with a step compiled by "
+                             "torch.compile (compiles once, then faster per token)")
+    parser.add_argument("--mix", action="store_true",
+                        help="average the channels of multi-channel files (otherwise an error)")
+    add_alias(parser, "--num-beams", "--num_beams")
+    add_alias(parser, "--batch-size", "--batch_size")
+    ns = parse(parser, args)
+    check_out(ns.out, (".csv", ".jsonl"))
+    import torch
+
+    from multimodal.asr import transcribe, write_transcripts
+
+    results = transcribe(ns.model, ns.inputs, language=ns.language, task=ns.task,
+                         num_beams=ns.num_beams, batch_size=ns.batch_size,
+                         resample=ns.resample, mix=ns.mix,
+                         compute_dtype=torch.bfloat16 if ns.bf16 else None,
+                         compile=ns.compile)
+    for r in results:
+        print(f"{r.file}\t{r.text}")
+    if ns.out:
+        print(f"wrote {write_transcripts(results, ns.out)}", file=sys.stderr)
+    return 0
 
 
-def run_verb(verb: str, args: list[str]) -> int:
-    """Run one inference verb; bad input prints ``error: ...`` and returns 2."""
-    try:
-        return VERBS[verb](args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        again = " (run the same command again to resume)" if verb == "embed" else ""
-        print(f"interrupted{again}", file=sys.stderr)
-        return 130
+def speak_main(args: list[str]) -> int:
+    """``multimodal speak``: text-to-speech with a TTSTask checkpoint
+    (:func:`multimodal.synthesis.synthesize`); writes a mono WAV."""
+    parser = VerbParser(
+        prog="multimodal speak",
+        description="Speak TEXT in the voice of PROMPT (a few seconds of speech) with a "
+                    "text-to-speech checkpoint (configs/tts_voices.yaml); writes a WAV.")
+    parser.add_argument("--model", required=True, help="TTSTask checkpoint (.ckpt)")
+    parser.add_argument("--text", required=True, help="what to say")
+    parser.add_argument("--prompt", required=True,
+                        help="audio file of the voice to imitate (any rate, mono or stereo)")
+    parser.add_argument("--out", required=True, help="WAV file to write")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="AR sampling temperature (0: greedy)")
+    parser.add_argument("--top_k", type=int, default=5, help="0: no top-k")
+    parser.add_argument("--top_p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    add_alias(parser, "--ckpt", "--model")
+    add_alias(parser, "--top-k", "--top_k")
+    add_alias(parser, "--top-p", "--top_p")
+    ns = parse(parser, args)
+    out = check_out(ns.out, (".wav",))
+    import soundfile as sf
+
+    from multimodal.synthesis import synthesize
+
+    wave, rate = synthesize(ns.model, ns.text, ns.prompt, temperature=ns.temperature,
+                            top_k=ns.top_k or None, top_p=ns.top_p, seed=ns.seed)
+    assert out is not None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(out), wave.numpy(), rate)
+    print(f"wrote {out} ({wave.numel() / rate:.2f} s at {rate} Hz)")
+    return 0

@@ -1,11 +1,13 @@
-"""The ``multimodal`` command: LightningCLI over every task and data module.
+"""``multimodal fit / validate / test / predict``: LightningCLI over every task and data
+module (:func:`run_lightning`; the command's table of verbs is :mod:`multimodal.cli.verbs`,
+the other verbs are in :mod:`multimodal.cli.inference`).
 
     multimodal fit      --config configs/vit_fashion_mnist.yaml [--trainer.max_epochs 3 ...]
     multimodal validate --config ... --ckpt_path best
     multimodal test     --config ... --ckpt_path last
-    multimodal predict  --config ... --ckpt_path best --data.predict_dir my_images/
-    multimodal predict  --ckpt_path run/checkpoints/last.ckpt --data.init_args.predict_dir D
-    multimodal speak    --ckpt tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
+    multimodal predict  --config ... --ckpt_path best --data.init_args.predict my_images/
+    multimodal predict  --ckpt_path run/checkpoints/last.ckpt --data.init_args.predict D
+    multimodal speak    --model tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
     multimodal embed    --model FOLDER --inputs DIR|MANIFEST --out emb.safetensors
     multimodal zero-shot --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
     multimodal caption  --model captioner.ckpt|FOLDER --inputs DIR
@@ -71,8 +73,10 @@ from multimodal.cli.callbacks import (
     Preemption,
     RunCheckpoint,
     StepBudget,
+    checkpoint_problem,
     resume_checkpoint,
 )
+from multimodal.cli.errors import UsageError
 from multimodal.cli.precision import auto_precision
 from multimodal.progress import is_terminal
 
@@ -342,6 +346,22 @@ def _data_model_sizes(datamodule: Any) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in sizes.items() if v is not None} if sizes else None
 
 
+def apply_skip_corrupt(config: Namespace) -> None:
+    """``--skip_corrupt true|false`` sets the data module's ``skip_corrupt``; a data module
+    that reads no files it could skip is a :class:`UsageError`."""
+    value = config.get("skip_corrupt")
+    data = config.get("data")
+    if value is None or not isinstance(data, Namespace):
+        return
+    cls = _class_of(data.get("class_path"))
+    if cls is None or "skip_corrupt" not in _defaults(cls):
+        name = getattr(cls, "__name__", data.get("class_path"))
+        raise UsageError(f"{name} reads no files that could be skipped", "--skip_corrupt")
+    if data.get("init_args") is None:
+        data["init_args"] = Namespace()
+    data["init_args"]["skip_corrupt"] = bool(value)
+
+
 class MultimodalCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -356,6 +376,7 @@ class MultimodalCLI(LightningCLI):
             # the checkpoint holds the whole model: no need for the folder it started from
             init["pretrained"] = str(ckpt_path)
         follow_pretrained(config)
+        apply_skip_corrupt(config)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
@@ -387,6 +408,10 @@ class MultimodalCLI(LightningCLI):
         parser.add_argument("--monitor_mode", type=Literal["max", "min"] | None, default=None,
                             help="max or min (default: min for a loss, else max; or the "
                                  "task's)")
+        parser.add_argument("--skip_corrupt", type=bool | None, default=None,
+                            help="leave out files that cannot be read (listed) instead of "
+                                 "stopping at the first with an error naming it (sets the "
+                                 "data module's skip_corrupt)")
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")
@@ -428,44 +453,6 @@ class MultimodalCLI(LightningCLI):
         return best, f"the best by {monitor}" if monitor else "the checkpoint callback's best"
 
 
-def speak(args: list[str]) -> int:
-    """``multimodal speak``: text-to-speech with a TTSTask checkpoint
-    (:func:`multimodal.synthesis.synthesize`); writes a mono WAV. Bad input (empty text, a
-    silent or too short prompt, ...) prints ``error: ...`` and returns 2."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="multimodal speak",
-        description="Speak TEXT in the voice of PROMPT (a few seconds of speech) with a "
-                    "text-to-speech checkpoint (configs/tts_voices.yaml); writes a WAV.")
-    parser.add_argument("--ckpt", required=True, help="TTSTask checkpoint (.ckpt)")
-    parser.add_argument("--text", required=True, help="what to say")
-    parser.add_argument("--prompt", required=True,
-                        help="audio file of the voice to imitate (any rate, mono or stereo)")
-    parser.add_argument("--out", required=True, help="WAV file to write")
-    parser.add_argument("--temperature", type=float, default=1.0,
-                        help="AR sampling temperature (0: greedy)")
-    parser.add_argument("--top-k", type=int, default=5, help="0: no top-k")
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    ns = parser.parse_args(args)
-    import soundfile as sf
-
-    from multimodal.synthesis import synthesize
-
-    try:
-        wave, rate = synthesize(ns.ckpt, ns.text, ns.prompt, temperature=ns.temperature,
-                                top_k=ns.top_k or None, top_p=ns.top_p, seed=ns.seed)
-    except (ValueError, FileNotFoundError, TypeError, RuntimeError) as err:  # no traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = Path(ns.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sf.write(str(out), wave.numpy(), rate)
-    print(f"wrote {out} ({wave.numel() / rate:.2f} s at {rate} Hz)")
-    return 0
-
-
 _TASK_OF_MODEL = {"ViT": "multimodal.tasks.ClassificationTask",
                   "AudioClassifier": "multimodal.tasks.ClassificationTask",
                   "TextEncoder": "multimodal.tasks.SequenceClassificationTask"}
@@ -481,7 +468,7 @@ def _option(argv: list[str], name: str) -> str | None:
 
 
 def predict_from_checkpoint(argv: list[str]) -> list[str]:
-    """``multimodal predict --ckpt_path X --data.init_args.predict_dir D`` without a config
+    """``multimodal predict --ckpt_path X --data.init_args.predict D`` without a config
     (``test`` / ``validate`` likewise):
     the checkpoint knows the task (its class and arguments), the model and class names
     (``pretrained: X``) and the data module's arguments, so they become a config written
@@ -505,7 +492,7 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
     about = ckpt.get("multimodal_model") or {}
     task = hp.pop("_class_path", None) or _TASK_OF_MODEL.get(about.get("model_type"))
     if task is None:
-        raise ValueError(f"{ckpt_path}: the checkpoint does not say its task; give --config")
+        raise UsageError(f"{ckpt_path} does not say its task: give --config", "--ckpt_path")
     model_args = {k: v for k, v in hp.items() if not k.startswith("_")}
     model_args.update(pretrained=str(ckpt_path), overrides=None)
     model_args.pop("preset", None)  # the checkpoint holds the architecture
@@ -518,9 +505,9 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
         data_args = {k: v for k, v in data_hp.items() if not k.startswith("_")}
         config["data"] = {"class_path": data_path, "init_args": data_args}
     elif not any(a == "--data" or a.startswith(("--data=", "--data.class_path")) for a in argv):
-        raise SystemExit(f"error: {ckpt_path} holds no data module arguments (its data module "
+        raise UsageError(f"{ckpt_path} holds no data module arguments (its data module "
                          "does not call save_hyperparameters): name the data with --config "
-                         "or --data CLASS --data.init_args...")
+                         "or --data CLASS --data.init_args...", "--ckpt_path")
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="predict-",
                                      delete=False) as f:
         yaml.safe_dump(config, f)
@@ -528,47 +515,129 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
     return [argv[0], "--config", f.name, *argv[1:]]
 
 
-def main(args: list[str] | None = None) -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    argv = sys.argv[1:] if args is None else args
-    if argv and argv[0] == "speak":
-        code = speak(argv[1:])
-        if code:
-            raise SystemExit(code)
+def check_ckpt_path(ckpt_path: str) -> None:
+    """A ``--ckpt_path`` that cannot be a checkpoint is a :class:`UsageError` naming it: a
+    folder (with the ``.ckpt`` files it holds, if any), a missing file, a file that is not
+    a checkpoint (:func:`multimodal.cli.callbacks.checkpoint_problem`). ``last``, ``best``,
+    ``hpc`` and ``registry`` are LightningCLI's names, checked when the run starts."""
+    if ckpt_path in ("last", "best", "hpc", "registry"):
         return
-    if argv and argv[0] in ("embed", "zero-shot", "caption"):
-        from multimodal.cli.inference import run_verb
+    path = Path(ckpt_path)
+    if path.is_dir():
+        found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+        hint = f": give a .ckpt file, e.g. {found[-1]}" if found else \
+            " and holds no .ckpt file: give a checkpoint file"
+        raise UsageError(f"{path} is a folder, not a checkpoint{hint}", "--ckpt_path")
+    if not path.exists():
+        raise UsageError(f"checkpoint not found: {path}", "--ckpt_path")
+    what = _file_problem(path)
+    if what is not None:
+        raise UsageError(f"{path} is not a checkpoint: {what}", "--ckpt_path")
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise UsageError(f"{path} cannot be read: {problem}", "--ckpt_path")
 
-        code = run_verb(argv[0], argv[1:])
-        if code:
-            raise SystemExit(code)
+
+def _file_problem(path: Path) -> str | None:
+    """What the file ``path`` is instead of a torch.save file, or None."""
+    from multimodal.files import sniff_torch_file
+
+    return sniff_torch_file(path)
+
+
+def _config_task(argv: list[str]) -> str | None:
+    """The model class a command line names: ``--model CLASS`` or the last ``--config``
+    file's ``model.class_path`` (None when neither says)."""
+    named = _option(argv, "--model") or _option(argv, "--model.class_path")
+    if named:
+        return named
+    import yaml
+
+    task = None
+    for i, arg in enumerate(argv):
+        path = argv[i + 1] if arg in ("--config", "-c") and i + 1 < len(argv) else \
+            arg.split("=", 1)[1] if arg.startswith("--config=") else None
+        if path is None or not Path(path).is_file():
+            continue
+        try:
+            config = yaml.safe_load(Path(path).read_text()) or {}
+        except (yaml.YAMLError, OSError, UnicodeDecodeError):
+            continue
+        model = config.get("model") if isinstance(config, dict) else None
+        if isinstance(model, dict) and model.get("class_path"):
+            task = str(model["class_path"])
+        elif isinstance(model, str):
+            task = model
+    return task
+
+
+def check_checkpoint_task(argv: list[str]) -> None:
+    """With a config and a ``--ckpt_path`` file both given, the checkpoint must be of the
+    config's task: a :class:`UsageError` naming both otherwise (LightningCLI would take the
+    checkpoint's task and fail later on data the task does not read)."""
+    ckpt_path, wanted = _option(argv, "--ckpt_path"), _config_task(argv)
+    if not ckpt_path or not wanted or not Path(ckpt_path).is_file():
         return
-    if argv and argv[0] == "serve":  # until the VERBS table lands (branch cli)
-        from multimodal.serve.cli import main as serve_main
+    import torch
 
-        raise SystemExit(serve_main(argv[1:]))
-    if argv and argv[0] == "transcribe":
-        from multimodal.asr import main as transcribe_main
-
-        code = transcribe_main(argv[1:])
-        if code:
-            raise SystemExit(code)
+    try:
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # an unreadable file is check_ckpt_path's and Lightning's to report
         return
+    saved = (ckpt.get("hyper_parameters") or {}).get("_class_path")
+    if saved and str(saved).rsplit(".", 1)[-1] != wanted.rsplit(".", 1)[-1]:
+        raise UsageError(f"{ckpt_path} is a checkpoint of {saved}, but the config's model is "
+                         f"{wanted}: give that task's config, or no --config (the "
+                         "checkpoint names its task)", "--ckpt_path")
+
+
+def run_lightning(argv: list[str]) -> int:
+    """``multimodal fit / validate / test / predict ...`` (``argv`` starts with the verb)
+    through :class:`MultimodalCLI`. Errors are raised (the caller prints them on one
+    line): jsonargparse's as ``argparse.ArgumentError``, not its usage dump and exit."""
+    import warnings
+
+    ckpt_path = _option(argv, "--ckpt_path")
+    has_config = any(a in ("--config", "-c") or a.startswith("--config=") for a in argv)
+    named = any(a.startswith(("--model", "--data")) and "." not in a.split("=")[0][2:]
+                for a in argv)
+    helping = any(a in ("-h", "--help", "--print_config") or a.startswith("--print_config=")
+                  for a in argv)
+    if not has_config and not named and not helping and argv and argv[0] in (
+            "fit", "validate", "test", "predict") and (argv[0] == "fit" or ckpt_path is None):
+        how = "--config CONFIG.yaml (configs/*.yaml)" if argv[0] == "fit" else \
+            "--ckpt_path CKPT (the checkpoint names its task and data) or --config CONFIG.yaml"
+        raise UsageError(f"multimodal {argv[0]} needs {how}", f"multimodal {argv[0]} --help")
+    if ckpt_path is not None:
+        check_ckpt_path(ckpt_path)
+        check_checkpoint_task(argv)
     argv = predict_from_checkpoint(list(argv))
-    args = argv if args is not None or argv != sys.argv[1:] else None
-    MultimodalCLI(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        # not a terminal (a log file, CI): plain epoch lines instead of the redrawn bar
-        trainer_defaults={"callbacks": [EpochSummary()],
-                          "enable_progress_bar": is_terminal(sys.stdout)},
-        args=args,
-        auto_configure_optimizers=False,
-    )
+    quiet = {"exit_on_error": False}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
+        MultimodalCLI(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            # not a terminal (a log file, CI): plain epoch lines instead of the redrawn bar
+            trainer_defaults={"callbacks": [EpochSummary()],
+                              "enable_progress_bar": is_terminal(sys.stdout)},
+            parser_kwargs={**quiet, "prog": "multimodal", **{verb: dict(quiet) for verb in
+                                       ("fit", "validate", "test", "predict")}},
+            args=argv,
+            auto_configure_optimizers=False,
+        )
+    return 0
+
+
+def main(args: list[str] | None = None) -> None:
+    """The ``multimodal`` command (:func:`multimodal.cli.verbs.main`: every verb)."""
+    from multimodal.cli.verbs import main as verbs_main
+
+    verbs_main(args)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -61,7 +61,7 @@ from multimodal.data.sources.spoken_words import (
     split_voices,
     synthesize_spoken_words,
 )
-from multimodal.data.splits import SplitDataModule, held_out
+from multimodal.data.splits import SplitDataModule, held_out, predict_source
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 
 __all__ = ["AudioClassificationDataModule"]
@@ -101,7 +101,8 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         stats_clips: number of training clips the normalisation is fitted on.
         synthesize: in ``prepare_data``, synthesise the spoken words if missing.
         limit_train: keep only this many training clips (quick runs).
-        predict_dir: folder of audio files for ``predict``.
+        predict: folder of audio files for ``predict`` (the same key in every data module).
+        predict_dir: the old name of ``predict`` (deprecated; still read).
         train: your training recordings: a folder ``train/<class>/<file>`` (classes sorted by
             name, as torchvision's ``ImageFolder``) or a ``path,label`` manifest (``.csv``
             with a header or ``.jsonl``; paths relative to it). ``dataset`` is then unused.
@@ -138,6 +139,7 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         synthesize: bool = True,
         limit_train: int | None = None,
         predict_dir: str | None = None,
+        predict: str | None = None,
         train: str | None = None,
         val: str | None = None,
         test: str | None = None,
@@ -177,7 +179,8 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         self.features, self.seed, self.stats_clips = features, seed, stats_clips
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.min_class_files, self.synthesize = min_class_files, synthesize
-        self.limit_train, self.predict_dir = limit_train, predict_dir
+        self.limit_train = limit_train
+        self.predict = predict_source(predict, predict_dir)
         self.tokenizer = AudioFrameTokenizer(AudioFeatureConfig(n_mels=n_mels))
         self.files = {"train": train, "val": val, "test": test}
         self.skip_corrupt, self.shards = skip_corrupt, shards
@@ -375,11 +378,13 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         self._log_skipped()
 
     def predict_dataloader(self) -> DataLoader:
-        if self.predict_dir is None:
-            raise ValueError("set predict_dir to a folder of audio files to predict on")
+        if self.predict is None:
+            raise ValueError("set predict to a folder of audio files to predict on "
+                             "(--data.init_args.predict)")
         if self.features and not self.tokenizer.is_fitted:
             self.setup("predict")
-        return self.loader(AudioFolderDataset(self.predict_dir), shuffle=False)
+        dataset = AudioFolderDataset(self.predict, skip_corrupt=self.skip_corrupt)
+        return self.loader(dataset, shuffle=False)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "tokenizer": self.tokenizer.to_dict()}

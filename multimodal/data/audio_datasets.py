@@ -3,6 +3,7 @@ that pads waveforms (or turns them into log-mel features) into one batch dict.""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from torch.utils.data import Dataset
 from multimodal.data.audio_transforms import SAMPLE_RATE, Resampler, centre_crop
 from multimodal.files import AUDIO_EXTENSIONS  # WAV, FLAC, OGG, MP3
 from multimodal.tokenizers.audio import AudioFrameTokenizer, load_audio
+
+log = logging.getLogger(__name__)
 
 __all__ = ["AudioBatchCollate", "AudioFolderDataset", "list_audio_files", "read_audio_folder"]
 
@@ -32,12 +35,30 @@ def list_audio_files(folder: str | os.PathLike) -> list[Path]:
 
 class AudioFolderDataset(Dataset):
     """A folder of audio files for ``predict``: ``{"waveform": (T,) 16 kHz, "filename": str}``
-    in sorted file-name order; clips longer than ``max_samples`` are centre-cropped."""
+    in sorted file-name order; clips longer than ``max_samples`` are centre-cropped. A file
+    that cannot be read raises an error naming it, or with ``skip_corrupt`` is left out
+    (each file is read once here to find out) and listed in ``skipped`` and a warning."""
 
-    def __init__(self, folder: str | os.PathLike, max_samples: int | None = None) -> None:
+    def __init__(self, folder: str | os.PathLike, max_samples: int | None = None,
+                 skip_corrupt: bool = False) -> None:
         self.files = list_audio_files(folder)
         self.max_samples = max_samples
         self._resample = Resampler()
+        self.skipped: list[str] = []
+        if skip_corrupt:
+            kept = []
+            for file in self.files:
+                try:
+                    load_audio(file)
+                    kept.append(file)
+                except (ValueError, OSError, RuntimeError):
+                    self.skipped.append(file.name)
+            if self.skipped:
+                log.warning("skipped %d unreadable file(s) of %s: %s", len(self.skipped),
+                            folder, ", ".join(self.skipped))
+            if not kept:
+                raise ValueError(f"no readable audio files in {folder}")
+            self.files = kept
 
     def __len__(self) -> int:
         return len(self.files)

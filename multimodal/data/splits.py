@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -15,6 +16,16 @@ from multimodal.data.sampling import (
     LoaderPosition,
     ResumableDataLoader,
 )
+
+
+def predict_source(predict: str | None, predict_dir: str | None) -> str | None:
+    """A data module's ``predict`` argument, or, when only that is given, ``predict_dir``
+    (its old name, read with a warning)."""
+    if predict is None and predict_dir is not None:
+        warnings.warn("predict_dir is the old name of predict: use --data.init_args.predict",
+                      FutureWarning, stacklevel=3)
+        return predict_dir
+    return predict
 
 
 class SplitDataModule(L.LightningDataModule):
@@ -42,6 +53,16 @@ class SplitDataModule(L.LightningDataModule):
     batch_size: int
     seed: int = 0
     num_workers: int = 0
+    predict: str | None = None  # what ``predict`` reads (the same key in every data module)
+
+    @property
+    def predict_dir(self) -> str | None:
+        """The old name of ``predict`` (deprecated)."""
+        return self.predict
+
+    @predict_dir.setter
+    def predict_dir(self, value: str | None) -> None:
+        self.predict = value
 
     def split_dataset(self, split: str) -> Dataset:
         """The dataset of ``split`` ("train", "val" or "test")."""
@@ -231,4 +252,5 @@ def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int
     return n_val, n_test
 
 
-__all__ = ["SplitDataModule", "held_out", "split_counts", "split_size", "stratified_counts"]
+__all__ = ["SplitDataModule", "held_out", "predict_source", "split_counts", "split_size",
+           "stratified_counts"]

@@ -25,7 +25,7 @@ from multimodal.data.readers import (
 )
 from multimodal.data.shards import ShardLoaderMixin
 from multimodal.data.sources import digits, fashion_mnist, mnist5k
-from multimodal.data.splits import SplitDataModule, held_out
+from multimodal.data.splits import SplitDataModule, held_out, predict_source
 from multimodal.data.vision_datasets import (
     FileImageDataset,
     ImageFolderDataset,
@@ -77,7 +77,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
     Splits: ``fit`` -> train / val (``val`` folder/manifest, else ``val_size`` held out of
     the training split, seeded); ``test`` -> the official test split (Fashion-MNIST), the
     ``test`` folder/manifest, or a seeded ``test_size`` held-out part; ``predict`` -> the
-    image files of ``predict_dir``. Pixels are normalised with ``mean`` / ``std`` when given,
+    image files of ``predict``. Pixels are normalised with ``mean`` / ``std`` when given,
     else with the training part's statistics (for files: of ``stats_samples`` of them).
 
     Args:
@@ -110,7 +110,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         seed: seed of the split permutation.
         download: fetch Fashion-MNIST with torchvision if missing (needs internet).
         limit_train: keep only this many training images (quick runs).
-        predict_dir: folder of images for ``predict``.
+        predict: folder of images for ``predict`` (the same key in every data module).
+        predict_dir: the old name of ``predict`` (deprecated; still read).
         resize: resize the shorter side to this (aspect kept), then centre-crop
             ``image_size`` (a pretrained model's preprocessing; None: plain resize).
         interpolation: ``bilinear`` (default), ``bicubic``, ``nearest``, ``lanczos``, ...
@@ -130,6 +131,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         download: bool = False,
         limit_train: int | None = None,
         predict_dir: str | None = None,
+        predict: str | None = None,
         train: str | None = None,
         val: str | None = None,
         test: str | None = None,
@@ -169,7 +171,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         self.batch_size, self.num_workers = batch_size, num_workers
         self.val_size, self.test_size = val_size, test_size
         self.augment, self.seed, self.download = augment, seed, download
-        self.limit_train, self.predict_dir = limit_train, predict_dir
+        self.limit_train = limit_train
+        self.predict = predict_source(predict, predict_dir)
         self.files = {"train": train, "val": val, "test": test}
         self.skip_corrupt, self.stats_samples = skip_corrupt, stats_samples
         self.random_resized_crop, self.auto_augment = random_resized_crop, auto_augment
@@ -394,12 +397,14 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         self._normalisation()
 
     def predict_dataloader(self) -> DataLoader:
-        if self.predict_dir is None:
-            raise ValueError("predict needs predict_dir: a folder of PNG/JPEG images")
+        if self.predict is None:
+            raise ValueError("predict needs predict: a folder of PNG/JPEG images "
+                             "(--data.init_args.predict)")
         custom = self.resize is not None or self.interpolation != "bilinear"
         dataset = ImageFolderDataset(
-            self.predict_dir, self.image_size, self.in_channels, self.mean, self.std,
+            self.predict, self.image_size, self.in_channels, self.mean, self.std,
             transform=image_transform(self.transform_config(), train=False) if custom else None,
+            skip_corrupt=self.skip_corrupt,
         )
         return self.loader(dataset, shuffle=False)
 

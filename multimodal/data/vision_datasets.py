@@ -156,8 +156,9 @@ class ImageFolderDataset(Dataset):
 
     Items are ``(x, filename)`` with ``x`` float32 (in_channels, image_size, image_size)
     normalised as ``(pixel / 255 - mean) / std`` (or ``transform(uint8 image)`` when given).
-    Hidden files are skipped; any other file
-    that is not a PNG or JPEG raises ValueError naming it.
+    Hidden files are skipped; any other file that is not a PNG or JPEG, or does not
+    decode, raises ValueError naming it, or with ``skip_corrupt`` is left out (each file is
+    decoded once here to find out) and listed in ``skipped`` and in a logged warning.
     """
 
     def __init__(
@@ -168,10 +169,12 @@ class ImageFolderDataset(Dataset):
         mean: float | Sequence[float] = 0.0,
         std: float | Sequence[float] = 1.0,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        skip_corrupt: bool = False,
     ) -> None:
         folder = Path(path)
         if not folder.is_dir():
             raise FileNotFoundError(f"image folder not found: {folder}")
+        self.skipped: list[str] = []
         self.transform = transform
         if in_channels not in (1, 3):
             raise ValueError(f"in_channels must be 1 (grey) or 3 (RGB), got {in_channels}")
@@ -182,27 +185,45 @@ class ImageFolderDataset(Dataset):
         )
         if not self.files:
             raise ValueError(f"no image files in {folder}")
+        self.image_size, self.in_channels = image_size, in_channels
+        kept = []
         for file in self.files:
             with open(file, "rb") as f:
                 head = f.read(8)
-            if not any(head.startswith(m) for m in _IMAGE_MAGICS):
-                raise ValueError(f"{file} is not a PNG or JPEG image")
-        self.image_size, self.in_channels = image_size, in_channels
+            try:
+                if not any(head.startswith(m) for m in _IMAGE_MAGICS):
+                    raise ValueError(f"{file} is not a PNG or JPEG image")
+                if skip_corrupt:
+                    self._decode(file)
+                kept.append(file)
+            except ValueError:
+                if not skip_corrupt:
+                    raise
+                self.skipped.append(file.name)
+        if self.skipped:
+            log.warning("skipped %d unreadable file(s) of %s: %s", len(self.skipped), folder,
+                        ", ".join(self.skipped))
+        if not kept:
+            raise ValueError(f"no readable image files in {folder}")
+        self.files = kept
         self._mean = _per_channel(mean, in_channels, "mean")
         self._std = _per_channel(std, in_channels, "std")
 
     def __len__(self) -> int:
         return len(self.files)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, str]:
+    def _decode(self, file: Path) -> torch.Tensor:
         from torchvision.io import ImageReadMode, decode_image, read_file
 
-        file = self.files[index]
         mode = ImageReadMode.GRAY if self.in_channels == 1 else ImageReadMode.RGB
         try:
-            image = decode_image(read_file(str(file)), mode=mode)
+            return decode_image(read_file(str(file)), mode=mode)
         except RuntimeError as err:
             raise ValueError(f"{file} could not be decoded as an image: {err}") from err
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, str]:
+        file = self.files[index]
+        image = self._decode(file)
         if self.transform is not None:  # uint8 (C, H, W) -> the model's input
             return self.transform(image), file.name
         image = resize_images(image, self.image_size)
@@ -303,7 +324,7 @@ class SkippedFilesMixin:
 
     def _log_skipped(self) -> None:
         for epoch, n in sorted(self.skipped.items()):
-            if epoch not in self._logged:
+            if epoch not in self._logged and n:
                 log.warning("epoch %d: skipped %d corrupt image file(s)", epoch, n)
                 self._logged.add(epoch)
 

@@ -35,10 +35,7 @@ class Served:
 
 
 def _is_whisper_folder(path: Path) -> bool:
-    from multimodal.convert.ctranslate2 import is_ctranslate2_dir
-
-    if is_ctranslate2_dir(path):
-        return True
+    """A folder whose config.json names a Whisper with its decoder (transformers' or ours)."""
     try:
         meta = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -48,15 +45,19 @@ def _is_whisper_folder(path: Path) -> bool:
 
 
 def kind_of(path: str | Path) -> str:
-    """The kind of model at ``path`` (module docstring), without loading weights."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"--model {path} does not exist")
-    if path.is_dir() and _is_whisper_folder(path):
+    """The kind of model at ``path`` (module docstring), without loading weights; the kind
+    of path is :func:`multimodal.files.path_kind`'s answer."""
+    from multimodal.files import path_kind
+    from multimodal.installed import resolve_weights
+
+    path = Path(resolve_weights(path))  # an installed model's name: its path
+    files_kind = path_kind(path)  # FileNotFoundError / ValueError naming what path is
+    if files_kind == "ctranslate2" or (files_kind in ("hf", "save_pretrained")
+                                       and _is_whisper_folder(path)):
         return "transcribe"
-    if path.suffix.lower() == ".gguf":
+    if files_kind == "gguf":
         return "chat"
-    if path.is_file() and path.suffix == ".ckpt":
+    if files_kind == "checkpoint":
         from multimodal.hub import read_checkpoint
 
         if read_checkpoint(path).get("class_names"):

@@ -1,7 +1,7 @@
 """The pretrained path through the ``multimodal`` command: ``fit`` from a Hugging Face ViT
 folder on a folder of 3 classes with no num_classes anywhere (the count and the names come
 from the data, the image size and normalisation from the folder's preprocessor_config.json),
-then ``predict`` with only ``--ckpt_path`` and ``--data.init_args.predict_dir``; predict on a
+then ``predict`` with only ``--ckpt_path`` and ``--data.init_args.predict``; predict on a
 folder after training on shards; the model summary counts the ViT's FLOPs."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_fit_from_a_folder_then_predict_with_only_the_checkpoint(tmp_path, capsy
     for i, name in enumerate(CLASSES):
         src = train / name / "0.png"
         (pngs / f"img{i}.png").write_bytes(src.read_bytes())
-    cli_main(["predict", "--ckpt_path", str(last), "--data.init_args.predict_dir", str(pngs),
+    cli_main(["predict", "--ckpt_path", str(last), "--data.init_args.predict", str(pngs),
               "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "p")])
     lines = [ln.split("\t") for ln in capsys.readouterr().out.splitlines()
              if ln.startswith("img")]
@@ -220,14 +220,16 @@ def test_a_text_classifier_refuses_data_whose_tokenizer_is_too_big(tmp_path, mon
     assert task.class_names == ["a", "b"]
 
 
-def test_predict_from_a_checkpoint_without_data_arguments_says_so(tmp_path):
+def test_predict_from_a_checkpoint_without_data_arguments_says_so(tmp_path, capsys):
     ckpt = {"state_dict": {}, "hyper_parameters": {
         "_class_path": "multimodal.tasks.ClassificationTask"},
         "multimodal_model": {"model_type": "ViT", "model_config": {}}}
     torch.save(ckpt, tmp_path / "x.ckpt")
-    with pytest.raises(SystemExit, match="holds no data module arguments"):
+    with pytest.raises(SystemExit) as info:
         cli_main(["predict", "--ckpt_path", str(tmp_path / "x.ckpt"),
                   "--data.init_args.predict", "texts.txt"])
+    assert info.value.code == 2
+    assert "holds no data module arguments" in capsys.readouterr().err
 
 
 FOOD = ["bread and jam", "pasta with garlic", "pizza and salad", "rice with beans",

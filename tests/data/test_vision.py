@@ -338,11 +338,13 @@ def test_predict_dataloader_uses_training_normalisation(tmp_path):
     from torchvision.io import write_png
 
     write_png(torch.full((1, 8, 8), 255, dtype=torch.uint8), str(tmp_path / "white.png"))
-    dm = digits_module(predict_dir=str(tmp_path))
+    dm = digits_module(predict=str(tmp_path))
     dm.setup("predict")
     x, names = next(iter(dm.predict_dataloader()))
     assert list(names) == ["white.png"] and x.shape == (1, 1, 8, 8)
     expected = (1.0 - dm.mean[0]) / dm.std[0]
     torch.testing.assert_close(x, torch.full_like(x, expected))
-    with pytest.raises(ValueError, match="predict_dir"):
+    with pytest.raises(ValueError, match=r"--data\.init_args\.predict\)"):
         digits_module().predict_dataloader()
+    with pytest.warns(FutureWarning, match="predict_dir is the old name"):  # still read
+        assert digits_module(predict_dir=str(tmp_path)).predict == str(tmp_path)

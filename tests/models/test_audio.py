@@ -328,7 +328,7 @@ def test_cli_fit_then_predict_spoken_words(tmp_path: Path, capsys) -> None:
         (folder / f"{i}_{r['word']}.wav").write_bytes((words / r["path"]).read_bytes())
     capsys.readouterr()
     cli_main(["predict", "--config", str(config), "--ckpt_path", str(ckpt),
-              "--data.init_args.predict_dir", str(folder)])
+              "--data.init_args.predict", str(folder)])
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.count("\t") == 2]
     assert [ln.split("\t")[0] for ln in lines] == sorted(p.name for p in folder.iterdir())
     assert all(ln.split("\t")[1] in {r["word"] for r in rows} for ln in lines)

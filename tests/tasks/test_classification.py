@@ -167,7 +167,7 @@ def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
     for i in range(3):
         torchvision.io.write_png(digits.images[i][None], str(folder / f"img{i}.png"))
     cli_main(["predict", "--config", str(cfg), "--ckpt_path", str(last),
-              "--data.init_args.predict_dir", str(folder)])
+              "--data.init_args.predict", str(folder)])
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("img")]
     assert [ln.split("\t")[0] for ln in lines] == ["img0.png", "img1.png", "img2.png"]
     assert all(ln.split("\t")[1] in digits.class_names for ln in lines)
