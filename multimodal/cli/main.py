@@ -64,7 +64,7 @@ from typing import Any, Literal
 
 import lightning as L
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
@@ -178,6 +178,10 @@ def add_run_defaults(config: Namespace) -> None:
       ``--monitor`` / ``--monitor_mode`` (in a config: top-level ``monitor:`` /
       ``monitor_mode:``), by default the task class's ``default_monitor``
       (:data:`DEFAULT_MONITOR` when it has none);
+    * ``early_stopping: N`` (``--early_stopping N``; the own-data configs set it) and no
+      ``EarlyStopping`` among the callbacks: one on ``val/loss`` (min) with patience N
+      validations. With ``trainer.min_steps`` (the step budget, :class:`StepBudget`) a run
+      trains at least that many steps, then stops once the validation loss stalls;
     * a ``LearningRateMonitor`` when there is a logger and the config names none.
     """
     root = ROOT_PLACEHOLDER
@@ -204,6 +208,11 @@ def add_run_defaults(config: Namespace) -> None:
                                 last_every_seconds=LAST_EVERY_SECONDS,
                                 filename=f"best-{{epoch}}-{{{metric}:.4f}}",
                                 auto_insert_metric_name=False)))
+    patience = config.get("early_stopping")
+    if patience is not None and not _has_callback(callbacks, EarlyStopping):
+        callbacks.append(Namespace(
+            class_path="lightning.pytorch.callbacks.EarlyStopping",
+            init_args=Namespace(monitor="val/loss", mode="min", patience=int(patience))))
     if trainer.get("logger") not in (None, False, []) and \
             not _has_callback(callbacks, LearningRateMonitor):
         callbacks.append(Namespace(
@@ -412,6 +421,9 @@ class MultimodalCLI(LightningCLI):
                             help="leave out files that cannot be read (listed) instead of "
                                  "stopping at the first with an error naming it (sets the "
                                  "data module's skip_corrupt)")
+        parser.add_argument("--early_stopping", type=int | None, default=None,
+                            help="stop once val/loss has not improved for N validations "
+                                 "(after trainer.min_steps; the own-data configs set 3)")
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")

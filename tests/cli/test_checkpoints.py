@@ -328,14 +328,21 @@ OWN_DATA_CONFIGS = ("finetune_text", "finetune_image", "finetune_audio", "finetu
 @pytest.mark.parametrize("stem", OWN_DATA_CONFIGS)
 def test_every_own_data_config_has_a_step_budget_and_early_stopping(stem):
     import yaml
+    from jsonargparse import dict_to_namespace
+
+    from multimodal.cli.main import add_run_defaults
 
     path = Path(__file__).parents[2] / "configs" / f"{stem}.yaml"
     text = path.read_text()
-    trainer = yaml.safe_load(text)["trainer"]
+    parsed = yaml.safe_load(text)
+    trainer = parsed["trainer"]
     assert trainer["min_steps"] >= 100
-    stops = [c for c in trainer.get("callbacks") or []
-             if c["class_path"] == "lightning.pytorch.callbacks.EarlyStopping"]
-    assert len(stops) == 1 and stops[0]["init_args"]["monitor"] == "val/loss"
-    assert "# Training length, whatever the data size: " in text  # the comment says so
+    config = dict_to_namespace(parsed)
+    add_run_defaults(config)  # `early_stopping: N` becomes the callback the run gets
+    stops = [c for c in config.trainer.callbacks
+             if c.class_path == "lightning.pytorch.callbacks.EarlyStopping"]
+    assert len(stops) == 1 and stops[0].init_args.monitor == "val/loss"
+    assert stops[0].init_args.patience == parsed["early_stopping"] >= 1
+    assert "whatever the data size (trainer.min_steps" in text  # the comment says so
     if trainer.get("max_steps") is None:  # epochs: the budget fits in them for large data
         assert trainer["max_epochs"] >= 5
