@@ -25,6 +25,7 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     synthesis, asr             text-to-speech (CodecLM) and speech to text (Whisper)
     loading                    load(path): the one dispatch over model paths, the whole model
                                and what comes with it (tokenizer, preprocessing, pooling)
+    serve                      the LitServe server behind ``multimodal serve`` (loaders only)
     tasks | data               Lightning; data sits beside tasks and neither imports the other
     inference                  embed / zero-shot / caption over folders (models + data readers)
     cli, plots.attention, plots.pixels
@@ -67,7 +68,7 @@ ALLOWED: dict[str, set[str]] = {
     "nn": {"weights", "registry", "nn"},
     "tokenizers": {"tokenizers", "nn", "weights", "installed"},  # safetensors; model names
     "generation": {"nn"},
-    "optimize": {"precision", "generation"},
+    "optimize": {"precision", "generation", "nn"},  # nn.quantized: the packed int8 / int4 layers
     "models": _MODELS,
     "hub": _ZOO,
     "convert": _ZOO,
@@ -78,6 +79,7 @@ ALLOWED: dict[str, set[str]] = {
     "tasks": {*_ZOO, "loading", "tasks"},
     "data": {*_LAYERS, "data"},
     "inference": {*_ZOO, "data", "loading", "progress"},  # embed / zero-shot / caption loops
+    "serve": {*_ZOO, "asr", "loading", "serve"},  # the LitServe server: loaders, no Lightning
     "cli": {*_ZOO, "tasks", "data", "cli", "inference", "asr", "loading"},  # entry points
     "plots.attention": _FIGURE_SCRIPTS,
     "plots.pixels": _FIGURE_SCRIPTS,

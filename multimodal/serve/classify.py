@@ -22,32 +22,8 @@ from starlette.responses import Response
 
 from multimodal.serve.embeddings import TextRules, parse_texts
 from multimodal.serve.errors import ApiError
+from multimodal.serve.models import load_classifier
 from multimodal.serve.spec import QueueSpec, read_json
-
-
-def load_classifier(path: str) -> tuple[Any, Any, list[str]]:
-    """(Encoder for tokenisation around the model, model, class names) of a classifier
-    checkpoint; an error naming the file when it holds no text classifier."""
-    from multimodal.hub import (
-        Encoder,
-        checkpoint_tokenizer,
-        model_from_checkpoint,
-        read_checkpoint,
-    )
-
-    ckpt = read_checkpoint(path)
-    model = model_from_checkpoint(ckpt, path)
-    n = int(getattr(model.config, "num_classes", 0) or 0)
-    if n < 1 or not hasattr(model, "classify") or getattr(model, "modality", None) != "text":
-        raise ValueError(f"{path} holds no text classifier (a TextEncoder with a "
-                         "classification head, saved by the classification task)")
-    tokenizer = checkpoint_tokenizer(ckpt)
-    if tokenizer is None:
-        raise ValueError(f"{path} records no tokenizer: texts cannot be classified")
-    names = [str(c) for c in ckpt.get("class_names") or []]
-    if len(names) != n:
-        names = [str(i) for i in range(n)]
-    return Encoder(model, tokenizer), model, names
 
 
 class ClassifySpec(QueueSpec):

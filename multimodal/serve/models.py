@@ -8,7 +8,7 @@ it; when ``mm.load(path)`` lands it becomes a call to that.
 * a ``.gguf`` file (SmolLM2 and other Llama-family decoders) -> ``"chat"``
   (:func:`multimodal.load_encoder` reads model, tokenizer and chat template);
 * a task ``.ckpt`` that recorded class names (a classifier) -> ``"classify"``
-  (:func:`multimodal.serve.classify.load_classifier`: model, tokenizer, class names);
+  (:func:`load_classifier`: model, tokenizer, class names);
 * anything else :func:`multimodal.load_encoder` reads (``save_pretrained`` folder, Hugging
   Face folder, task ``.ckpt``) -> ``"embed"``.
 """
@@ -65,6 +65,27 @@ def kind_of(path: str | Path) -> str:
     return "embed"
 
 
+def load_classifier(path: str) -> tuple[Any, Any, list[str]]:
+    """(Encoder for tokenisation around the model, model, class names) of a classifier
+    checkpoint, the parts of :func:`multimodal.loading.load`; an error naming the file when
+    it holds no text classifier."""
+    from multimodal.hub import Encoder
+    from multimodal.loading import load
+
+    loaded = load(path)
+    model = loaded.model
+    n = int(getattr(model.config, "num_classes", 0) or 0)
+    if n < 1 or not hasattr(model, "classify") or getattr(model, "modality", None) != "text":
+        raise ValueError(f"{path} holds no text classifier (a TextEncoder with a "
+                         "classification head, saved by the classification task)")
+    if loaded.tokenizer is None:
+        raise ValueError(f"{path} records no tokenizer: texts cannot be classified")
+    names = loaded.class_names or []
+    if len(names) != n:
+        names = [str(i) for i in range(n)]
+    return Encoder(model, loaded.tokenizer), model, names
+
+
 def load_served(path: str | Path, kind: str | None = None, *, compile: bool = False,
                 quantize: str | None = None) -> Served:
     """Load ``path`` as ``kind`` (default: :func:`kind_of`). ``compile`` / ``quantize`` select
@@ -74,8 +95,6 @@ def load_served(path: str | Path, kind: str | None = None, *, compile: bool = Fa
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind == "classify":
-        from multimodal.serve.classify import load_classifier
-
         encoder, model, names = load_classifier(str(path))
         return Served(kind, model, (encoder, names))
     if kind == "transcribe":

@@ -78,8 +78,9 @@ def _apis(config: ServeConfig, kind: str) -> Any:
                             max_batch_size=config.max_batch_size, batch_timeout=timeout,
                             compile=config.compile, quantize=config.quantize)
     if kind == "classify":
-        from multimodal.serve.classify import ClassifyAPI, ClassifySpec, load_classifier
+        from multimodal.serve.classify import ClassifyAPI, ClassifySpec
         from multimodal.serve.embeddings import TextRules
+        from multimodal.serve.models import load_classifier
 
         encoder, _, names = load_classifier(config.model)
         rules = TextRules.of(encoder, config.max_inputs)
