@@ -20,7 +20,8 @@ file of ``--test-per-class`` passages per class from documents that no training 
 validation passage comes from (documents split 80/10/10 by
 :func:`multimodal.data.documents.split_documents`, seed 0). Reported: the optimiser steps
 trained, test macro accuracy (chance 0.333), test loss (uniform: ln 3 = 1.099) and wall
-time; the test after fit reads the best checkpoint (the run says which and why).
+time; the test after fit reads the best checkpoint, or ``last.ckpt`` below 50 validation
+examples (the run says which and why).
 
     PYTHONPATH=. nice python benchmarks/small_data_defaults.py --sizes 36 144 576 2304 \\
         --out runs/small_data_defaults
@@ -124,7 +125,7 @@ def run(config: Path, train: Path, test: Path, root: Path) -> dict[str, object]:
                       weights_only=True)
     tested = [line for line in (done.stdout + done.stderr).splitlines()
               if "test after fit:" in line]
-    return {"steps": int(last["global_step"]), "epochs": int(last["epoch"]) + 1,
+    return {"steps": int(last["global_step"]),
             "seconds": round(seconds, 1), "tested": tested[-1] if tested else "",
             **last_metrics(root)}
 
@@ -152,11 +153,10 @@ def main() -> None:
             with open(results_path, "a") as f:
                 f.write(json.dumps(result) + "\n")
     rows = [json.loads(line) for line in results_path.read_text().splitlines()]
-    print("| labelled texts | config | optimiser steps (epochs) | test macro acc | "
-          "test loss | wall s |")
+    print("| labelled texts | config | optimiser steps | test macro acc | test loss | wall s |")
     print("| ---: | --- | ---: | ---: | ---: | ---: |")
     for r in sorted(rows, key=lambda r: (r["n"], r["config"] != "old")):
-        print(f"| {r['n']} | {r['config']} | {r['steps']} ({r['epochs']}) | "
+        print(f"| {r['n']} | {r['config']} | {r['steps']} | "
               f"{r.get('test/acc_macro', float('nan')):.3f} | "
               f"{r.get('test/loss', float('nan')):.3f} | {r['seconds']:.0f} |")
 

@@ -248,10 +248,9 @@ class RunCheckpoint(ModelCheckpoint):
             rank_zero_warn(
                 f"the validation split has {self.val_examples} examples (< "
                 f"{self.min_val_examples}): too few to rank checkpoints by {self.monitor} "
-                "(it moves in coarse steps and ties are common); the best checkpoint breaks "
-                f"ties by {self.tie_break or 'nothing'} and then the later step, and last.ckpt "
-                "holds the latest weights. More validation data (a val file, or a larger "
-                "val fraction) ranks better")
+                "(it moves in coarse steps and ties are common): the CLI's test after fit "
+                "reads last.ckpt, the latest weights, not the best. More validation data (a "
+                "val file, or a larger val fraction) ranks better")
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -449,18 +449,24 @@ class MultimodalCLI(LightningCLI):
 
     def checkpoint_to_test(self) -> tuple[str | None, str]:
         """The checkpoint the test after fit reads and why: the best of the run's checkpoint
-        callback (with its metric, value and tie rule), else the weights in memory."""
+        callback (with its metric, value and tie rule); ``last.ckpt`` (the latest state)
+        when the validation split is too small to rank checkpoints (a
+        :class:`~multimodal.cli.callbacks.RunCheckpoint` counted fewer than
+        ``min_val_examples``); else the weights in memory."""
         callback = self.trainer.checkpoint_callback
         best = getattr(callback, "best_model_path", "") or None
+        if isinstance(callback, RunCheckpoint):
+            small = callback.val_examples is not None and \
+                0 < callback.val_examples < callback.min_val_examples
+            last = callback.last_model_path
+            if small and last and Path(last).is_file():
+                return last, (f"the latest state: {callback.val_examples} validation examples "
+                              f"(< {callback.min_val_examples}) are too few to rank "
+                              f"checkpoints by {callback.monitor}")
+            if best is not None:
+                return best, callback.best_reason()
         if best is None:
             return None, "no best checkpoint: nothing was ranked by a validation metric"
-        if isinstance(callback, RunCheckpoint):
-            why = callback.best_reason()
-            if callback.val_examples is not None and \
-                    0 < callback.val_examples < callback.min_val_examples:
-                why += (f"; only {callback.val_examples} validation examples, see the "
-                        "warning above")
-            return best, why
         monitor = getattr(callback, "monitor", None)
         return best, f"the best by {monitor}" if monitor else "the checkpoint callback's best"
 

@@ -147,10 +147,17 @@ def test_a_small_validation_split_is_named_and_the_test_says_what_it_reads(tmp_p
     messages = [str(w.message) for w in caught]
     assert [m for m in messages if "the validation split has 32 examples (< 50)" in m], messages
     assert callback.val_examples == 32
+    # too few to rank: the test after fit reads the latest state
+    path, why = MultimodalCLI.checkpoint_to_test(SimpleNamespace(trainer=trainer))
+    assert path == str(tmp_path / "c" / "last.ckpt") and step_of(path) == 15
+    assert why == ("the latest state: 32 validation examples (< 50) are too few to rank "
+                   "checkpoints by val/never")
+    # enough: the best, with its value and the tie rule
+    callback.min_val_examples = 32
     path, why = MultimodalCLI.checkpoint_to_test(SimpleNamespace(trainer=trainer))
     assert path == callback.best_model_path
     assert why.startswith("the highest val/never 0.5000 at step ")
-    assert "only 32 validation examples" in why
+    assert why.endswith("an equal value goes to the lower val/loss, then the later step")
 
 
 def test_the_minutes_clock_and_the_epoch_ends_share_one_last_ckpt(tmp_path, monkeypatch):
@@ -315,9 +322,8 @@ trainer:
     folder = tmp_path / "run" / "checkpoints"
     assert step_of(folder / "last.ckpt") == 6
     (line,) = [ln for ln in text.splitlines() if "test after fit: " in ln]
-    best = [p for p in folder.glob("best-*.ckpt")]
-    assert len(best) == 1 and f"test after fit: {best[0]} (the highest val/acc_macro " in line
-    assert "then the later step" in line and "only 32 validation examples" in line
+    assert f"test after fit: {folder / 'last.ckpt'} (the latest state: 32 validation " \
+        "examples (< 50) are too few to rank checkpoints by val/acc_macro)" in line
 
 
 OWN_DATA_CONFIGS = ("finetune_text", "finetune_image", "finetune_audio", "finetune_clip",
