@@ -214,3 +214,18 @@ def test_f_linear_reference_sanity():
     x, w = torch.randn(2, 8), torch.randn(4, 8)
     torch.testing.assert_close(_bf16_reference(x, w).float(),
                                F.linear(x.to(torch.bfloat16).float(), w), rtol=1e-5, atol=1e-5)
+
+
+def test_cross_attending_decoder_quantised_decodes_as_fp32():
+    """A Whisper-style decoder (cross-attention to an encoder output, passed as memory=)."""
+    torch.manual_seed(0)
+    lm = mm.TextDecoder(mm.TextDecoderConfig(vocab_size=96, max_len=32, dim=64, depth=2,
+                                             heads=4, mlp_dim=128, cross_attention=True,
+                                             memory_dim=48)).eval()
+    with torch.no_grad():
+        lm.tok_embed.weight.normal_(0, 1.0)
+    memory = torch.randn(2, 10, 48)
+    ids = torch.randint(0, 96, (2, 3))
+    want = mm.generation.generate(lm, ids, 8, memory=memory)
+    got = mm.generation.generate(lm, ids, 8, memory=memory, quantize="int8")
+    assert torch.equal(got, want)
