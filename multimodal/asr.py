@@ -174,7 +174,7 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
                num_beams: int = 1, batch_size: int = 4, resample: bool = False,
                mix: bool = False, show_progress: bool = True,
                compute_dtype: torch.dtype | None = None,
-               compile: bool = False) -> list[Transcript]:
+               compile: bool = False, quantize: str | None = None) -> list[Transcript]:
     """Transcripts of audio files (paths, or folders searched for audio files).
 
     ``model``: a model directory (see :func:`load_transcriber`) or a Whisper (then pass its
@@ -184,11 +184,17 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
     worth it on CPUs with native bf16). ``compile=True``: the decoder's one-token step
     through a static KV cache compiled with ``torch.compile`` (compiled once, for the
     first batch; the same text as eager decoding; see
-    :func:`multimodal.generation.generate`)."""
+    :func:`multimodal.generation.generate`). ``quantize="int8" | "int4"``: the decoder's
+    Linears weight-only quantised in place (:func:`multimodal.nn.quantized.quantize_`; the
+    encoder, one pass over 1 500 frames, stays as it is)."""
     if isinstance(model, (str, Path)):
         model, tokenizer = load_transcriber(model)
     if compute_dtype is not None:
         model.to_compute_dtype(compute_dtype)
+    if quantize is not None:
+        from multimodal.nn.quantized import quantize_
+
+        quantize_(model.decoder, quantize)
     if tokenizer is None:
         raise ValueError("give the tokenizer of the Whisper model (or a model directory)")
     files = _files(inputs)

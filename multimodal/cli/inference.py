@@ -183,6 +183,8 @@ def transcribe_main(args: list[str]) -> int:
     parser.add_argument("--compile", action="store_true",
                         help="decode through a static KV cache with a step compiled by "
                              "torch.compile (compiles once, then faster per token)")
+    parser.add_argument("--quantize", default=None, choices=["int8", "int4"],
+                        help="weight-only quantised decoder (packed CPU kernels)")
     parser.add_argument("--mix", action="store_true",
                         help="average the channels of multi-channel files (otherwise an error)")
     add_alias(parser, "--num-beams", "--num_beams")
@@ -197,7 +199,7 @@ def transcribe_main(args: list[str]) -> int:
                          num_beams=ns.num_beams, batch_size=ns.batch_size,
                          resample=ns.resample, mix=ns.mix,
                          compute_dtype=torch.bfloat16 if ns.bf16 else None,
-                         compile=ns.compile)
+                         compile=ns.compile, quantize=ns.quantize)
     for r in results:
         print(f"{r.file}\t{r.text}")
     if ns.out:

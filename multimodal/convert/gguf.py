@@ -760,11 +760,14 @@ def _packed_model(reader: Any, path: Path, mode: str) -> TextDecoder:
     embed = packed("token_embd.weight")
     if hf["tie_word_embeddings"]:
         head = _linear(embed, None)
+        head.refine_top = True  # exact top logits in fp32 (QuantizedLinear._refine_top)
         _set(model, "lm_head", head)
         _set(model, "tok_embed", QuantizedEmbedding.tied_to(head) if head.mode == "int8"
              else _embedding(embed))
     else:
-        _set(model, "lm_head", _linear(packed("output.weight"), None))
+        head = _linear(packed("output.weight"), None)
+        head.refine_top = True
+        _set(model, "lm_head", head)
         _set(model, "tok_embed", _embedding(embed))
     _trim_heap()
     still = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

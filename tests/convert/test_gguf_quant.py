@@ -277,6 +277,10 @@ print((status("VmHWM") - base) * 1024)
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="measured: int8 with one scale per row (the aten "
+                   "kernel's only layout) re-rounds SmolLM2's Q4_1 weights coarsely in rows "
+                   "with outliers; greedy tokens part from fp32 after 5-11 tokens on about "
+                   "half the prompts (BENCHMARKS.md, issue 41)")
 def test_real_int8_same_greedy_tokens_as_fp32_on_20_prompts(smollm2):
     _, fp32, _ = smollm2
     tok, model = fp32.tokenizer, fp32.backbone

@@ -214,3 +214,41 @@ def test_f_linear_reference_sanity():
     x, w = torch.randn(2, 8), torch.randn(4, 8)
     torch.testing.assert_close(_bf16_reference(x, w).float(),
                                F.linear(x.to(torch.bfloat16).float(), w), rtol=1e-5, atol=1e-5)
+
+
+def test_cross_attending_decoder_quantised_decodes_as_fp32():
+    """A Whisper-style decoder (cross-attention to an encoder output, passed as memory=)."""
+    torch.manual_seed(0)
+    lm = mm.TextDecoder(mm.TextDecoderConfig(vocab_size=96, max_len=32, dim=64, depth=2,
+                                             heads=4, mlp_dim=128, cross_attention=True,
+                                             memory_dim=48)).eval()
+    with torch.no_grad():
+        lm.tok_embed.weight.normal_(0, 1.0)
+    memory = torch.randn(2, 10, 48)
+    ids = torch.randint(0, 96, (2, 3))
+    want = mm.generation.generate(lm, ids, 8, memory=memory)
+    got = mm.generation.generate(lm, ids, 8, memory=memory, quantize="int8")
+    assert torch.equal(got, want)
+
+
+def test_lm_head_top_logits_are_exact_in_fp32_despite_bf16_outputs():
+    """Two logits 25.0 and 25.0039 (bf16 spacing there: 0.125, so the kernel's output
+    ties them): refine_top recomputes the near-top ones from the int8 rows in fp32, so
+    the order is that of x . W in exact arithmetic."""
+    q = torch.randint(-20, 20, (32, 64), generator=torch.Generator().manual_seed(0),
+                      dtype=torch.int8)
+    q[3] = 100
+    q[7] = 100
+    q[7, 5] = 101
+    layer = QuantizedLinear.from_int8(q, torch.full((32,), 2.0**-8))
+    x = torch.ones(1, 64)
+    want = (x.double() @ layer.dequantize().double().t())[0]  # 25.0 and 25.00390625
+    assert float(want[7] - want[3]) == 2.0**-8
+    assert int(layer(x)[0].argmax()) != 7  # the bf16 output cannot tell them apart
+    layer.refine_top = True
+    got = layer(x)[0]
+    assert int(got.argmax()) == int(want.argmax()) == 7
+    torch.testing.assert_close(got[[3, 7]].double(), want[[3, 7]], rtol=0, atol=1e-6)
+    lm = _decoder()
+    quantize_(lm, "int8")
+    assert lm.lm_head.refine_top and not lm.transformer.blocks[0].mlp.fc1.refine_top
