@@ -89,6 +89,7 @@ def old_config(out: Path) -> Path:
     config = yaml.safe_load(CONFIG.read_text())
     config["trainer"].pop("min_steps", None)
     config["trainer"].pop("callbacks", None)
+    config.pop("early_stopping", None)  # the CLI key that adds EarlyStopping on val/loss
     path = out / "finetune_text_old.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
