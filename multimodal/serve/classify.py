@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import litserve as ls
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
@@ -23,7 +22,7 @@ from starlette.responses import Response
 from multimodal.serve.embeddings import TextRules, parse_texts
 from multimodal.serve.errors import ApiError
 from multimodal.serve.models import load_classifier
-from multimodal.serve.spec import QueueSpec, read_json
+from multimodal.serve.spec import CheckedRequestsAPI, QueueSpec, read_json
 
 
 class ClassifySpec(QueueSpec):
@@ -60,7 +59,7 @@ class ClassifySpec(QueueSpec):
         return Response(json.dumps(payload), media_type="application/json")
 
 
-class ClassifyAPI(ls.LitAPI):
+class ClassifyAPI(CheckedRequestsAPI):
     """The inference worker: the texts of a batch of requests classified together."""
 
     def __init__(self, path: str, spec: ClassifySpec, *, max_batch_size: int = 32,
@@ -73,15 +72,6 @@ class ClassifyAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
         self.encoder, self.model, _ = load_classifier(self.path)
         self.encoder.to(device)
-
-    def decode_request(self, request: Any, **kwargs: Any) -> Any:
-        return request
-
-    def batch(self, inputs: list[Any]) -> list[Any]:
-        return list(inputs)
-
-    def unbatch(self, output: list[Any]) -> list[Any]:
-        return output
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
         import torch

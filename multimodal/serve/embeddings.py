@@ -29,13 +29,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import litserve as ls
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
 from multimodal.serve.errors import ApiError
-from multimodal.serve.spec import QueueSpec, read_json
+from multimodal.serve.spec import CheckedRequestsAPI, QueueSpec, read_json
 
 
 @dataclass
@@ -289,7 +288,7 @@ class EmbeddingSpec(QueueSpec):
                         headers={"X-Batch-Requests": str(batched)})
 
 
-class EmbeddingAPI(ls.LitAPI):
+class EmbeddingAPI(CheckedRequestsAPI):
     """The inference worker: loads the encoder once, embeds the texts of a batch of
     requests together (module docstring)."""
 
@@ -308,15 +307,6 @@ class EmbeddingAPI(ls.LitAPI):
 
         served = load_served(self.path, "embed", compile=self.compile, quantize=self.quantize)
         self.encoder = served.model.to(device)
-
-    def decode_request(self, request: Any, **kwargs: Any) -> Any:
-        return request
-
-    def batch(self, inputs: list[Any]) -> list[Any]:
-        return list(inputs)
-
-    def unbatch(self, output: list[Any]) -> list[Any]:
-        return output
 
     def embed_texts(self, texts: list[Any]) -> np.ndarray:
         """``(N, D)`` float32 embeddings of the items of :class:`EmbeddingJob`: texts

@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+import litserve as ls
 from litserve.specs.base import LitSpec
 from litserve.utils import LitAPIStatus, ResponseBufferItem
 from starlette.exceptions import HTTPException
@@ -60,3 +61,18 @@ class QueueSpec(LitSpec):
                 raise response
             raise ApiError(500, "the model failed on this request", None, "internal_error")
         return response
+
+
+class CheckedRequestsAPI(ls.LitAPI):
+    """A LitAPI whose requests reach it already checked and decoded (by its
+    :class:`QueueSpec`, in the HTTP process) and whose batches are plain lists of them: the
+    worker's decode, batch and unbatch steps pass them through."""
+
+    def decode_request(self, request: Any, **kwargs: Any) -> Any:
+        return request
+
+    def batch(self, inputs: list[Any]) -> list[Any]:
+        return list(inputs)
+
+    def unbatch(self, output: list[Any]) -> list[Any]:
+        return output

@@ -15,14 +15,13 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import litserve as ls
 import numpy as np
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from multimodal.serve.errors import ApiError
-from multimodal.serve.spec import QueueSpec
+from multimodal.serve.spec import CheckedRequestsAPI, QueueSpec
 
 SAMPLE_RATE = 16000
 FORMATS = ("json", "text", "verbose_json")
@@ -100,7 +99,7 @@ class TranscriptionSpec(QueueSpec):
                              "segments": segments})
 
 
-class TranscriptionAPI(ls.LitAPI):
+class TranscriptionAPI(CheckedRequestsAPI):
     """The inference worker: the 30 s windows of a batch of requests decoded together."""
 
     def __init__(self, path: str, spec: TranscriptionSpec, *, max_batch_size: int = 8,
@@ -117,15 +116,6 @@ class TranscriptionAPI(ls.LitAPI):
         self.tokenizer = served.tokenizer
         enc = self.model.config.encoder
         self.window = int(enc.max_frames) * round(enc.sample_rate * enc.hop_ms / 1000)
-
-    def decode_request(self, request: Any, **kwargs: Any) -> Any:
-        return request
-
-    def batch(self, inputs: list[Any]) -> list[Any]:
-        return list(inputs)
-
-    def unbatch(self, output: list[Any]) -> list[Any]:
-        return output
 
     def _decode(self, windows: list[Any], language: str | None) -> tuple[list[str], list]:
         from multimodal.asr import _prompt_languages
