@@ -338,6 +338,30 @@ def follow_pretrained(config: Namespace) -> list[str]:
     return warnings
 
 
+DATA_PATH_KEYS = ("train", "val", "test", "predict", "predict_dir", "shards", "tokenizer")
+"""The data module arguments that name the user's files."""
+
+
+def absolute_data_paths(config: Namespace) -> list[str]:
+    """Each data argument of :data:`DATA_PATH_KEYS` that names an existing relative path
+    becomes absolute, in place; returns the keys changed. The checkpoint records the data
+    module's arguments, and ``test`` / ``predict --ckpt_path`` rebuild the data from them:
+    from another directory a relative ``train: my_photos/`` would name nothing there (the
+    class names are read from it). URLs and names that are no path (an installed model's
+    name as ``tokenizer``) are left as they are."""
+    args = config.get("data.init_args")
+    if not isinstance(args, Namespace):
+        return []
+    changed = []
+    for key in DATA_PATH_KEYS:
+        value = args.get(key)
+        if isinstance(value, str) and value and "://" not in value \
+                and not os.path.isabs(value) and os.path.exists(value):
+            args[key] = os.path.abspath(value)
+            changed.append(key)
+    return changed
+
+
 def _differs(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) != len(b) or any(abs(float(x) - float(y)) > 1e-6
@@ -386,6 +410,7 @@ class MultimodalCLI(LightningCLI):
             init["pretrained"] = str(ckpt_path)
         follow_pretrained(config)
         apply_skip_corrupt(config)
+        absolute_data_paths(config)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}

@@ -134,6 +134,27 @@ def test_own_images_fit_then_test_and_predict_from_the_checkpoint_only(cwd, caps
     assert not (run / "config.yaml").exists()
 
 
+def test_predict_from_another_directory_after_fit_with_relative_paths(cwd, tmp_path,
+                                                                     monkeypatch, capsys):
+    """fit with ``train: my_photos/`` (relative), then ``predict --ckpt_path`` from another
+    directory: the checkpoint recorded the data's absolute path, so the class names are
+    found and the predictions are named."""
+    _photos(cwd / "my_photos")
+    _run(["fit", "--config", str(ROOT / "configs/vit_imagefolder.yaml"),
+          "--data.init_args.train", "my_photos/", *SHORT])
+    last = cwd / "runs" / "vit_imagefolder" / "checkpoints" / "last.ckpt"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    _run(["predict", "--ckpt_path", str(last),
+          "--data.init_args.predict", str(cwd / "my_photos" / "square")])
+    got = _predictions(capsys.readouterr().out)
+    assert sorted(got) == [f"{i}.png" for i in range(6)]
+    assert {label for label, _ in got.values()} <= {"circle", "square"}
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_fine_tune_from_a_save_pretrained_vit_needs_no_image_size(cwd, capsys):
     """README: start from a ``save_pretrained`` folder with finetune_image.yaml; the image
     size and normalisation come from the folder (it said "image_size is needed with your own
