@@ -80,16 +80,9 @@ def test_task_checkpoint_brings_class_names_task_and_data(tmp_path):
 
 def test_gguf_file_gives_the_decoder_and_its_tokenizer(tmp_path):
     pytest.importorskip("gguf")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tests.convert.test_gguf import byte_level_bpe, llama, write_gguf
 
-    from tests.convert.test_gguf import CORPUS, SPECIALS, llama, write_gguf
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIALS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = byte_level_bpe()
     path = write_gguf(tmp_path / "named-anything.bin", llama(tok.get_vocab_size()), tok)
     loaded = load(path)
     assert loaded.kind == "gguf" and isinstance(loaded.model, mm.TextDecoder)

@@ -36,6 +36,10 @@ CORPUS = ["In the beginning God created the heaven and the earth.",
 
 @pytest.fixture(scope="module")
 def bpe():
+    return byte_level_bpe()
+
+
+def byte_level_bpe():
     """A byte-level BPE (each digit alone, as SmolLM2's) trained on CORPUS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

@@ -32,18 +32,9 @@ def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> Path:
     in one GGUF file, written as llama.cpp's converter does (tests/convert/test_gguf.py)."""
     pytest.importorskip("gguf")
     pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tests.convert.test_gguf import Q, byte_level_bpe, llama, write_gguf
 
-    from tests.convert.test_gguf import CORPUS, SPECIALS, Q, llama, write_gguf
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=SPECIALS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = byte_level_bpe()
     model = llama(tok.get_vocab_size())
     torch.manual_seed(0)
     with torch.no_grad():  # spread the blocks' weights: replies of several tokens
