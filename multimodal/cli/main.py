@@ -78,6 +78,7 @@ from multimodal.cli.callbacks import (
 )
 from multimodal.cli.errors import UsageError
 from multimodal.cli.precision import auto_precision
+from multimodal.files import sniff_torch_file
 from multimodal.progress import is_terminal
 
 ROOT_PLACEHOLDER = "${trainer.default_root_dir}"
@@ -573,19 +574,12 @@ def check_ckpt_path(ckpt_path: str) -> None:
         raise UsageError(f"{path} is a folder, not a checkpoint{hint}", "--ckpt_path")
     if not path.exists():
         raise UsageError(f"checkpoint not found: {path}", "--ckpt_path")
-    what = _file_problem(path)
+    what = sniff_torch_file(path)
     if what is not None:
         raise UsageError(f"{path} is not a checkpoint: {what}", "--ckpt_path")
     problem = checkpoint_problem(path)
     if problem is not None:
         raise UsageError(f"{path} cannot be read: {problem}", "--ckpt_path")
-
-
-def _file_problem(path: Path) -> str | None:
-    """What the file ``path`` is instead of a torch.save file, or None."""
-    from multimodal.files import sniff_torch_file
-
-    return sniff_torch_file(path)
 
 
 def _config_task(argv: list[str]) -> str | None:

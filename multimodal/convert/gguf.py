@@ -108,67 +108,11 @@ _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
 def _gguf_extent(path: Path) -> int:
-    """The byte count the header says the file has (its tensor data included), read with
-    the format's plain layout; raises ``EOFError`` where the header itself ends early.
-    Used only to explain why ``gguf.GGUFReader`` could not read a file."""
-    with path.open("rb") as f:
-        buf = f.read(1 << 26)  # the header: tokenizer arrays included, well below 64 MiB
-
-    pos = 0
-
-    def take(fmt: str) -> Any:
-        nonlocal pos
-        size = struct.calcsize(fmt)
-        if pos + size > len(buf):
-            raise EOFError(f"the header ends early (at byte {len(buf)})")
-        value = struct.unpack_from(fmt, buf, pos)
-        pos += size
-        return value[0] if len(value) == 1 else value
-
-    def skip_string() -> None:
-        nonlocal pos
-        length = take("<Q")
-        pos += length
-        if pos > len(buf):
-            raise EOFError(f"the header ends early (at byte {len(buf)})")
-
-    scalar = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-              10: "<Q", 11: "<q", 12: "<d"}
-
-    def skip_value(kind: int) -> None:
-        if kind == 8:
-            skip_string()
-        elif kind == 9:
-            inner, count = take("<I"), take("<Q")
-            for _ in range(count):
-                skip_value(inner)
-        else:
-            take(scalar[kind])
-
-    take("<4s")
-    take("<I")
-    n_tensors, n_kv = take("<Q"), take("<Q")
-    alignment = 32
-    for _ in range(n_kv):
-        start = pos
-        skip_string()
-        key = bytes(buf[start + 8:pos]).decode("utf-8", "replace")
-        kind = take("<I")
-        if key == "general.alignment" and kind == 4:
-            alignment = take("<I")
-        else:
-            skip_value(kind)
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    end = 0
-    for _ in range(n_tensors):
-        skip_string()
-        dims = [take("<Q") for _ in range(take("<I"))]
-        kind, offset = take("<I"), take("<Q")
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-        end = max(end, offset + int(np.prod(dims)) // block * size)
-    start = -(-pos // alignment) * alignment
-    return start + end
+    """The byte count the header says the file has (its tensor data included), read by
+    :class:`_HeaderReader`; raises ``EOFError`` where the header itself ends early. Used
+    only to explain why ``gguf.GGUFReader`` could not read a file."""
+    reader = _HeaderReader(path, check_size=False)
+    return max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
 
 
 def _open(path: str | os.PathLike) -> Any:
@@ -253,9 +197,10 @@ class _HeaderReader:
     keeps a numpy view per array element (~145 MB for SmolLM2's 49k-token vocabulary, more
     than the 94 MB file): the packed path reads the header with this instead, so loading
     stays within 1.5x the file size (tests/convert/test_gguf_quant.py checks both readers
-    agree)."""
+    agree). ``check_size``: tensor data past the end of the file is an ``EOFError``.
+    """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, check_size: bool = True) -> None:
         import io
 
         with path.open("rb") as raw:
@@ -308,7 +253,7 @@ class _HeaderReader:
         self.tensors = [_LightTensor(path, name, kind, dims, start + offset)
                         for name, dims, kind, offset in infos]
         size = path.stat().st_size
-        if any(t.data_offset + t.n_bytes > size for t in self.tensors):
+        if check_size and any(t.data_offset + t.n_bytes > size for t in self.tensors):
             raise EOFError("tensor data past the end of the file")
 
 
