@@ -167,26 +167,44 @@ def test_malformed_json_is_400_and_embeddings_are_served_beside(server, tiny_cli
     np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
 
 
-def test_siglip_scores_are_each_labels_sigmoid_as_mm_zero_shot(tmp_path):
-    """The worker in-process (no server) on a SigLIP: per-label sigmoids, as offline."""
+def hf_clip_folder(folder):
+    """A transformers CLIPModel folder with random weights, its CLIPImageProcessor and a
+    word-level tokenizer.json."""
+    transformers = pytest.importorskip("transformers")
+    from tests.pretrained_folders import clip_folder, word_tokenizer
+
+    clip_folder(folder)
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32},
+                                    crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    return word_tokenizer(folder)
+
+
+@pytest.mark.parametrize("which", ["siglip", "hf_clip"])
+def test_the_worker_equals_mm_zero_shot_on_siglip_and_a_transformers_clip(tmp_path, which):
+    """The worker in-process (no server): a SigLIP of ours (per-label sigmoids) and a
+    transformers CLIP folder (softmax), each as ``mm.zero_shot`` gives it offline."""
     import multimodal as mm
     from multimodal.serve.embeddings import TextRules
     from multimodal.serve.zero_shot import ClipAPI, ClipSpec, parse_zero_shot
 
-    folder = tiny_clip_folder(tmp_path / "siglip", loss="sigmoid")
+    folder = tiny_clip_folder(tmp_path / "siglip", loss="sigmoid") if which == "siglip" \
+        else hf_clip_folder(tmp_path / "hf_clip")
+    labels = LABELS if which == "siglip" else ["red", "blue circle", "small square"]
     (tmp_path / "photos").mkdir()
     for i, raw in enumerate(IMAGES[:3]):
         (tmp_path / "photos" / f"{i}.png").write_bytes(raw)
     want = np.array([r.probabilities for r in mm.zero_shot(
-        str(folder), tmp_path / "photos", LABELS, stream=io.StringIO())])
+        str(folder), tmp_path / "photos", labels, stream=io.StringIO())])
     rules = TextRules.of(mm.load_encoder(folder))
-    api = ClipAPI(str(folder), ClipSpec(rules, "siglip", "sigmoid"))
+    activation = "sigmoid" if which == "siglip" else "softmax"
+    api = ClipAPI(str(folder), ClipSpec(rules, which, activation))
     api.setup("cpu")
-    job, _, _ = parse_zero_shot({"input": [url(b) for b in IMAGES[:3]], "labels": LABELS},
+    job, _, _ = parse_zero_shot({"input": [url(b) for b in IMAGES[:3]], "labels": labels},
                                 rules)
     (got, batched), = api.predict([job])
     np.testing.assert_allclose(got, want, atol=1e-5)
-    assert batched == 1 and not np.allclose(got.sum(1), 1)  # sigmoids, not a softmax
+    assert batched == 1
+    assert np.allclose(got.sum(1), 1) is (which == "hf_clip")  # SigLIP: sigmoids
 
 
 @pytest.mark.parametrize("which,says", [
