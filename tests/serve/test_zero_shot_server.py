@@ -230,3 +230,29 @@ def test_zero_shot_of_a_model_that_cannot_is_a_404_that_says_why(tmp_path, tiny_
         refused = client.post("/v1/embeddings", json={"input": [url(IMAGES[0])]})
         assert refused.status_code == 400
         assert "no image preprocessing" in refused.json()["error"]["message"]
+
+
+def test_label_sets_are_computed_once_and_the_cache_is_bounded(tmp_path, tiny_clip):
+    """In-process: a label set's class embeddings are reused (the same object), the least
+    recently used set is dropped past ``cache_size``, and a lone request (``max_batch_size``
+    1: no list around it) is answered as in a batch."""
+    import multimodal as mm
+    from multimodal.serve.embeddings import TextRules
+    from multimodal.serve.zero_shot import ClipAPI, ClipSpec, parse_zero_shot
+
+    rules = TextRules.of(mm.load_encoder(tiny_clip))
+    api = ClipAPI(str(tiny_clip), ClipSpec(rules, "clip", "softmax"), cache_size=2)
+    api.setup("cpu")
+    jobs = [parse_zero_shot({"input": url(IMAGES[0]), "labels": labels}, rules)[0]
+            for labels in (["cat", "dog"], ["dog", "cat"], ["red", "blue"])]
+    first = api.head(jobs[0].labels, jobs[0].templates)
+    assert api.head(jobs[0].labels, jobs[0].templates) is first
+    alone, batched = api.predict(jobs[1])
+    assert batched == 1
+    (together, n), *_ = api.predict([jobs[1], jobs[0]])
+    assert n == 2
+    np.testing.assert_allclose(alone, together, atol=1e-6)
+    # [cat, dog] was used last: a third set drops [dog, cat], the least recently used
+    api.head(jobs[2].labels, jobs[2].templates)
+    assert list(api.heads) == [(jobs[0].labels, jobs[0].templates),
+                               (jobs[2].labels, jobs[2].templates)]
