@@ -179,23 +179,47 @@ def hf_clip_folder(folder):
     return word_tokenizer(folder)
 
 
-@pytest.mark.parametrize("which", ["siglip", "hf_clip"])
-def test_the_worker_equals_mm_zero_shot_on_siglip_and_a_transformers_clip(tmp_path, which):
-    """The worker in-process (no server): a SigLIP of ours (per-label sigmoids) and a
-    transformers CLIP folder (softmax), each as ``mm.zero_shot`` gives it offline."""
+def contrastive_checkpoint(folder, path):
+    """A ``.ckpt`` as the contrastive task writes it (state dict under ``model.``, the
+    tokenizer as JSON) of the CLIP saved in ``folder``."""
+    from multimodal.hub import load_encoder
+    from multimodal.tasks.contrastive import ContrastiveTask
+
+    encoder = load_encoder(folder)
+    task = ContrastiveTask(encoder.backbone)
+    task.tokenizer = encoder.tokenizer
+    ckpt = {"state_dict": task.state_dict(), "hyper_parameters": {}}
+    task.on_save_checkpoint(ckpt)
+    torch.save(ckpt, path)
+    return path
+
+
+@pytest.mark.parametrize("which", [
+    "siglip", "hf_clip",
+    # its image normalisation measured again by the data module, three times: 11 s
+    pytest.param("task_ckpt", marks=pytest.mark.slow)])
+def test_the_worker_equals_mm_zero_shot_on_siglip_a_transformers_clip_and_a_checkpoint(
+        tmp_path, tiny_clip, which):
+    """The worker in-process (no server): a SigLIP of ours (per-label sigmoids), a
+    transformers CLIP folder and a contrastive task checkpoint (softmax), each as
+    ``mm.zero_shot`` gives it offline."""
     import multimodal as mm
     from multimodal.serve.embeddings import TextRules
+    from multimodal.serve.models import kind_of, load_served
     from multimodal.serve.zero_shot import ClipAPI, ClipSpec, parse_zero_shot
 
-    folder = tiny_clip_folder(tmp_path / "siglip", loss="sigmoid") if which == "siglip" \
-        else hf_clip_folder(tmp_path / "hf_clip")
+    folder = {"siglip": lambda: tiny_clip_folder(tmp_path / "siglip", loss="sigmoid"),
+              "hf_clip": lambda: hf_clip_folder(tmp_path / "hf_clip"),
+              "task_ckpt": lambda: contrastive_checkpoint(tiny_clip, tmp_path / "clip.ckpt"),
+              }[which]()
+    assert kind_of(folder) == "embed"
     labels = LABELS if which == "siglip" else ["red", "blue circle", "small square"]
     (tmp_path / "photos").mkdir()
     for i, raw in enumerate(IMAGES[:3]):
         (tmp_path / "photos" / f"{i}.png").write_bytes(raw)
     want = np.array([r.probabilities for r in mm.zero_shot(
         str(folder), tmp_path / "photos", labels, stream=io.StringIO())])
-    rules = TextRules.of(mm.load_encoder(folder))
+    rules = TextRules.of(load_served(folder, "embed").model)  # as the server builds them
     activation = "sigmoid" if which == "siglip" else "softmax"
     api = ClipAPI(str(folder), ClipSpec(rules, which, activation))
     api.setup("cpu")
@@ -204,7 +228,7 @@ def test_the_worker_equals_mm_zero_shot_on_siglip_and_a_transformers_clip(tmp_pa
     (got, batched), = api.predict([job])
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert batched == 1
-    assert np.allclose(got.sum(1), 1) is (which == "hf_clip")  # SigLIP: sigmoids
+    assert np.allclose(got.sum(1), 1) is (which != "siglip")  # SigLIP: sigmoids
 
 
 @pytest.mark.parametrize("which,says", [
