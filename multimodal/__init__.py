@@ -51,10 +51,10 @@ _EXPORTS: dict[str, str] = {
     "CodecConfig": "multimodal.tokenizers.codec",
     # weights in and out
     "from_pretrained": "multimodal.hub",
-    "load_encoder": "multimodal.hub",
+    "load_encoder": "multimodal.encoder",
     "load": "multimodal.loading",  # any model path -> Loaded (model, tokenizer, preprocessing)
     "Loaded": "multimodal.loading",
-    "load_checkpoint": "multimodal.hub",
+    "load_checkpoint": "multimodal.checkpoints",
     "apply_lora": "multimodal.nn.lora",
     "save_lora": "multimodal.nn.lora",
     "load_lora": "multimodal.nn.lora",
@@ -71,7 +71,7 @@ _EXPORTS: dict[str, str] = {
     "zero_shot": "multimodal.inference",
     "caption": "multimodal.inference",
     "read_embeddings": "multimodal.inference",
-    "TokenFeatures": "multimodal.hub",
+    "TokenFeatures": "multimodal.encoder",
     # CPU precision by hardware and model size
     "choose_precision": "multimodal.precision",
     "native_bf16": "multimodal.precision",

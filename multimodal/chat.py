@@ -22,7 +22,7 @@ def chat(model: Any, messages: str | Sequence[Mapping[str, Any]], tokenizer: Any
     """The assistant's reply to ``messages``.
 
     ``model``: a decoder with ``generate`` (a :class:`~multimodal.TextDecoder`), or an
-    :class:`~multimodal.hub.Encoder` from :func:`~multimodal.load_encoder`, whose tokenizer
+    :class:`~multimodal.encoder.Encoder` from :func:`~multimodal.load_encoder`, whose tokenizer
     is used when ``tokenizer`` is not given. ``messages``: ``[{"role": "user", "content":
     "..."}, ...]`` or one user message as a string. The prompt is
     ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)`` (the template

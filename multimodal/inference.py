@@ -18,7 +18,7 @@ An input that cannot be read is an error naming it (:class:`UnreadableInput`), o
 beside it). Work is saved batch by batch in ``<out>.parts/``; a run that is interrupted and
 started again with the same ``out`` reads what is there and embeds only the rest (an
 ``out`` written by another model is refused, never mixed). Inputs are batched and each
-embedding is the same whatever it was batched with (:meth:`multimodal.hub.Encoder.encode`).
+embedding is the same whatever it was batched with (:meth:`multimodal.encoder.Encoder.encode`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from typing import IO, Any
 import torch
 import torch.nn.functional as F
 
+from multimodal.checkpoints import datamodule_arguments, read_checkpoint
 from multimodal.convert.hf_preprocess import ImagePreprocessor
+from multimodal.encoder import Encoder, load_encoder
 from multimodal.files import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, TEXT_EXTENSIONS, path_kind
-from multimodal.hub import Encoder, datamodule_arguments, load_encoder, read_checkpoint
 from multimodal.loading import load
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.progress import progress
@@ -303,9 +304,9 @@ def _kinds_of(encoder: Encoder) -> tuple[str, ...]:
 
 
 def load_model_encoder(model: Any) -> Encoder:
-    """:func:`~multimodal.hub.load_encoder` of ``model``, and for a task checkpoint that
+    """:func:`~multimodal.encoder.load_encoder` of ``model``, and for a task checkpoint that
     did not record its image normalisation, the normalisation measured again by its data
-    module (an :class:`~multimodal.hub.Encoder` is returned as it is)."""
+    module (an :class:`~multimodal.encoder.Encoder` is returned as it is)."""
     if isinstance(model, Encoder):
         return model
     encoder = load_encoder(model)
@@ -388,8 +389,8 @@ def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size:
           model_name: str | None = None, on_batch: Callable[[int], None] | None = None
           ) -> tuple[list[str], torch.Tensor]:
     """Embed every input (see the module docstring): ``(ids, embeddings (N, D))`` in input
-    order, skipped inputs left out. ``model`` is an :class:`~multimodal.hub.Encoder` or
-    anything :func:`~multimodal.hub.load_encoder` reads. With ``out`` (``.safetensors`` or
+    order, skipped inputs left out. ``model`` is an :class:`~multimodal.encoder.Encoder` or
+    anything :func:`~multimodal.encoder.load_encoder` reads. With ``out`` (``.safetensors`` or
     ``.npy``) the result is also written, batch by batch, and an interrupted run resumes;
     ``model_name`` (default: the model's path, else its class) is recorded with them and
     must match on resume. ``on_batch(n)`` is called after each batch."""

@@ -29,23 +29,28 @@ from typing import Any
 
 from torch import nn
 
-from multimodal.convert import from_hf_folder
-from multimodal.convert.gguf import load_gguf
-from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling
-from multimodal.files import CONFIG_NAME, PathKind, path_kind
-from multimodal.hub import (
+from multimodal.checkpoints import (
     checkpoint_image_preprocessor,
     checkpoint_tokenizer,
     datamodule_arguments,
-    folder_preprocessor,
-    from_pretrained,
     model_from_checkpoint,
     read_checkpoint,
 )
+from multimodal.convert import from_hf_folder
+from multimodal.convert.gguf import load_gguf
+from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling
+from multimodal.convert.hf_preprocess import (
+    PREPROCESSOR_NAME,
+    ImagePreprocessor,
+    apply_audio_preprocessor,
+    read_preprocessor_config,
+)
+from multimodal.files import CONFIG_NAME, PathKind, path_kind
+from multimodal.hub import from_pretrained
 from multimodal.installed import resolve_weights
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
 
-__all__ = ["Loaded", "load", "model_parts", "select_part"]
+__all__ = ["Loaded", "folder_preprocessor", "load", "model_parts", "select_part"]
 
 WHISPER_ARCHITECTURE = "WhisperForConditionalGeneration"
 
@@ -131,6 +136,32 @@ def _is_whisper_folder(path: Path) -> bool:
     # the decoder's special tokens are read from tokenizer.json: without it, the encoder
     return isinstance(meta, dict) and WHISPER_ARCHITECTURE in (meta.get("architectures") or []) \
         and (path / TOKENIZER_NAME).is_file()
+
+
+def folder_preprocessor(path: str | Path, model: nn.Module) -> ImagePreprocessor | None:
+    """From a Hugging Face folder's ``preprocessor_config.json`` (when present): the image
+    preprocessor of an image model, or, for an audio model, its front end's settings checked
+    and applied to ``model`` (then None)."""
+    path = Path(path)
+    pre = read_preprocessor_config(path)
+    if pre is None:
+        return None
+    file = str(path / PREPROCESSOR_NAME)
+    modality = getattr(model, "modality", None)
+    if modality == "audio":
+        apply_audio_preprocessor(model, pre, file)
+        return None
+    if modality in ("image", "image+text", "image-text"):  # a captioner reads images too
+        if "feature_extractor_type" in pre and "image_processor_type" not in pre \
+                and "image_mean" not in pre:
+            raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "
+                             "processor")
+        try:
+            return ImagePreprocessor.from_dict(pre)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{file}: {err}") from None
+    return None
+
 
 
 def model_parts(model: nn.Module) -> dict[str, nn.Module]:

@@ -32,7 +32,7 @@ inside a kernel):
   a 1-D / 2-D waveform -> ``ValueError``; a missing prompt file -> ``FileNotFoundError``;
 * a checkpoint path that is not a checkpoint (a text file, a Git LFS pointer, an HTML
   page) -> ``ValueError`` "... is not a checkpoint file: ..." naming it
-  (:func:`multimodal.hub.read_checkpoint`);
+  (:func:`multimodal.checkpoints.read_checkpoint`);
 * a prompt at another sample rate is resampled; a stereo (multi-channel) prompt is averaged
   to mono, in either layout, ``(channels, samples)`` or soundfile's ``(samples, channels)``
   (the shorter side is the channels); integer PCM (int16 from ``scipy.io.wavfile``, any
@@ -124,7 +124,7 @@ def codec_from_state(state: dict[str, Any]) -> MelRVQCodec:
 
 def load_tts(path: str | Path) -> TTSBundle:
     """The :class:`TTSBundle` of a :class:`~multimodal.tasks.tts.TTSTask` checkpoint."""
-    from multimodal.hub import model_from_checkpoint, read_checkpoint
+    from multimodal.checkpoints import model_from_checkpoint, read_checkpoint
 
     path = Path(path)
     ckpt = read_checkpoint(path)

@@ -16,8 +16,9 @@ import soundfile as sf
 import torch
 
 import multimodal as mm
+from multimodal.checkpoints import read_checkpoint
 from multimodal.data.audio_transforms import Resampler
-from multimodal.hub import Encoder, read_checkpoint
+from multimodal.encoder import Encoder
 from multimodal.models.audio import AudioClassifier, AudioClassifierConfig
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec

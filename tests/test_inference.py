@@ -18,7 +18,7 @@ import torch
 
 import multimodal as mm
 from multimodal.cli.main import main
-from multimodal.hub import Encoder
+from multimodal.encoder import Encoder
 from multimodal.inference import (
     UnreadableInput,
     caption,

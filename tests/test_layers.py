@@ -20,11 +20,13 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     models                     every model; imports the layers above, never Lightning
     optimize                   compiled / bf16 / int8 encoder inference (functions on any
                                model; precision and generation's compile check only)
-    hub, convert               what knows every model: loading by model_type, checkpoints,
-                               encoders, presets, conversion from other libraries
+    checkpoints, hub, convert  what knows every model: Lightning checkpoints read, models by
+                               model_type and presets, conversion from other libraries
     synthesis, asr             text-to-speech (CodecLM) and speech to text (Whisper)
     loading                    load(path): the one dispatch over model paths, the whole model
                                and what comes with it (tokenizer, preprocessing, pooling)
+    encoder                    Encoder / load_encoder: a part of load(path) as a feature
+                               extractor
     serve                      the LitServe server behind ``multimodal serve`` (loaders only)
     tasks | data               Lightning; data sits beside tasks and neither imports the other
     inference                  embed / zero-shot / caption over folders (models + data readers)
@@ -54,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 _BASE = {"weights", "registry", "plots", "progress", "precision", "installed", "files"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
-_ZOO = {*_MODELS, "hub", "convert", "embeddings", "synthesis", "optimize"}
+_ZOO = {*_MODELS, "checkpoints", "hub", "convert", "embeddings", "synthesis", "optimize"}
 _FIGURE_SCRIPTS = {*_ZOO, "tasks", "data", "plots"}
 ALLOWED: dict[str, set[str]] = {
     "__init__": set(),  # lazy attribute access only, never a module-level import
@@ -70,17 +72,21 @@ ALLOWED: dict[str, set[str]] = {
     "generation": {"nn"},
     "optimize": {"precision", "generation", "nn"},  # nn.quantized: the packed int8 / int4 layers
     "models": _MODELS,
-    "hub": _ZOO,
+    "checkpoints": _ZOO,  # Lightning checkpoints: model, tokenizer, data arguments
+    "hub": _ZOO,  # from_pretrained by model_type, presets (+ lazy aliases of moved names)
     "convert": _ZOO,
     "embeddings": {"tokenizers"},
-    "synthesis": {*_MODELS, "hub"},  # text-to-speech from a CodecLM checkpoint
+    "synthesis": {*_MODELS, "checkpoints"},  # text-to-speech from a CodecLM checkpoint
     "asr": {*_ZOO},  # speech to text with a Whisper
     "loading": {*_ZOO, "asr"},  # load(path): one dispatch, the whole model + what comes with it
-    "tasks": {*_ZOO, "loading", "tasks"},
+    "encoder": {*_ZOO, "loading"},  # Encoder / load_encoder: a part of load(path)
+    "tasks": {*_ZOO, "loading", "encoder", "tasks"},
     "data": {*_LAYERS, "data"},
-    "inference": {*_ZOO, "data", "loading", "progress"},  # embed / zero-shot / caption loops
-    "serve": {*_ZOO, "asr", "loading", "serve"},  # the LitServe server: loaders, no Lightning
-    "cli": {*_ZOO, "tasks", "data", "cli", "inference", "asr", "loading"},  # entry points
+    # embed / zero-shot / caption loops
+    "inference": {*_ZOO, "data", "loading", "encoder", "progress"},
+    # the LitServe server: loaders, no Lightning
+    "serve": {*_ZOO, "asr", "loading", "encoder", "serve"},
+    "cli": {*_ZOO, "tasks", "data", "cli", "inference", "asr", "loading", "encoder"},
     "plots.attention": _FIGURE_SCRIPTS,
     "plots.pixels": _FIGURE_SCRIPTS,
     "chat": set(),  # one chat turn: a model's generate + a tokenizer's template, duck-typed

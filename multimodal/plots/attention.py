@@ -99,7 +99,7 @@ def plot_cross_attention(image: Tensor, words: Sequence[str], maps: Tensor,
 def load_captioner(checkpoint: str | Path) -> tuple[torch.nn.Module, object, dict]:
     """(Captioner, its tokenizer, the data module's init arguments) of a CaptioningTask
     checkpoint."""
-    from multimodal.hub import datamodule_arguments, model_from_checkpoint, read_checkpoint
+    from multimodal.checkpoints import datamodule_arguments, model_from_checkpoint, read_checkpoint
     from multimodal.tokenizers.io import tokenizer_from_json
 
     ckpt = read_checkpoint(checkpoint)

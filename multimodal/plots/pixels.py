@@ -61,8 +61,8 @@ def plot_completions(originals: Tensor, completions: Tensor, prompt_rows: int,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from multimodal.checkpoints import datamodule_arguments, model_from_checkpoint, read_checkpoint
     from multimodal.data.pixels import PixelDataModule
-    from multimodal.hub import datamodule_arguments, model_from_checkpoint, read_checkpoint
     from multimodal.tasks.autoregressive import evenly_spaced_items
     from multimodal.tokenizers.image import PixelTokenizer
 
