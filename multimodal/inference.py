@@ -35,10 +35,9 @@ from typing import IO, Any
 import torch
 import torch.nn.functional as F
 
-from multimodal.checkpoints import datamodule_arguments, read_checkpoint
 from multimodal.convert.hf_preprocess import ImagePreprocessor
 from multimodal.encoder import Encoder, load_encoder
-from multimodal.files import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, TEXT_EXTENSIONS, path_kind
+from multimodal.files import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, TEXT_EXTENSIONS
 from multimodal.loading import load
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.progress import progress
@@ -304,22 +303,21 @@ def _kinds_of(encoder: Encoder) -> tuple[str, ...]:
 
 
 def load_model_encoder(model: Any) -> Encoder:
-    """:func:`~multimodal.encoder.load_encoder` of ``model``, and for a task checkpoint that
-    did not record its image normalisation, the normalisation measured again by its data
-    module (an :class:`~multimodal.encoder.Encoder` is returned as it is)."""
+    """:func:`~multimodal.encoder.load_encoder` of ``model`` (a path is read once by
+    :func:`multimodal.load`), and for a task checkpoint that did not record its image
+    normalisation, the normalisation measured again by its data module (an
+    :class:`~multimodal.encoder.Encoder` is returned as it is)."""
     if isinstance(model, Encoder):
         return model
-    encoder = load_encoder(model)
-    path = Path(model) if isinstance(model, (str, os.PathLike)) else None
+    loaded = load(model) if isinstance(model, (str, os.PathLike)) else None
+    encoder = load_encoder(loaded if loaded is not None else model)
     if encoder.preprocessor is None and encoder.modality in ("image", "image+text") \
-            and path is not None and path_kind(path) == "checkpoint":
-        ckpt = read_checkpoint(path)
+            and loaded is not None and loaded.kind == "checkpoint":
         config = encoder.backbone.config
         vision = getattr(config, "vision", config)
         encoder.preprocessor = _data_image_preprocessor(
-            (ckpt.get("datamodule_hyper_parameters") or {}).get("_class_path"),
-            datamodule_arguments(ckpt), path, int(getattr(vision, "in_channels", 3)),
-            getattr(vision, "image_size", None))
+            loaded.data_class, loaded.data_arguments, loaded.path,
+            int(getattr(vision, "in_channels", 3)), getattr(vision, "image_size", None))
     return encoder
 
 

@@ -14,7 +14,7 @@ the prompt (a few seconds of speech):
 
 A checkpoint written by :class:`~multimodal.tasks.tts.TTSTask` carries everything this needs
 (the model config and weights, the phoneme tokenizer, the codec's codebooks):
-``checkpoint["tts"]`` is a plain dict (:func:`bundle_state`), read with
+``checkpoint["tts"]`` is a plain dict (:func:`multimodal.checkpoints.bundle_state`), read with
 ``torch.load(weights_only=True)``.
 
 Documented behaviour on bad input (``ValueError`` naming the problem, never an error from
@@ -49,7 +49,6 @@ inside a kernel):
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -62,8 +61,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from multimodal.checkpoints import BUNDLE_KEY
 from multimodal.models.codec_lm import CodecLM
-from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
+from multimodal.tokenizers.codec import MelRVQCodec
 from multimodal.tokenizers.phonemes import (
     CLAUSE_BREAK,
     WORD_BREAK,
@@ -74,9 +74,7 @@ from multimodal.tokenizers.phonemes import (
 from multimodal.tokenizers.text import UNK_ID
 from multimodal.tokenizers.waveform import as_mono
 
-__all__ = ["TTSBundle", "bundle_state", "load_tts", "split_sentences", "synthesize"]
-
-BUNDLE_KEY = "tts"
+__all__ = ["TTSBundle", "load_tts", "split_sentences", "synthesize"]
 MIN_SPEECH_SECONDS = 0.1
 """The AR model may not end the speech before this (EOS is masked until then)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
@@ -100,43 +98,24 @@ class TTSBundle:
         return self.codec.frame_rate
 
 
-def bundle_state(tokenizer: PhonemeTokenizer, codec: MelRVQCodec, max_prompt_frames: int,
-                 frames_per_phoneme: float) -> dict[str, Any]:
-    """Plain values (strings, numbers, one tensor) that :func:`load_tts` reads back."""
-    vocab = {"type": tokenizer.kind, **tokenizer._to_dict()}
-    return {"phoneme_tokenizer": json.dumps(vocab, ensure_ascii=False),
-            "codec_config": json.dumps(codec.config.to_dict()),
-            "codec_codebooks": codec.rvq.codebooks.detach().cpu().clone(),
-            "max_prompt_frames": int(max_prompt_frames),
-            "frames_per_phoneme": float(frames_per_phoneme)}
-
-
-def tokenizer_from_state(state: dict[str, Any]) -> PhonemeTokenizer:
-    return PhonemeTokenizer._from_dict(json.loads(state["phoneme_tokenizer"]))
-
-
-def codec_from_state(state: dict[str, Any]) -> MelRVQCodec:
-    codec = MelRVQCodec(CodecConfig.from_dict(json.loads(state["codec_config"])))
-    codec.rvq.codebooks.copy_(state["codec_codebooks"])
-    codec.fitted.fill_(True)
-    return codec
-
-
 def load_tts(path: str | Path) -> TTSBundle:
-    """The :class:`TTSBundle` of a :class:`~multimodal.tasks.tts.TTSTask` checkpoint."""
-    from multimodal.checkpoints import model_from_checkpoint, read_checkpoint
+    """The :class:`TTSBundle` of a :class:`~multimodal.tasks.tts.TTSTask` checkpoint: the
+    parts of :func:`multimodal.load` (its model, its phoneme tokenizer, its codec as the
+    preprocessor, the prompt settings)."""
+    from multimodal.loading import load
 
-    path = Path(path)
-    ckpt = read_checkpoint(path)
-    model = model_from_checkpoint(ckpt, path)
-    if not isinstance(model, CodecLM):
-        raise ValueError(f"{path} holds a {type(model).__name__}, not a text-to-speech CodecLM")
-    state = ckpt.get(BUNDLE_KEY)
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} has no '{BUNDLE_KEY}' entry (phoneme tokenizer + codec): was "
-                         "it written by TTSTask after setup?")
-    return TTSBundle(model, tokenizer_from_state(state), codec_from_state(state),
-                     int(state["max_prompt_frames"]), float(state["frames_per_phoneme"]))
+    loaded = load(path)
+    if not isinstance(loaded.model, CodecLM):
+        raise ValueError(f"{loaded.path} holds a {type(loaded.model).__name__}, not a "
+                         "text-to-speech CodecLM")
+    settings = loaded.settings
+    if not isinstance(loaded.preprocessor, MelRVQCodec) \
+            or not isinstance(loaded.tokenizer, PhonemeTokenizer) \
+            or not {"max_prompt_frames", "frames_per_phoneme"} <= set(settings):
+        raise ValueError(f"{loaded.path} has no '{BUNDLE_KEY}' entry (phoneme tokenizer + "
+                         "codec): was it written by TTSTask after setup?")
+    return TTSBundle(loaded.model, loaded.tokenizer, loaded.preprocessor,
+                     int(settings["max_prompt_frames"]), float(settings["frames_per_phoneme"]))
 
 
 def _as_bundle(model_or_ckpt: Any) -> TTSBundle:
