@@ -185,7 +185,7 @@ async def _level(port: int, requests: list[list[str]], clients: int,
 def offline(model: str, texts: list[str], n: int) -> float:
     """texts/s of ``multimodal embed`` over a JSONL manifest of the workload's texts."""
     import multimodal as mm
-    from multimodal.inference import embed
+    from multimodal.pipelines.embed import embed
 
     flat = [t for batch in workload(texts, n, seed=32) for t in batch]
     encoder = mm.load_encoder(model)

@@ -529,7 +529,7 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
 
     import yaml
 
-    from multimodal.hub import read_checkpoint
+    from multimodal.checkpoints import read_checkpoint
 
     ckpt = read_checkpoint(ckpt_path)
     hp = {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items()}

@@ -50,7 +50,7 @@ def kind_of(path: str | Path) -> str:
     if files_kind == "gguf":
         return "chat"
     if files_kind == "checkpoint":
-        from multimodal.hub import read_checkpoint
+        from multimodal.checkpoints import read_checkpoint
 
         if read_checkpoint(path).get("class_names"):
             return "classify"
@@ -61,7 +61,7 @@ def load_classifier(path: str) -> tuple[Any, Any, list[str]]:
     """(Encoder for tokenisation around the model, model, class names) of a classifier
     checkpoint, the parts of :func:`multimodal.loading.load`; an error naming the file when
     it holds no text classifier."""
-    from multimodal.hub import Encoder
+    from multimodal.encoder import Encoder
     from multimodal.loading import load
 
     loaded = load(path)
@@ -94,7 +94,7 @@ def load_served(path: str | Path, kind: str | None = None, *, compile: bool = Fa
 
         model, tokenizer = load_transcriber(path)
         return Served(kind, model.eval(), tokenizer)
-    from multimodal.hub import load_encoder
+    from multimodal.encoder import load_encoder
 
     if kind == "chat":
         encoder = load_encoder(path)
@@ -108,7 +108,7 @@ def load_served(path: str | Path, kind: str | None = None, *, compile: bool = Fa
             and Path(path).is_file():
         # a task checkpoint that recorded no image normalisation: the one its data module
         # measures, as `multimodal embed` / `zero-shot` use
-        from multimodal.inference import load_model_encoder
+        from multimodal.pipelines.embed import load_model_encoder
 
         encoder.preprocessor = load_model_encoder(path).preprocessor
     return Served(kind, encoder, encoder.tokenizer)

@@ -4,13 +4,14 @@ served beside ``/v1/embeddings`` by the same worker, with dynamic batching.
 Request ``{"input": image | [image], "labels": [str, ...], "templates"?: [str, ...],
 "top_k"?: int, "model"?: str}``: an image is a base64 data URL or an ``{"image_url": ...}``
 part, as ``/v1/embeddings`` takes it (:func:`~multimodal.serve.embeddings.parse_texts`);
-labels are stripped of surrounding spaces (as :func:`multimodal.inference.zero_shot` does),
+labels are stripped of surrounding spaces (as :func:`multimodal.pipelines.zero_shot.
+zero_shot` does),
 at least two, none empty or repeated; each template holds one ``{}`` where the label goes
 (default ``"a photo of a {}."``). Response, in the style of ``/v1/classify``:
 ``{"object": "list", "data": [{"index", "label", "score", "probabilities": {label: p}}],
 "model", "activation"}`` with ``probabilities`` the ``top_k`` most likely labels (default:
 all), most likely first. The probabilities are those of :func:`multimodal.zero_shot` (one
-formula, :class:`multimodal.inference.ZeroShotClasses`): ``softmax(s · Î Cᵀ)`` over the
+formula, :class:`multimodal.pipelines.zero_shot.ZeroShotClasses`): ``softmax(s · Î Cᵀ)`` over the
 labels for CLIP, each label's ``sigmoid(s · Î Cᵀ + b)`` for SigLIP (``activation`` says
 which).
 
@@ -179,8 +180,9 @@ class ClipAPI(EmbeddingAPI):
         self.heads: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
     def head(self, labels: tuple[str, ...], templates: tuple[str, ...]) -> Any:
-        """The label set's :class:`~multimodal.inference.ZeroShotClasses`, computed once."""
-        from multimodal.inference import ZeroShotClasses
+        """The label set's :class:`~multimodal.pipelines.zero_shot.ZeroShotClasses`,
+        computed once."""
+        from multimodal.pipelines.zero_shot import ZeroShotClasses
 
         key = (labels, templates)
         if key in self.heads:

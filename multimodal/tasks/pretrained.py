@@ -32,8 +32,8 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from multimodal.checkpoints import read_checkpoint
 from multimodal.files import path_kind
-from multimodal.hub import read_checkpoint
 from multimodal.installed import resolve_weights
 from multimodal.loading import Loaded, load, select_part
 from multimodal.tasks.presets import preset_model
@@ -303,8 +303,8 @@ def data_settings(path: str | Path) -> dict[str, Any]:
     crop, mean, std; audio: waveforms for the model's own front end, whose sampling rate and
     filter bank the folder set) and ``tokenizer.json`` (the folder itself); from one of our
     checkpoints, the non-empty preprocessing arguments its data module was trained with."""
+    from multimodal.checkpoints import datamodule_arguments
     from multimodal.convert.hf_preprocess import AUDIO_EXTRACTORS, read_preprocessor_config
-    from multimodal.hub import datamodule_arguments
     from multimodal.tokenizers.io import TOKENIZER_NAME
 
     try:

@@ -285,8 +285,8 @@ def test_audio_predict_folders_honour_skip_corrupt(tmp_path):
 
 
 def test_a_folder_is_never_a_missing_checkpoint(tmp_path):
+    from multimodal.checkpoints import read_checkpoint
     from multimodal.cli.callbacks import checkpoint_problem
-    from multimodal.hub import read_checkpoint
 
     assert checkpoint_problem(tmp_path) == "a folder, not a checkpoint file"
     assert checkpoint_problem(tmp_path / "no.ckpt") == "no such file"

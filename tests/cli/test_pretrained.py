@@ -265,7 +265,7 @@ def test_text_fine_tuning_from_a_folder_through_the_cli(tmp_path, capsys):
     lines = [ln.split("\t") for ln in capsys.readouterr().out.splitlines() if "\t" in ln]
     assert len(lines) == 2 and all(ln[1] in ("food", "sky") for ln in lines)
     # embed from the checkpoint alone: its tokenizer is the folder's the data module was given
-    from multimodal.hub import load_encoder
+    from multimodal.encoder import load_encoder
     from multimodal.tokenizers.hf_json import HFTokenizer
 
     texts = ["soup and bread", "snow and wind today"]

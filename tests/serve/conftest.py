@@ -16,7 +16,7 @@ def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight text encoder (2 blocks, width 32, 16-token context, mean pooling) and
     its word-piece tokenizer, written by ``save_pretrained``."""
     import multimodal as mm
-    from multimodal.hub import Encoder
+    from multimodal.encoder import Encoder
 
     tok = mm.WordPieceTokenizer.train(TEXTS * 10, vocab_size=120)
     torch.manual_seed(0)
@@ -70,7 +70,7 @@ def tiny_clip_folder(folder: Path, loss: str = "softmax", preprocessor: bool = T
     width 32, 16-d embeddings, 32x32 images), its word-piece tokenizer and, unless told
     otherwise, its image preprocessing, written by ``save_pretrained``."""
     import multimodal as mm
-    from multimodal.hub import Encoder
+    from multimodal.encoder import Encoder
 
     tok = mm.WordPieceTokenizer.train(TEXTS * 10 + ["a photo of a cat", "a dog"] * 10,
                                       vocab_size=120)

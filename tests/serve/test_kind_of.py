@@ -18,7 +18,8 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def whisper_folders(tmp_path_factory):
-    """A transformers Whisper folder with a tokenizer.json, the same without one, our own
+    """A transformers Whisper folder with a tokenizer.json, the same without one (read whole
+    too: the transcriber then asks for the tokenizer), our own
     Whisper written by ``save_pretrained`` and a CTranslate2 directory."""
     from multimodal.convert.hf_audio import whisper_from_hf
     from tests.models.test_whisper import NO_TS, hf_whisper, write_ct2
@@ -35,13 +36,27 @@ def whisper_folders(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,whole", [("hf", True), ("ours", True), ("ct2", True),
-                                        ("hf_bare", False)])
+                                        ("hf_bare", True)])
 def test_a_whole_whisper_is_served_for_transcription(whisper_folders, name, whole):
     path = whisper_folders[name]
     assert is_whisper(path) is whole
     assert kind_of(path) == ("transcribe" if whole else "embed")
-    if name in ("ours", "hf_bare"):  # what load gives agrees: whole, or the encoder only
+    if name in ("ours", "hf_bare"):  # what load gives agrees: the whole model
         assert isinstance(load(path).model, Whisper) is whole
+
+
+def test_a_whisper_encoder_folder_is_served_for_embeddings(whisper_folders, tmp_path):
+    """A transformers ``WhisperModel`` folder (no LM head) is read as its encoder."""
+    folder = tmp_path / "encoder_only"
+    folder.mkdir()
+    for f in whisper_folders["hf_bare"].iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    meta = json.loads((folder / "config.json").read_text())
+    meta["architectures"] = ["WhisperModel"]
+    (folder / "config.json").write_text(json.dumps(meta))
+    assert not is_whisper(folder)
+    assert kind_of(folder) == "embed"
+    assert not isinstance(load(folder).model, Whisper)
 
 
 def test_encoders_are_served_for_embeddings(tmp_path, tiny_encoder):

@@ -182,7 +182,7 @@ def hf_clip_folder(folder):
 def contrastive_checkpoint(folder, path):
     """A ``.ckpt`` as the contrastive task writes it (state dict under ``model.``, the
     tokenizer as JSON) of the CLIP saved in ``folder``."""
-    from multimodal.hub import load_encoder
+    from multimodal.encoder import load_encoder
     from multimodal.tasks.contrastive import ContrastiveTask
 
     encoder = load_encoder(folder)
