@@ -12,15 +12,8 @@ import torch
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
-from multimodal.tasks.finetune import (
-    FinetuneConfig,
-    apply_regime,
-    build_adamw,
-    lora_settings,
-    merged_model,
-    param_groups,
-)
-from multimodal.tasks.optim import OptimizerConfig, warmup_cosine
+from multimodal.tasks.finetune import FinetuneConfig, apply_regime, lora_settings, merged_model
+from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tasks.pretrained import HEAD_MODULES, data_image_preprocessor
 
 CHECKPOINT_KEY = "multimodal_model"
@@ -155,13 +148,7 @@ class ModelTask(L.LightningModule):
         """AdamW (weight decay on matrices only) with linear warm-up over
         ``warmup_fraction`` of the steps, then cosine decay to ``min_lr_ratio`` x ``lr``
         (:attr:`optimizer_config`); with ``finetune.layer_decay`` / ``head_lr`` one parameter
-        group per rate (:func:`~multimodal.tasks.finetune.param_groups`)."""
-        total = int(self.trainer.estimated_stepping_batches)
-        ft = self.finetune
-        if ft.layer_decay is None and ft.head_lr is None:
-            return self.optimizer_config.build(self.model, total)
-        cfg = self.optimizer_config
-        groups = param_groups(self.model, cfg.lr, cfg.weight_decay, ft, self.head_modules)
-        opt = build_adamw(groups, cfg.lr, tuple(cfg.betas))
-        sched = warmup_cosine(opt, int(cfg.warmup_fraction * total), total, cfg.min_lr_ratio)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        group per rate (:func:`~multimodal.tasks.optim.adamw`)."""
+        total, ft = int(self.trainer.estimated_stepping_batches), self.finetune
+        return self.optimizer_config.build(self.model, total, layer_decay=ft.layer_decay,
+                                           head_lr=ft.head_lr, heads=self.head_modules)

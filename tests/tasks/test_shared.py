@@ -57,3 +57,27 @@ def test_optimizer_config_refuses_bad_values(field: str, value: object, message:
 
 def test_datamodule_is_none_without_a_trainer() -> None:
     assert LanguageModelTask(_lm()).datamodule is None
+
+
+def test_one_adamw_builder_plain_and_layer_decay_agree() -> None:
+    """The plain groups are ``all/decay`` then ``all/no_decay`` (the layout checkpoints of
+    the plain optimiser hold); ``layer_decay=1`` scales nothing, so every parameter gets the
+    same rate and decay as without it; a frozen model is an error."""
+    from multimodal.tasks.optim import adamw
+
+    model = _lm()
+    plain = adamw(model, 0.1, 0.5)
+    assert [g["name"] for g in plain.param_groups] == ["all/decay", "all/no_decay"]
+    decayed = {id(p) for p in plain.param_groups[0]["params"]}
+    for name, p in model.named_parameters():  # the rule written out: matrices only
+        want = p.dim() >= 2 and not name.endswith("_token") and "pos_embed" not in name
+        assert (id(p) in decayed) == want, name
+    layered = adamw(model, 0.1, 0.5, layer_decay=1.0)
+    rate = {id(p): (g["lr"], g["weight_decay"]) for g in layered.param_groups
+            for p in g["params"]}
+    assert rate == {id(p): (g["lr"], g["weight_decay"]) for g in plain.param_groups
+                    for p in g["params"]}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="no parameter is trainable"):
+        adamw(model, 0.1)
