@@ -28,6 +28,26 @@ def predict_source(predict: str | None, predict_dir: str | None) -> str | None:
     return predict
 
 
+RENAMED_SIZES = {"val_fraction": "val_size", "test_fraction": "test_size"}
+"""The held-out sizes' old names -> today's (``val_size`` / ``test_size``: a count, or a
+fraction below 1, in every data module)."""
+
+
+def held_out_sizes(val_size: float, test_size: float, val_fraction: float | None = None,
+                   test_fraction: float | None = None) -> tuple[float, float]:
+    """``(val_size, test_size)``, where an old name given (``val_fraction`` /
+    ``test_fraction``, not None) takes the place of the new one, with a DeprecationWarning
+    naming it."""
+    sizes = {"val_size": val_size, "test_size": test_size}
+    for old, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if value is not None:
+            new = RENAMED_SIZES[old]
+            warnings.warn(f"{old} is deprecated: use {new} (a count, or a fraction below 1)",
+                          DeprecationWarning, stacklevel=3)
+            sizes[new] = value
+    return sizes["val_size"], sizes["test_size"]
+
+
 class SplitDataModule(L.LightningDataModule):
     """A LightningDataModule whose loaders differ only in the split.
 
@@ -63,6 +83,17 @@ class SplitDataModule(L.LightningDataModule):
     @predict_dir.setter
     def predict_dir(self, value: str | None) -> None:
         self.predict = value
+
+    def record_sizes(self, val_size: float, test_size: float) -> None:
+        """Keep ``val_size`` / ``test_size`` (read through :func:`held_out_sizes`) as
+        attributes and, after ``save_hyperparameters``, in the hyper-parameters by today's
+        names, so that a checkpoint rebuilds the module without the old ones."""
+        self.val_size, self.test_size = val_size, test_size
+        hparams = self.__dict__.get("_hparams")
+        if hparams is not None:
+            for old in RENAMED_SIZES:
+                hparams.pop(old, None)
+            hparams.update(val_size=val_size, test_size=test_size)
 
     def split_dataset(self, split: str) -> Dataset:
         """The dataset of ``split`` ("train", "val" or "test")."""
@@ -237,13 +268,32 @@ def _take_stratified(order: torch.Tensor, codes: torch.Tensor, k: int
     return order[taken], order[~taken]
 
 
-def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int]:
-    """``(n_val, n_test)`` of a group of ``n`` (voices, files of a class): at least one each
-    when its fraction is > 0, at least one left for training; none held out below 3."""
+def group_count(size: float, n: int, name: str) -> int:
+    """How many of a group of ``n`` (a source's documents, an engine's voices, a class's
+    files) a held-out ``size`` takes: a fraction ``f`` in (0, 1) takes
+    ``max(1, round(f * n))``, a whole count ``k >= 1`` takes ``k``, 0 none."""
+    if 0 < size < 1:
+        return max(1, round(size * n))
+    return split_size(size, n, name)
+
+
+def check_sizes(val_size: float, test_size: float) -> None:
+    """Both sizes >= 0 (a fraction below 1 or a whole count); two fractions sum below 1."""
+    split_size(val_size, 0, "val_size")
+    split_size(test_size, 0, "test_size")
+    if val_size < 1 and test_size < 1 and val_size + test_size >= 1:
+        raise ValueError(f"val_size + test_size must be < 1 as fractions, got {val_size} + "
+                         f"{test_size}")
+
+
+def split_counts(n: int, val_size: float, test_size: float) -> tuple[int, int]:
+    """``(n_val, n_test)`` of a group of ``n`` (voices, files of a class), each by
+    :func:`group_count` (at least one when its size is > 0), at least one left for
+    training; none held out below 3."""
     if n < 3:
         return 0, (1 if n == 2 else 0)
-    n_test = max(1, round(test_fraction * n)) if test_fraction > 0 else 0
-    n_val = max(1, round(val_fraction * n)) if val_fraction > 0 else 0
+    n_test = group_count(test_size, n, "test_size")
+    n_val = group_count(val_size, n, "val_size")
     while n_test + n_val >= n:  # keep at least one for training
         if n_val > 0:
             n_val -= 1
@@ -252,5 +302,6 @@ def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int
     return n_val, n_test
 
 
-__all__ = ["SplitDataModule", "held_out", "predict_source", "split_counts", "split_size",
+__all__ = ["RENAMED_SIZES", "SplitDataModule", "check_sizes", "group_count", "held_out",
+           "held_out_sizes", "predict_source", "split_counts", "split_size",
            "stratified_counts"]

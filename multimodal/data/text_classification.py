@@ -25,7 +25,7 @@ from multimodal.data.shards import (
     read_shard_meta,
     shard_splits,
 )
-from multimodal.data.splits import SplitDataModule, held_out
+from multimodal.data.splits import SplitDataModule, held_out, held_out_sizes
 from multimodal.data.text import PadCollate, PassageDataset
 from multimodal.data.text_labelled import (
     LabelledTexts,
@@ -137,10 +137,12 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
             ``.jsonl`` (``text`` and ``label`` fields) file, or a folder
             ``train/<class>/<file>.txt``. Labels are names or integer class ids (see
             :mod:`multimodal.data.text_labelled`).
-        val, test: the same kinds; default: held out of ``train`` by ``val_fraction`` /
-            ``test_fraction`` (a fraction below 1 or a count; seeded; test first). A label
+        val, test: the same kinds; default: held out of ``train`` by ``val_size`` /
+            ``test_size`` (a fraction below 1 or a count; seeded; test first). A label
             of a given ``val`` / ``test`` file that no training text has is an error naming
             the file and line.
+        val_fraction, test_fraction: the old names of ``val_size`` / ``test_size``
+            (deprecated; still read).
         shards: a folder or object-store URL written by ``multimodal-prepare labelled-text``
             (token ids, labels, the tokenizer); ``train`` / ``val`` / ``test`` are then unused.
         classes: the class names in index order (default: the sorted training labels; with
@@ -171,13 +173,16 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         text_key: str = "text",
         label_key: str = "label",
         batch_size: int = 32,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        val_size: int | float = 0.1,
+        test_size: int | float = 0.1,
         seed: int = 0,
         num_workers: int = 0,
         predict: str | None = None,
+        val_fraction: int | float | None = None,
+        test_fraction: int | float | None = None,
     ) -> None:
         super().__init__()
+        val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         self.save_hyperparameters()  # `multimodal predict --ckpt_path` rebuilds the module
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (your texts) or shards, not both")
@@ -195,7 +200,7 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         self.vocab_size_target, self.lowercase = vocab_size, lowercase
         self.max_length, self.text_key, self.label_key = max_length, text_key, label_key
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
-        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.record_sizes(val_size, test_size)
         self.predict = predict
         self._meta: dict[str, Any] | None = None
         if shards is not None:
@@ -245,7 +250,7 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         full = self._train()
         given = {k: read_labelled_texts(v, self.text_key, self.label_key)
                  for k in ("val", "test") if (v := self.files[k]) is not None}
-        idx = held_out(len(full), self.seed, self.val_fraction, self.test_fraction,
+        idx = held_out(len(full), self.seed, self.val_size, self.test_size,
                        "test" in given, "val" in given, labels=full.labels)  # stratified
         splits = {k: full.subset(v.tolist()) for k, v in idx.items() if v is not None}
         self.splits = {"train": splits["train"], "val": given.get("val", splits.get("val")),

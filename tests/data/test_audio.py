@@ -59,7 +59,7 @@ def _fake_spoken_words(root: Path, n_espeak: int = 8, n_flite: int = 3) -> list[
 
 def test_split_voices_is_disjoint_deterministic_and_stratified() -> None:
     voices = [f"espeak:en+m{i}" for i in range(40)] + [f"flite:{v}" for v in "abcd"]
-    split = split_voices(voices, val_fraction=0.1, test_fraction=0.2, seed=3)
+    split = split_voices(voices, val_size=0.1, test_size=0.2, seed=3)
     sets = {k: set(v) for k, v in split.items()}
     assert not (sets["train"] & sets["test"] or sets["train"] & sets["val"])
     assert not sets["val"] & sets["test"]
@@ -69,7 +69,7 @@ def test_split_voices_is_disjoint_deterministic_and_stratified() -> None:
     assert sum(v.startswith("flite") for v in split["train"]) == 2
     assert split == split_voices(reversed(voices), 0.1, 0.2, seed=3)  # order does not matter
     assert split != split_voices(voices, 0.1, 0.2, seed=4)
-    with pytest.raises(ValueError, match="val_fraction"):
+    with pytest.raises(ValueError, match="val_size"):
         split_voices(voices, 0.5, 0.5)
 
 
