@@ -499,7 +499,7 @@ class MultimodalCLI(LightningCLI):
 
 _TASK_OF_MODEL = {"ViT": "multimodal.tasks.ClassificationTask",
                   "AudioClassifier": "multimodal.tasks.ClassificationTask",
-                  "TextEncoder": "multimodal.tasks.SequenceClassificationTask"}
+                  "TextEncoder": "multimodal.tasks.ClassificationTask"}
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -530,6 +530,7 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
     import yaml
 
     from multimodal.hub import read_checkpoint
+    from multimodal.tasks import stored_task
 
     ckpt = read_checkpoint(ckpt_path)
     hp = {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items()}
@@ -537,6 +538,7 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
     task = hp.pop("_class_path", None) or _TASK_OF_MODEL.get(about.get("model_type"))
     if task is None:
         raise UsageError(f"{ckpt_path} does not say its task: give --config", "--ckpt_path")
+    task, hp = stored_task(task, hp)  # a folded task's checkpoint: today's task
     model_args = {k: v for k, v in hp.items() if not k.startswith("_")}
     model_args.update(pretrained=str(ckpt_path), overrides=None)
     model_args.pop("preset", None)  # the checkpoint holds the architecture
@@ -621,8 +623,11 @@ def check_checkpoint_task(argv: list[str]) -> None:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # an unreadable file is check_ckpt_path's and Lightning's to report
         return
+    from multimodal.tasks import stored_task
+
     saved = (ckpt.get("hyper_parameters") or {}).get("_class_path")
-    if saved and str(saved).rsplit(".", 1)[-1] != wanted.rsplit(".", 1)[-1]:
+    current = stored_task(str(saved), {})[0] if saved else None
+    if current and current.rsplit(".", 1)[-1] != stored_task(wanted, {})[0].rsplit(".", 1)[-1]:
         raise UsageError(f"{ckpt_path} is a checkpoint of {saved}, but the config's model is "
                          f"{wanted}: give that task's config, or no --config (the "
                          "checkpoint names its task)", "--ckpt_path")

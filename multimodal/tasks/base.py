@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -46,6 +46,9 @@ class ModelTask(L.LightningModule):
     solves_head: bool = False
     """True where the task fits its head in closed form (``linear_probe`` solved, and the
     ``contrastive`` regime): :class:`~multimodal.tasks.classification.ClassificationTask`."""
+    preset_defaults: ClassVar[dict[str, Any]] = {}
+    """Config fields the task sets in a ``preset``'s config unless ``overrides`` does
+    (where the config has them): a classifier's ``mlm_head: false``."""
     default_monitor: tuple[str, str] = ("val/loss", "min")
     """(metric, "min" | "max") the CLI's default ``ModelCheckpoint`` keeps the best of."""
 

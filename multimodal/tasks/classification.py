@@ -1,10 +1,11 @@
-"""Supervised classification of images (ViT) or audio clips: one LightningModule."""
+"""Supervised classification of images (ViT), audio clips (AudioClassifier) or texts
+(TextEncoder): one LightningModule."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,13 @@ class ClassificationTask(ModelTask):
     """Train ``model`` (any of our classifiers: ``model(inputs) -> (B, classes)`` logits)
     with cross-entropy (optional label smoothing), AdamW and warm-up + cosine.
 
+    A text classifier is this task over a :class:`TextEncoder`: batches
+    ``{"input_ids", "attention_mask", "label"}``, logits ``head(pool(hidden states))`` (the
+    model's ``pool``: ``[CLS]``, or the pooling of a sentence-transformers folder such as
+    all-MiniLM-L6-v2's normalised mean; :mod:`multimodal.tasks.pretrained`); a text
+    ``preset`` is built without its masked-LM head (``overrides: {mlm_head: true}`` keeps
+    it).
+
     Batches are ``(inputs, labels)`` or a dict with a ``"label"`` entry whose other entries
     are passed to the model as keyword arguments. Logs loss, top-1 accuracy twice:
     ``acc_macro`` (the mean over classes of each class's recall, ``1/C sum_c correct_c / n_c``;
@@ -87,6 +95,7 @@ class ClassificationTask(ModelTask):
 
     default_monitor = ("val/acc_macro", "max")  # the CLI's default ModelCheckpoint ranks by it
     solves_head = True
+    preset_defaults: ClassVar[dict[str, Any]] = {"mlm_head": False}  # text presets: no MLM head
 
     def __init__(
         self,
@@ -118,7 +127,8 @@ class ClassificationTask(ModelTask):
         model, source = task_model(model, pretrained, overrides or None,
                                    task=type(self).__name__, accept=CLASSIFIERS,
                                    modality=modality, preset=preset,
-                                   data_sizes=data_sizes)
+                                   data_sizes=data_sizes,
+                                   preset_defaults=self.preset_defaults)
         # the model's own count is the user's choice when set away from its default
         # (a preset's count is its default: only overrides' num_classes is the user's)
         model_explicit = source is None and (

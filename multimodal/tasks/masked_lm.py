@@ -10,6 +10,7 @@ positions and ``-100`` (ignored by the loss) everywhere else, so the loss is
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,8 @@ class MaskedLMTask(ModelTask):
     :class:`~multimodal.data.text.TextCorpusDataModule`). Validation masks with a fixed
     seed per batch, so ``val/loss`` and ``val/acc`` (accuracy of the masked-token
     predictions) are comparable across epochs. With ``save_dir`` the encoder is written
-    there (``save_pretrained``) at the end of training, ready for
-    :class:`SequenceClassificationTask`'s ``init_from``.
+    there (``save_pretrained``) at the end of training, ready for a text
+    :class:`~multimodal.tasks.classification.ClassificationTask`'s ``pretrained``.
     """
 
     def __init__(
@@ -178,17 +179,13 @@ def load_encoder_weights(model: TextEncoder, path: str | Path) -> list[str]:
 
 
 class SequenceClassificationTask(ClassificationTask):
-    """Fine-tune a :class:`TextEncoder` (``num_classes > 0``) on batches
-    ``{"input_ids", "attention_mask", "label"}``: logits = ``head(pooled hidden states)``
-    (the model's ``pool``: ``[CLS]``, or the pooling of a sentence-transformers folder such
-    as all-MiniLM-L6-v2's normalised mean; :mod:`multimodal.tasks.pretrained`).
-
-    Cross-entropy, AdamW, warm-up + cosine, ``val/acc`` and ``test/acc``
-    (torchmetrics) as in :class:`ClassificationTask`. ``init_from``: a folder written by
-    ``save_pretrained`` (e.g. by :class:`MaskedLMTask`) whose encoder weights are loaded
-    before training (into ``model`` or the ``preset``'s model; a preset's encoder gets no
-    MLM head unless ``overrides`` says ``mlm_head: true``).
-    """
+    """Deprecated: a text classifier is a :class:`~multimodal.tasks.classification.
+    ClassificationTask` over a :class:`TextEncoder` (give it ``pretrained: FOLDER`` where
+    this task took ``init_from``). Kept so that configs and checkpoints naming it still
+    load and train as before: its defaults (``lr`` 5e-4, ``weight_decay`` 0.01,
+    ``warmup_fraction`` 0.1) and ``init_from`` (a ``save_pretrained`` folder whose encoder
+    weights are loaded into ``model`` or the ``preset``'s model). Stored checkpoints are
+    mapped onto ClassificationTask by :func:`multimodal.tasks.stored_task`."""
 
     def __init__(
         self,
@@ -208,18 +205,19 @@ class SequenceClassificationTask(ClassificationTask):
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
+        warnings.warn("SequenceClassificationTask is deprecated: use multimodal.tasks."
+                      "ClassificationTask (with pretrained: FOLDER in place of init_from)",
+                      DeprecationWarning, stacklevel=2)
         if model is not None and not isinstance(model, TextEncoder):
             raise ValueError(f"model must be a TextEncoder, got {type(model).__name__}")
-        if preset is not None:  # a classifier needs no MLM head
-            overrides = {"mlm_head": False, **(overrides or {})}
-        named = {"preset": preset, "overrides": overrides}
         if init_from:
             if preset is not None:  # built here, so that the weights go into it
                 model, _ = task_model(model, pretrained, overrides,
                                       task="SequenceClassificationTask",
                                       accept=(TextEncoder,), preset=preset,
-                                      data_sizes=data_sizes)
-                named = {"preset": None, "overrides": None}
+                                      data_sizes=data_sizes,
+                                      preset_defaults=self.preset_defaults)
+                preset, overrides = None, None
             if model is None:
                 raise ValueError("init_from loads weights into a model: give model or "
                                  "preset, or use pretrained: PATH alone")
@@ -227,12 +225,6 @@ class SequenceClassificationTask(ClassificationTask):
         super().__init__(model, lr=lr, weight_decay=weight_decay,
                          warmup_fraction=warmup_fraction, min_lr_ratio=min_lr_ratio,
                          label_smoothing=label_smoothing, compile=compile,
-                         pretrained=pretrained, num_classes=num_classes,
+                         pretrained=pretrained, overrides=overrides, num_classes=num_classes,
                          class_names=class_names, modality="text", finetune=finetune,
-                         data_sizes=data_sizes, **named)
-
-    def forward(self, inputs: Any) -> Tensor:
-        if not isinstance(inputs, dict):
-            inputs = {"input_ids": inputs}
-        mask = inputs.get("attention_mask")
-        return self.model.classify(self.model(inputs["input_ids"], attention_mask=mask), mask)
+                         preset=preset, data_sizes=data_sizes)

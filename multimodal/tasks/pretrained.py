@@ -101,7 +101,8 @@ def _short(names: list[str]) -> str:
 def task_model(model: nn.Module | None, pretrained: str | Path | None,
                overrides: dict[str, Any] | None, *, task: str, accept: tuple[type, ...],
                modality: str | None = None, preset: str | None = None,
-               data_sizes: dict[str, Any] | None = None
+               data_sizes: dict[str, Any] | None = None,
+               preset_defaults: dict[str, Any] | None = None
                ) -> tuple[nn.Module, Loaded | None]:
     """The model a task trains: ``model`` as given, the named ``preset``
     (:func:`multimodal.tasks.presets.preset_model`, new weights) with ``overrides`` changing
@@ -110,13 +111,14 @@ def task_model(model: nn.Module | None, pretrained: str | Path | None,
     with ``overrides``. Exactly one of the three. ``data_sizes`` applies to a preset only: a
     given model is checked against the data at setup, and with ``pretrained`` the data
     follows the model. Logs one line for ``pretrained``: what was loaded, what is new, what
-    was left out."""
+    was left out. ``preset_defaults``: config fields the task sets in a preset's config
+    unless ``overrides`` does (:func:`~multimodal.tasks.presets.preset_config`)."""
     if preset is not None:
         if model is not None or pretrained is not None:
             raise ValueError(f"{task}: give one of model, preset or pretrained (preset "
                              f"{preset!r} names the architecture; put changed fields in "
                              "overrides)")
-        model = preset_model(preset, overrides, data_sizes)
+        model = preset_model(preset, overrides, data_sizes, preset_defaults)
         if not isinstance(model, accept):
             wanted = " or ".join(c.__name__ for c in accept)
             raise ValueError(f"{task}: preset {preset!r} builds a {type(model).__name__}, "
