@@ -292,13 +292,6 @@ def _defaults(cls: type) -> dict[str, Any]:
             if p.default is not inspect.Parameter.empty}
 
 
-def _modality_of_data(class_path: str) -> str | None:
-    for key, kind in (("vision", "image"), ("audio", "audio"), ("text", "text")):
-        if class_path.startswith(f"multimodal.data.{key}"):
-            return kind
-    return None
-
-
 def follow_pretrained(config: Namespace) -> list[str]:
     """With ``model.init_args.pretrained`` set, the data follows the model: every data
     argument the folder / checkpoint implies (:func:`multimodal.tasks.pretrained.data_settings`:
@@ -307,6 +300,7 @@ def follow_pretrained(config: Namespace) -> list[str]:
     kept with a warning naming both. A classification task without ``modality`` gets the
     data's (image / audio / text), which picks the tower of a CLIP folder. Returns the
     warnings (also printed)."""
+    from multimodal.data.contract import follow_settings
     from multimodal.tasks.pretrained import data_settings
 
     init = config.get("model.init_args")
@@ -314,26 +308,23 @@ def follow_pretrained(config: Namespace) -> list[str]:
     if not isinstance(init, Namespace) or init.get("pretrained") is None \
             or not isinstance(data, Namespace):
         return []
-    data_path = str(data.get("class_path") or "")
-    if "modality" in init and init.get("modality") is None:
-        init["modality"] = _modality_of_data(data_path)
-    data_cls = _class_of(data_path)
+    data_cls = _class_of(str(data.get("class_path") or ""))
     if data_cls is None:
         return []
+    if "modality" in init and init.get("modality") is None:  # the data-module contract
+        init["modality"] = getattr(data_cls, "modality", None) or None
     if data.get("init_args") is None:
         data["init_args"] = Namespace()
-    args, defaults = data["init_args"], _defaults(data_cls)
-    warnings = []
-    for key, value in data_settings(init["pretrained"]).items():
-        if key not in defaults:
-            continue
-        current = args.get(key, defaults[key])
-        if current is None or current == defaults[key]:
+    follow = getattr(data_cls, "follow", None)  # the data-module contract
+    settings = data_settings(init["pretrained"])
+    source = f"the pretrained model {init['pretrained']}"
+    args = data["init_args"]
+    given = {k: args.get(k) for k in settings if k in args}
+    followed, warnings = follow(settings, given, source) if callable(follow) \
+        else follow_settings(data_cls, settings, given, source)
+    for key, value in followed.items():
+        if key not in given or given[key] is not value:
             args[key] = value
-        elif _differs(current, value):
-            warnings.append(f"warning: data {key}={current!r} but the pretrained model "
-                            f"{init['pretrained']} expects {key}={value!r}; the data setting "
-                            f"is kept")
     for line in warnings:
         rank_zero_warn(line)
     return warnings
@@ -361,13 +352,6 @@ def absolute_data_paths(config: Namespace) -> list[str]:
             args[key] = os.path.abspath(value)
             changed.append(key)
     return changed
-
-
-def _differs(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) != len(b) or any(abs(float(x) - float(y)) > 1e-6
-                                       for x, y in zip(a, b, strict=True))
-    return a != b
 
 
 def _data_class_names(datamodule: Any) -> list[str] | None:

@@ -117,6 +117,8 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
             / ``test`` are then unused.
     """
 
+    modality = "audio"
+
     def __init__(
         self,
         dataset: Literal["spoken_words", "sonic_pi"] = "spoken_words",

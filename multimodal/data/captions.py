@@ -106,6 +106,8 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
     (deprecated; still read).
     """
 
+    modality = "image+text"
+
     def __init__(
         self,
         dataset: str = "scenes",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from multimodal.data.contract import follow_settings
 from multimodal.data.sampling import (
     EpochShuffleSampler,
     EvalShardSampler,
@@ -68,8 +69,17 @@ class SplitDataModule(L.LightningDataModule):
     takes its own share without padding (:class:`EvalShardSampler`), so every example is
     scored exactly once. Every loader has its own seeded ``generator`` for worker seeds:
     making an iterator never draws from the global random state.
+
+    The data-module contract (:mod:`multimodal.data.contract`): each module declares its
+    ``modality``, and where it has them its ``class_names`` and ``model_sizes``; ``follow``
+    fills in the settings a pretrained model implies.
     """
 
+    modality: ClassVar[str] = ""
+    """What an item is: ``image``, ``audio``, ``text``, ``text-text``, ``image+text``,
+    ``text-audio`` (:mod:`multimodal.data.contract`)."""
+    class_names: list[str] | None = None
+    """The classes in label order (None: items have no class)."""
     batch_size: int
     seed: int = 0
     num_workers: int = 0
@@ -83,6 +93,18 @@ class SplitDataModule(L.LightningDataModule):
     @predict_dir.setter
     def predict_dir(self, value: str | None) -> None:
         self.predict = value
+
+    @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (none here)."""
+        return {}
+
+    @classmethod
+    def follow(cls, settings: Mapping[str, Any], given: Mapping[str, Any],
+               source: str = "the pretrained model") -> tuple[dict[str, Any], list[str]]:
+        """The arguments ``given`` with the pretrained model's ``settings`` filled in
+        (:func:`multimodal.data.contract.follow_settings`); ``(arguments, warnings)``."""
+        return follow_settings(cls, settings, given, source)
 
     def record_sizes(self, val_size: float, test_size: float) -> None:
         """Keep ``val_size`` / ``test_size`` (read through :func:`held_out_sizes`) as

@@ -122,6 +122,8 @@ class PadCollate:
 class _TextDataModule(SplitDataModule):
     """Shared part: read the corpus, split by document, get the tokenizer."""
 
+    modality = "text"
+
     def __init__(
         self,
         sources: Sequence[str],

@@ -5,15 +5,13 @@ subfolder of ``.txt`` files per class (:mod:`multimodal.data.text_labelled`); ``
 ``test`` are the same kinds, else held out of ``train`` (seeded). ``shards``: LitData shards
 written by ``multimodal-prepare labelled-text``. Batches are ``{"input_ids",
 "attention_mask", "label"}`` (right padded with the tokenizer's pad id), what
-:class:`~multimodal.tasks.masked_lm.SequenceClassificationTask` trains on.
+a :class:`~multimodal.tasks.classification.ClassificationTask` over a text encoder trains on.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +29,7 @@ from multimodal.data.text_labelled import (
     LabelledTexts,
     encode_labels,
     read_labelled_texts,
+    read_predict_texts,
     resolve_classes,
 )
 from multimodal.data.text_tokenizer import (
@@ -52,7 +51,6 @@ __all__ = [
     "LabelledShardEncoder",
     "NamedPadCollate",
     "TextClassificationDataModule",
-    "read_predict_texts",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,43 +90,6 @@ class NamedPadCollate(PadCollate):
         return batch
 
 
-def read_predict_texts(source: str | os.PathLike, text_key: str = "text"
-                       ) -> tuple[list[str], list[str]]:  # fmt: skip
-    """``(texts, names)`` to classify: a ``.txt`` file (one text per non-empty line, named
-    ``file:line``), a ``.csv`` / ``.tsv`` / ``.jsonl`` with a ``text`` column (``file:line``),
-    or a folder of ``.txt`` files (one text each, named by the file)."""
-    from multimodal.data.text_labelled import _rows, _text
-
-    path = Path(source)
-    texts, names = [], []
-    if path.is_dir():
-        for file in sorted(p for p in path.rglob("*.txt") if not p.name.startswith(".")):
-            try:
-                text = file.read_text(encoding="utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{file} is not UTF-8 text: {err}") from err
-            texts.append(_text(text, str(file), "text").strip())
-            names.append(str(file.relative_to(path)))
-    elif path.suffix.lower() == ".txt":
-        if not path.is_file():
-            raise FileNotFoundError(f"text to predict not found: {path}")
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path} is not UTF-8 text: {err}") from err
-        for n, line in enumerate(lines, start=1):
-            if line.strip():
-                texts.append(line.strip())
-                names.append(f"{path}:{n}")
-    else:
-        for n, row in _rows(path, (text_key,)):
-            texts.append(_text(row[text_key], f"{path}:{n}", text_key))
-            names.append(f"{path}:{n}")
-    if not texts:
-        raise ValueError(f"{path} holds no text to predict")
-    return texts, names
-
-
 class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModule):
     """Your own labelled texts (or LitData shards of them) for text classification.
 
@@ -153,11 +114,14 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
             pad ids are the tokenizer's.
         max_length: ids per text at most, special tokens included (longer texts are cut).
         text_key, label_key: the column / field names.
-        predict: texts for ``multimodal predict`` (:func:`read_predict_texts`).
+        predict: texts for ``multimodal predict``
+            (:func:`~multimodal.data.text_labelled.read_predict_texts`).
 
     ``num_classes`` and ``class_names`` are known right after construction (the training
     labels are read once, then kept).
     """
+
+    modality = "text"
 
     def __init__(
         self,
@@ -303,6 +267,17 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
     @property
     def vocab_size(self) -> int:
         return int(self.tokenizer.vocab_size)
+
+    @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them):
+        ``max_len`` (``max_length``) and ``vocab_size``: a given tokenizer's (or the
+        shards') size, else the ``vocab_size`` the WordPiece is trained to (without
+        training it here)."""
+        own = self.tokenizer_spec is not None or self._meta is not None
+        return {"vocab_size": int(self.vocab_size) if own else int(self.vocab_size_target),
+                "max_len": int(self.max_length)}
 
     @property
     def pad_token_id(self) -> int:

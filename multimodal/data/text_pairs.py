@@ -137,6 +137,8 @@ class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModu
         source_key, target_key: the column / field names.
     """
 
+    modality = "text-text"
+
     def __init__(
         self,
         train: str | None = None,

@@ -86,7 +86,8 @@ class AutoregressiveImageTask(ModelTask):
         if size is not None and (size, size) != (h, w):
             raise ValueError(f"the data gives {size}x{size} images but the model is built for "
                              f"{h}x{w}: set the model's image_size or the data's image_size")
-        n = getattr(dm, "num_classes", None)
+        names = getattr(dm, "class_names", None)  # the data-module contract
+        n = len(names) if names else None
         k = self.model.config.num_classes
         if k and n is not None and n != k:
             raise ValueError(f"the data has {n} classes but the model has {k} class tokens")

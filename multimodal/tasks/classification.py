@@ -27,21 +27,6 @@ CLASSIFIERS = (ViT, AudioClassifier, TextEncoder)
 HEAD_SEED = 0  # every rank draws the same new head
 
 
-def data_modality(datamodule: Any) -> str | None:
-    """What a data module yields (``image`` / ``audio`` / ``text``): its ``modality``
-    attribute, else guessed from its module (``multimodal.data.vision`` ...); None when
-    unknown."""
-    given = getattr(datamodule, "modality", None)
-    if isinstance(given, str):
-        return given
-    module = type(datamodule).__module__
-    for key, kind in (("vision", "image"), ("images", "image"), ("audio", "audio"),
-                      ("text", "text")):
-        if module.startswith(f"multimodal.data.{key}"):
-            return kind
-    return None
-
-
 def _default_num_classes(model: nn.Module) -> int | None:
     field = getattr(type(model.config), "__dataclass_fields__", {}).get("num_classes")
     return None if field is None or field.default is dataclasses.MISSING else field.default
@@ -190,7 +175,8 @@ class ClassificationTask(ModelTask):
                 raise ValueError("the model has no classifier head and there is no data "
                                  "module to take the class count from: set num_classes")
             return
-        kind, ours = data_modality(dm), getattr(self.model, "modality", None)
+        # the data-module contract (multimodal.data.contract): modality, class_names
+        kind, ours = getattr(dm, "modality", None) or None, getattr(self.model, "modality", None)
         if kind is not None and ours is not None and kind != ours:
             raise ValueError(f"the model reads {ours} ({type(self.model).__name__}) but the "
                              f"data module {type(dm).__name__} gives {kind}")
@@ -210,7 +196,8 @@ class ClassificationTask(ModelTask):
                 and isinstance(wants, int) and rate != wants:
             raise ValueError(f"the data's waveforms are at {rate} Hz but the model's front end "
                              f"expects {wants} Hz (its sample_rate)")
-        n = getattr(dm, "num_classes", None)
+        names = getattr(dm, "class_names", None)
+        n = len(names) if names else None
         if n is not None and n != self.num_classes:
             if self._explicit or self._trainer_has_state():
                 raise ValueError(f"the data has {n} classes but the model's head has "
@@ -222,7 +209,6 @@ class ClassificationTask(ModelTask):
         if self.num_classes < 2:
             raise ValueError("the model has no classifier head and the data module gives "
                              "no num_classes: set num_classes")
-        names = getattr(dm, "class_names", None)
         if names:
             self.class_names = list(names)
         hook = getattr(self.model, "setup_from_data", None)  # e.g. audio: share feature stats

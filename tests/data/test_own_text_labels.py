@@ -147,7 +147,7 @@ def test_predict_texts_are_named_by_file_and_line(tmp_path):
     assert batch["filename"] == [f"{lines}:1", f"{lines}:3"]
     assert batch["input_ids"][1, :batch["attention_mask"][1].sum()].tolist() == \
         dm.tokenizer.encode("the dog digs", add_cls=True)
-    from multimodal.data.text_classification import read_predict_texts
+    from multimodal.data.text_labelled import read_predict_texts
 
     (tmp_path / "new" / "sub").mkdir(parents=True)
     (tmp_path / "new" / "b.txt").write_text("second\n")
