@@ -13,7 +13,7 @@ import soundfile as sf
 import torch
 
 from multimodal.data.audio import AudioClassificationDataModule
-from multimodal.data.audio_datasets import AudioBatchCollate, list_audio_files, read_audio_folder
+from multimodal.data.audio_datasets import AudioBatchCollate, AudioFolderDataset, list_audio_files
 from multimodal.data.audio_transforms import trim_silence
 from multimodal.data.noise import NoiseMixer
 from multimodal.data.sources.sonic_pi import (
@@ -253,9 +253,10 @@ def test_predict_folder_is_sorted_and_featurised(tmp_path: Path) -> None:
         sf.write(tmp_path / name, _tone(440.0, seconds, 8000), 8000)
     (tmp_path / "notes.txt").write_text("skip me")
     assert [p.name for p in list_audio_files(tmp_path)] == ["a.flac", "b.wav", "c.ogg"]
-    out = read_audio_folder(tmp_path, AudioFrameTokenizer())
-    assert [name for _, name in out] == ["a.flac", "b.wav", "c.ogg"]
-    assert [f.shape[0] for f, _ in out] == [1 + (n - 400) // 160 for n in (4000, 8000, 4800)]
+    items, tokenizer = list(AudioFolderDataset(tmp_path)), AudioFrameTokenizer()
+    assert [item["filename"] for item in items] == ["a.flac", "b.wav", "c.ogg"]
+    frames = [int(tokenizer(item["waveform"], 16000)[1][0]) for item in items]
+    assert frames == [1 + (n - 400) // 160 for n in (4000, 8000, 4800)]
     with pytest.raises(FileNotFoundError, match="audio folder not found"):
         list_audio_files(tmp_path / "nope")
 
