@@ -32,7 +32,7 @@ def with_fields(config: Any, fields: Mapping[str, Any], where: str = "") -> Any:
     changes = {}
     for name, value in fields.items():
         if name not in known:
-            raise ValueError(f"{type(config).__name__} has no field {where}{name!r}; fields: "
+            raise ValueError(f"{type(config).__name__} has no field '{where}{name}'; fields: "
                              f"{sorted(n for n in known if not n.startswith('_'))}")
         current = getattr(config, name)
         if dataclasses.is_dataclass(current) and isinstance(value, Mapping):

@@ -81,3 +81,24 @@ def test_one_adamw_builder_plain_and_layer_decay_agree() -> None:
         p.requires_grad_(False)
     with pytest.raises(ValueError, match="no parameter is trainable"):
         adamw(model, 0.1)
+
+
+def test_overrides_mean_the_same_for_a_preset_and_a_pretrained_model(tmp_path) -> None:
+    """``overrides`` reaches into a nested config with a mapping, whether the model comes
+    from a preset or from a folder; the folder's weights are kept."""
+    from multimodal.tasks.captioning import CaptioningTask
+
+    enc = mm.ViTConfig(image_size=16, patch_size=4, num_classes=0, dim=32, depth=1, heads=2,
+                       mlp_dim=64)
+    dec = mm.TextDecoderConfig(vocab_size=24, max_len=12, dim=32, depth=1, heads=4, mlp_dim=64)
+    saved = mm.Captioner(mm.CaptionerConfig(encoder=enc, decoder=dec))
+    saved.save_pretrained(tmp_path / "cap")
+    task = CaptioningTask(pretrained=str(tmp_path / "cap"),
+                          overrides={"decoder": {"dropout": 0.25}})
+    config = task.model.config
+    assert config.decoder.backbone.dropout == 0.25
+    assert config.encoder.backbone.dropout == saved.config.encoder.backbone.dropout
+    for name, value in saved.state_dict().items():
+        torch.testing.assert_close(task.model.state_dict()[name], value)
+    with pytest.raises(ValueError, match=r"has no field 'decoder\.dropuot'"):
+        CaptioningTask(pretrained=str(tmp_path / "cap"), overrides={"decoder": {"dropuot": 0}})
