@@ -20,7 +20,6 @@ from multimodal.plots.figures import plot_confusion_matrix
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.pairs import pair_loss
-from multimodal.tasks.pretrained import task_model
 from multimodal.tasks.probe import ProbeFit, fit_probe
 
 CLASSIFIERS = (ViT, AudioClassifier, TextEncoder)
@@ -78,6 +77,8 @@ class ClassificationTask(ModelTask):
       validation score and checkpoint is that of the tuned body with its solved head.
     """
 
+    accepts = CLASSIFIERS
+
     default_monitor = ("val/acc_macro", "max")  # the CLI's default ModelCheckpoint ranks by it
     solves_head = True
     preset_defaults: ClassVar[dict[str, Any]] = {"mlm_head": False}  # text presets: no MLM head
@@ -109,11 +110,9 @@ class ClassificationTask(ModelTask):
         overrides = dict(overrides or {})
         if pretrained is not None and want is not None:
             overrides.setdefault("num_classes", want)  # a new head in the one log line
-        model, source = task_model(model, pretrained, overrides or None,
-                                   task=type(self).__name__, accept=CLASSIFIERS,
-                                   modality=modality, preset=preset,
-                                   data_sizes=data_sizes,
-                                   preset_defaults=self.preset_defaults)
+        model, source = self.model_from(model, pretrained=pretrained, preset=preset,
+                                        overrides=overrides or None, data_sizes=data_sizes,
+                                        modality=modality)
         # the model's own count is the user's choice when set away from its default
         # (a preset's count is its default: only overrides' num_classes is the user's)
         model_explicit = source is None and (

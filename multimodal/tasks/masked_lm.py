@@ -23,7 +23,6 @@ from multimodal.models.text import TextEncoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask
 from multimodal.tasks.finetune import FinetuneConfig
-from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.text import MASK_ID, SPECIAL_TOKENS
 
 __all__ = ["MaskedLMTask", "SequenceClassificationTask", "load_encoder_weights",
@@ -92,6 +91,8 @@ class MaskedLMTask(ModelTask):
     :class:`~multimodal.tasks.classification.ClassificationTask`'s ``pretrained``.
     """
 
+    accepts = (TextEncoder,)
+
     def __init__(
         self,
         model: TextEncoder | None = None,
@@ -110,9 +111,8 @@ class MaskedLMTask(ModelTask):
     ) -> None:
         if pretrained is not None or preset is not None:  # gets an MLM head (tied decoder)
             overrides = {"mlm_head": True, **(overrides or {})}
-        model, _ = task_model(model, pretrained, overrides, task="MaskedLMTask",
-                              accept=(TextEncoder,), modality="text", preset=preset,
-                              data_sizes=data_sizes)
+        model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
+                                   overrides=overrides, data_sizes=data_sizes, modality="text")
         if model.mlm is None:
             raise ValueError("model must be a TextEncoder built with mlm_head=True, got "
                              f"{type(model).__name__} without one")
@@ -187,6 +187,8 @@ class SequenceClassificationTask(ClassificationTask):
     weights are loaded into ``model`` or the ``preset``'s model). Stored checkpoints are
     mapped onto ClassificationTask by :func:`multimodal.tasks.stored_task`."""
 
+    accepts = (TextEncoder,)
+
     def __init__(
         self,
         model: TextEncoder | None = None,
@@ -212,11 +214,8 @@ class SequenceClassificationTask(ClassificationTask):
             raise ValueError(f"model must be a TextEncoder, got {type(model).__name__}")
         if init_from:
             if preset is not None:  # built here, so that the weights go into it
-                model, _ = task_model(model, pretrained, overrides,
-                                      task="SequenceClassificationTask",
-                                      accept=(TextEncoder,), preset=preset,
-                                      data_sizes=data_sizes,
-                                      preset_defaults=self.preset_defaults)
+                model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
+                                           overrides=overrides, data_sizes=data_sizes)
                 preset, overrides = None, None
             if model is None:
                 raise ValueError("init_from loads weights into a model: give model or "

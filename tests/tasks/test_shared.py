@@ -102,3 +102,21 @@ def test_overrides_mean_the_same_for_a_preset_and_a_pretrained_model(tmp_path) -
         torch.testing.assert_close(task.model.state_dict()[name], value)
     with pytest.raises(ValueError, match=r"has no field 'decoder\.dropuot'"):
         CaptioningTask(pretrained=str(tmp_path / "cap"), overrides={"decoder": {"dropuot": 0}})
+
+
+def test_each_task_declares_its_models_and_where_they_come_from() -> None:
+    """``accepts`` / ``model_sources`` on the task class: one ``model_from`` builds every
+    task's model and names the task in its errors."""
+    import multimodal.tasks as tasks
+
+    for name in tasks._TASKS:
+        cls = getattr(tasks, name)
+        assert cls.accepts and all(isinstance(c, type) for c in cls.accepts), name
+    assert tasks.TTSTask.model_sources == ("model", "preset")
+    with pytest.raises(ValueError, match="TTSTask takes no pretrained: its model comes from "
+                                         "model or preset"):
+        tasks.TTSTask.model_from(pretrained="some/folder")
+    with pytest.raises(ValueError, match="LanguageModelTask: model must be a TextDecoder, "
+                                         "got ViT"):
+        LanguageModelTask(mm.ViT(mm.ViTConfig(image_size=8, patch_size=4, in_channels=1,
+                                              num_classes=2, dim=16, depth=1, heads=2)))
