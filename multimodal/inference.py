@@ -45,9 +45,9 @@ from multimodal.tokenizers.audio import load_audio
 from multimodal.weights import save_safetensors
 
 __all__ = [
-    "DEFAULT_TEMPLATES", "CaptionerBundle", "InputItem", "UnreadableInput", "caption",
-    "collect_inputs", "embed", "load_captioner", "load_model_encoder", "read_embeddings",
-    "zero_shot",
+    "DEFAULT_TEMPLATES", "CaptionerBundle", "InputItem", "UnreadableInput", "ZeroShotClasses",
+    "caption", "class_embeddings", "collect_inputs", "embed", "load_captioner",
+    "load_model_encoder", "read_embeddings", "zero_shot",
 ]
 
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
@@ -480,6 +480,48 @@ def class_embeddings(encoder: Encoder, labels: Sequence[str],
     return F.normalize(emb.view(len(labels), len(templates), -1).mean(1), dim=-1)
 
 
+@dataclass(frozen=True)
+class ZeroShotClasses:
+    """The text side of zero-shot for one label set, computed once and applied to any
+    number of images: the class embeddings ``C`` (:func:`class_embeddings`), the scale
+    ``s = exp(logit_scale)``, SigLIP's bias ``b`` (0 for CLIP) and the ``activation``.
+    :meth:`probabilities` of image embeddings ``I`` is ``softmax(s · Î Cᵀ + b)`` over the
+    labels (CLIP) or each label's ``sigmoid(s · Î Cᵀ + b)`` (SigLIP), ``Î`` the unit rows of
+    ``I``: what :func:`zero_shot` and the server's ``/v1/zero-shot`` compute."""
+
+    labels: tuple[str, ...]
+    classes: torch.Tensor  # (C, D) unit rows, on the CPU
+    scale: torch.Tensor
+    bias: torch.Tensor | float
+    activation: str
+
+    @classmethod
+    def of(cls, encoder: Encoder, labels: Sequence[str],
+           templates: Sequence[str] = DEFAULT_TEMPLATES,
+           activation: str | None = None) -> ZeroShotClasses:
+        """The label set's classes for ``encoder`` (a CLIP / SigLIP); ``activation``
+        defaults to ``sigmoid`` for a model trained with the sigmoid loss, else ``softmax``
+        (as transformers' zero-shot pipeline)."""
+        if encoder.modality != "image+text":
+            raise ValueError(f"zero-shot needs a CLIP / SigLIP (image+text) model, not a "
+                             f"{type(encoder.backbone).__name__} (modality {encoder.modality})")
+        clip = encoder.backbone
+        activation = activation or ("sigmoid" if clip.config.loss == "sigmoid" else "softmax")
+        if activation not in ("softmax", "sigmoid"):
+            raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}")
+        with torch.no_grad():
+            classes = class_embeddings(encoder, labels, templates).cpu()
+            scale = clip.scale().float().cpu()
+            bias = clip.logit_bias.float().cpu() if clip.logit_bias is not None else 0.0
+        return cls(tuple(labels), classes, scale, bias, activation)
+
+    def probabilities(self, images: torch.Tensor) -> torch.Tensor:
+        """``(N, C)`` probabilities of image embeddings ``(N, D)`` (class docstring)."""
+        logits = self.scale * F.normalize(images.float().cpu(), dim=-1) @ self.classes.T \
+            + self.bias
+        return logits.softmax(dim=-1) if self.activation == "softmax" else logits.sigmoid()
+
+
 def zero_shot(model: Any, inputs: Any, labels: Sequence[str],
               templates: Sequence[str] = DEFAULT_TEMPLATES, *, batch_size: int = 32,
               skip_corrupt: bool = False, activation: str | None = None,
@@ -489,7 +531,7 @@ def zero_shot(model: Any, inputs: Any, labels: Sequence[str],
     ``s = exp(logit_scale)``, ``b`` SigLIP's bias); the probabilities their softmax over the
     labels for CLIP, and for SigLIP (trained with the sigmoid loss) each label's own
     ``sigmoid``, as transformers' zero-shot pipeline gives them (``activation`` =
-    ``"softmax"`` / ``"sigmoid"`` overrides)."""
+    ``"softmax"`` / ``"sigmoid"`` overrides); :class:`ZeroShotClasses`."""
     labels = [str(x).strip() for x in labels if str(x).strip()]
     if len(labels) < 2:
         raise ValueError(f"give at least two labels, got {labels}")
@@ -500,15 +542,8 @@ def zero_shot(model: Any, inputs: Any, labels: Sequence[str],
         raise ValueError(f"zero-shot needs a CLIP / SigLIP (image+text) model; "
                          f"{model if isinstance(model, (str, Path)) else 'the model'} is a "
                          f"{type(encoder.backbone).__name__} (modality {encoder.modality})")
-    clip = encoder.backbone
-    activation = activation or ("sigmoid" if clip.config.loss == "sigmoid" else "softmax")
-    if activation not in ("softmax", "sigmoid"):
-        raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}")
+    head = ZeroShotClasses.of(encoder, labels, templates, activation)
     stream = stream if stream is not None else sys.stderr
-    with torch.no_grad():
-        classes = class_embeddings(encoder, labels, templates)
-        scale = clip.scale().float().cpu()
-        bias = clip.logit_bias.float().cpu() if clip.logit_bias is not None else 0.0
     items = collect_inputs(inputs, ("image",))
     skipped, reader = _Skipped(), _Reader.of(encoder)
     rows: list[ZeroShotRow] = []
@@ -520,9 +555,7 @@ def zero_shot(model: Any, inputs: Any, labels: Sequence[str],
                 kept, emb = _encode_batch(encoder, "image", kept, values, skip_corrupt,
                                           skipped)
                 if kept:
-                    logits = scale * F.normalize(emb.float(), dim=-1) @ classes.cpu().T + bias
-                    probs = logits.softmax(dim=-1) if activation == "softmax" \
-                        else logits.sigmoid()
+                    probs = head.probabilities(emb)
                     for item, p in zip(kept, probs, strict=True):
                         top = int(p.argmax())
                         rows.append(ZeroShotRow(item.id, labels[top], float(p[top]),

@@ -45,7 +45,7 @@ from multimodal.hub import (
 from multimodal.installed import resolve_weights
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
 
-__all__ = ["Loaded", "load", "model_parts", "select_part"]
+__all__ = ["Loaded", "is_whisper", "load", "model_parts", "select_part"]
 
 WHISPER_ARCHITECTURE = "WhisperForConditionalGeneration"
 
@@ -131,6 +131,25 @@ def _is_whisper_folder(path: Path) -> bool:
     # the decoder's special tokens are read from tokenizer.json: without it, the encoder
     return isinstance(meta, dict) and WHISPER_ARCHITECTURE in (meta.get("architectures") or []) \
         and (path / TOKENIZER_NAME).is_file()
+
+
+def is_whisper(path: str | Path) -> bool:
+    """Whether :func:`load` reads ``path`` as a whole Whisper (encoder and decoder: a speech
+    recogniser), without reading weights: a CTranslate2 folder, a transformers
+    ``WhisperForConditionalGeneration`` folder with its ``tokenizer.json``, or a Whisper
+    written by ``save_pretrained``. ``FileNotFoundError`` / ``ValueError`` as
+    :func:`multimodal.files.path_kind` for a path that holds no model."""
+    path = Path(resolve_weights(path)).expanduser()
+    kind = path_kind(path)
+    if kind == "ctranslate2" or (kind == "hf" and _is_whisper_folder(path)):
+        return True
+    if kind != "save_pretrained":
+        return False
+    try:
+        meta = json.loads((path / CONFIG_NAME).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(meta, dict) and meta.get("model_type") == "Whisper"
 
 
 def model_parts(model: nn.Module) -> dict[str, nn.Module]:

@@ -25,9 +25,10 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     synthesis, asr             text-to-speech (CodecLM) and speech to text (Whisper)
     loading                    load(path): the one dispatch over model paths, the whole model
                                and what comes with it (tokenizer, preprocessing, pooling)
-    serve                      the LitServe server behind ``multimodal serve`` (loaders only)
     tasks | data               Lightning; data sits beside tasks and neither imports the other
     inference                  embed / zero-shot / caption over folders (models + data readers)
+    serve                      the LitServe server behind ``multimodal serve`` (the loaders and
+                               inference's zero-shot maths; no Lightning)
     cli, plots.attention, plots.pixels
                                entry points: the ``multimodal`` command and its verbs,
                                ``multimodal-prepare``, the run callbacks; figure scripts
@@ -79,7 +80,7 @@ ALLOWED: dict[str, set[str]] = {
     "tasks": {*_ZOO, "loading", "tasks"},
     "data": {*_LAYERS, "data"},
     "inference": {*_ZOO, "data", "loading", "progress"},  # embed / zero-shot / caption loops
-    "serve": {*_ZOO, "asr", "loading", "serve"},  # the LitServe server: loaders, no Lightning
+    "serve": {*_ZOO, "asr", "loading", "inference", "serve"},  # LitServe: loaders, no Lightning
     "cli": {*_ZOO, "tasks", "data", "cli", "inference", "asr", "loading"},  # entry points
     "plots.attention": _FIGURE_SCRIPTS,
     "plots.pixels": _FIGURE_SCRIPTS,

@@ -160,7 +160,10 @@ class Attention(nn.Module):
 
     - ``kv_heads`` < ``heads``: grouped-query attention (multi-query when 1). Only
       ``kv_heads`` key/value heads are projected (and cached); query head ``h`` reads
-      key/value head ``h // (heads / kv_heads)``.
+      key/value head ``h // (heads / kv_heads)``. With one query a head (a decoding step)
+      the ``heads / kv_heads`` queries of a group are attended as one head's queries
+      (``(B, H, 1, d) -> (B, kv_heads, group, d)``), so the cached keys and values are read
+      once instead of repeated ``group`` times; longer inputs repeat them.
     - ``qk_norm_layer``: ``q_h <- norm(q_h)``, ``k_h <- norm(k_h)`` over each head's ``d``
       channels (one norm of width ``d`` shared by the heads), before the rotation.
     - ``rope`` (a forward argument): rotary position angles from
@@ -279,8 +282,11 @@ class Attention(nn.Module):
                 q, k = apply_rotary(q, rope), apply_rotary(k, rope)
             if cache is not None:
                 k, v = cache.append(k, v)
-        if self.kv_heads != self.heads:
-            group = self.heads // self.kv_heads
+        group = self.heads // self.kv_heads
+        folded = group > 1 and n == 1  # one query a head: fold each group into "queries"
+        if folded:  # (B, H, 1, d) -> (B, kv_heads, group, d): head h = kv * group + g
+            q = q.reshape(b, self.kv_heads, group, self.head_dim)
+        elif group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         m = k.shape[-2]
         if key_padding_mask is not None and (
@@ -299,5 +305,9 @@ class Attention(nn.Module):
             need_weights=need_weights,
             causal=causal and n > 1,  # one new query after the cache sees every key
         )
+        if folded:  # back to one query per head
+            out = out.reshape(b, self.heads, 1, self.head_dim)
+            if weights is not None:
+                weights = weights.reshape(b, self.heads, 1, m)
         out = out.transpose(1, 2).reshape(b, n, self.dim)
         return self.proj_drop(self.proj(out)), weights

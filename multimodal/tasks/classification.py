@@ -18,7 +18,7 @@ from multimodal.models.text import TextEncoder
 from multimodal.models.vit import ViT
 from multimodal.plots.figures import plot_confusion_matrix
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.finetune import FinetuneConfig, apply_regime, choose_regime
 from multimodal.tasks.pairs import pair_loss
 from multimodal.tasks.probe import ProbeFit, fit_probe
 
@@ -168,6 +168,11 @@ class ClassificationTask(ModelTask):
 
     # -- data plumbing ---------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        self._setup_data(stage)
+        if self.finetune.regime == "auto" and stage == "fit":
+            self._choose_regime()  # after the data gave the class count
+
+    def _setup_data(self, stage: str) -> None:
         dm = self.datamodule
         if dm is None:
             if self.num_classes < 2:
@@ -216,15 +221,44 @@ class ClassificationTask(ModelTask):
         if self.finetune.regime in ("linear_probe", "contrastive"):
             self._check_solvable()
 
-    def _check_solvable(self) -> None:
+    def _choose_regime(self) -> None:
+        """``finetune.regime: auto`` becomes a regime for this data (:func:`~multimodal.tasks.
+        finetune.choose_regime`): the training set's size is the training loader's (the
+        loader Lightning itself will iterate; a loader without a length keeps
+        ``many_labels_regime``). The saved hyper-parameters keep ``auto``, so a resumed run
+        chooses again, the same way, from the same data."""
+        trainer = self.trainer
+        trainer.fit_loop.setup_data()  # idempotent: the loader Lightning then reuses
+        loader = trainer.train_dataloader
+        try:
+            examples = len(loader.dataset)  # type: ignore[union-attr, arg-type]
+        except TypeError:
+            examples = None
+        if examples is None:
+            self.finetune = dataclasses.replace(self.finetune,
+                                                regime=self.finetune.many_labels_regime)
+            rank_zero_info(f"finetune: regime auto -> {self.finetune.regime} (the training "
+                           "data has no length to count)")
+        else:
+            self.finetune, why = choose_regime(self.finetune, examples, self.num_classes,
+                                               solvable=self._solvable_head() is None)
+            rank_zero_info(why)
+        apply_regime(self.model, self.finetune, self.head_modules)
+
+    def _solvable_head(self) -> str | None:
+        """Why the head cannot be solved in closed form, or None when it can."""
         head = getattr(self.model, "head", None)
         if not isinstance(head, nn.Linear) or head.bias is None:
-            raise ValueError(f"finetune: {self.finetune.regime} solves a linear head with a "
-                             f"bias; {type(self.model).__name__} has "
-                             f"{type(head).__name__ if head is not None else 'no head'}")
+            return f"{type(head).__name__ if head is not None else 'no head'}"
         if getattr(self.model, "head_dist", None) is not None:
-            raise ValueError(f"finetune: {self.finetune.regime} solves one linear head; "
-                             f"{type(self.model).__name__} also has a distillation head")
+            return "a distillation head too"
+        return None
+
+    def _check_solvable(self) -> None:
+        why = self._solvable_head()
+        if why is not None:
+            raise ValueError(f"finetune: {self.finetune.regime} solves one linear head with a "
+                             f"bias; {type(self.model).__name__} has {why}")
 
     def _trainer_has_state(self) -> bool:
         """A run resumed / tested from a checkpoint keeps the checkpoint's head."""

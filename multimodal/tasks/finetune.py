@@ -20,16 +20,18 @@ decoders) count the blocks of each tower separately.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from torch import nn
 
 from multimodal.nn.lora import apply_lora, lora_layers, merge_lora
 
-__all__ = ["FinetuneConfig", "apply_regime", "is_head", "layer_ids", "merged_model"]
+__all__ = ["FinetuneConfig", "apply_regime", "choose_regime", "is_head", "layer_ids",
+           "merged_model"]
 
-REGIMES = ("full", "linear_probe", "lora", "contrastive")
+REGIMES = ("full", "linear_probe", "lora", "contrastive", "auto")
+MANY_LABELS_REGIMES = ("full", "lora")
 _BLOCK = re.compile(r"^(.*?)(?:transformer\.)?blocks\.(\d+)\.")
 
 
@@ -49,12 +51,17 @@ class FinetuneConfig:
     al. 2022): the body is fine-tuned on pairs of examples with a cosine-similarity loss,
     the head is the solved probe on the tuned features
     (:class:`~multimodal.tasks.classification.ClassificationTask`).
+    ``auto`` (classification tasks; elsewhere it is ``full``): the regime follows the number
+    of labelled training examples, chosen when ``fit`` starts and logged
+    (:func:`choose_regime`): at most ``few_labels`` per class on average -> ``contrastive``
+    (the few-label recipe), more -> ``many_labels_regime`` (``full`` or ``lora``, with
+    ``layer_decay`` / ``head_lr`` / the LoRA keys as given).
     ``freeze_blocks``: with ``full``, the embeddings and the first k blocks stay frozen.
     ``layer_decay``: layer-wise learning-rate decay factor in (0, 1]; ``head_lr``: the
     head's learning rate (default: the task's ``lr``).
     """
 
-    regime: Literal["full", "linear_probe", "lora", "contrastive"] = "full"
+    regime: Literal["full", "linear_probe", "lora", "contrastive", "auto"] = "full"
     freeze_blocks: int = 0
     layer_decay: float | None = None
     head_lr: float | None = None
@@ -65,6 +72,8 @@ class FinetuneConfig:
     probe_cs: list[float] | None = None
     probe_folds: int = 5
     probe_class_weight: Literal["balanced", "none"] = "balanced"
+    few_labels: int = 64
+    many_labels_regime: Literal["full", "lora"] = "full"
 
     def __post_init__(self) -> None:
         problems = []
@@ -89,6 +98,11 @@ class FinetuneConfig:
         if self.probe_class_weight not in ("balanced", "none"):
             problems.append(f"probe_class_weight must be 'balanced' or 'none', got "
                             f"{self.probe_class_weight!r}")
+        if self.few_labels < 0:
+            problems.append(f"few_labels must be >= 0, got {self.few_labels}")
+        if self.many_labels_regime not in MANY_LABELS_REGIMES:
+            problems.append(f"many_labels_regime must be one of {MANY_LABELS_REGIMES}, got "
+                            f"{self.many_labels_regime!r}")
         if problems:
             raise ValueError("finetune: " + "; ".join(problems))
 
@@ -146,6 +160,28 @@ def layer_ids(model: nn.Module, heads: tuple[str, ...]) -> dict[str, tuple[int, 
             "transformer.norm.")  # the blocks' final norm goes with the last block (timm)
         out[name] = (0 if emb else depth if last else depth + 1, depth)
     return out
+
+
+def choose_regime(config: FinetuneConfig, examples: int, classes: int,
+                  solvable: bool = True) -> tuple[FinetuneConfig, str]:
+    """The regime ``auto`` stands for, from the labelled training set's size, and why.
+
+    Few labels (``examples / classes <= few_labels``): ``contrastive`` (SetFit; pairs of
+    examples tune the body, then the solved probe; BENCHMARKS.md "Few labels": above full
+    fine-tuning and level with SetFit at 8 labelled a class). More: ``many_labels_regime``.
+    A model whose head cannot be solved (not one ``nn.Linear`` with a bias) takes
+    ``many_labels_regime`` whatever the count. A config that is not ``auto`` is returned as
+    it is, with an empty reason."""
+    if config.regime != "auto":
+        return config, ""
+    per_class = examples / max(classes, 1)
+    few = per_class <= config.few_labels
+    regime = "contrastive" if few and solvable else config.many_labels_regime
+    why = (f"{examples} labelled training examples, {per_class:.1f} a class "
+           f"{'<=' if few else '>'} few_labels {config.few_labels}")
+    if few and not solvable:
+        why += "; the model's head cannot be solved (contrastive needs one linear head)"
+    return replace(config, regime=regime), f"finetune: regime auto -> {regime} ({why})"
 
 
 def apply_regime(model: nn.Module, config: FinetuneConfig, heads: tuple[str, ...]) -> None:
