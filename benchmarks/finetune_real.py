@@ -26,7 +26,7 @@ of 1..4 consecutive sentences, balanced across the three sources per split
 passages per class drawn (seeded by ``S``) from the training passages, ``train_all.jsonl``
 all of them. Every file is ``{"text", "label"}`` JSONL with the source name as label.
 
-Regimes (``run``), all ``SequenceClassificationTask`` with ``pretrained: FOLDER`` and the
+Regimes (``run``), all ``ClassificationTask`` with ``pretrained: FOLDER`` and the
 data module's ``tokenizer`` set to that folder's tokenizer (``finetune`` keys: see
 ``docs/finetune.md``):
 

@@ -23,13 +23,12 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import torch
 from torch import nn
 
 from multimodal.nn.lora import apply_lora, lora_layers, merge_lora
 
-__all__ = ["FinetuneConfig", "apply_regime", "choose_regime", "layer_ids", "merged_model",
-           "param_groups"]
+__all__ = ["FinetuneConfig", "apply_regime", "choose_regime", "is_head", "layer_ids",
+           "merged_model"]
 
 REGIMES = ("full", "linear_probe", "lora", "contrastive", "auto")
 MANY_LABELS_REGIMES = ("full", "lora")
@@ -122,7 +121,8 @@ class FinetuneConfig:
         raise ValueError(f"finetune must be a mapping of FinetuneConfig keys, got {value!r}")
 
 
-def _is_head(name: str, heads: tuple[str, ...]) -> bool:
+def is_head(name: str, heads: tuple[str, ...]) -> bool:
+    """Whether parameter ``name`` belongs to one of the top-level modules ``heads``."""
     return name.split(".", 1)[0] in heads
 
 
@@ -155,7 +155,7 @@ def layer_ids(model: nn.Module, heads: tuple[str, ...]) -> dict[str, tuple[int, 
             continue
         prefixes = [p for p in towers if name.startswith(p)]
         depth = towers[max(prefixes, key=len)] if prefixes else max(towers.values(), default=0)
-        emb = _is_embedding(name) and not _is_head(name, heads)
+        emb = _is_embedding(name) and not is_head(name, heads)
         last = name[len(max(prefixes, key=len)) if prefixes else 0:].startswith(
             "transformer.norm.")  # the blocks' final norm goes with the last block (timm)
         out[name] = (0 if emb else depth if last else depth + 1, depth)
@@ -188,19 +188,19 @@ def apply_regime(model: nn.Module, config: FinetuneConfig, heads: tuple[str, ...
     """Freeze / wrap ``model`` in place for ``config``'s regime (module docstring)."""
     head = [n for n, _ in model.named_modules() if n and n.split(".")[0] in heads and
             "." not in n]
-    head_params = [n for n, _ in model.named_parameters() if _is_head(n, heads)]
+    head_params = [n for n, _ in model.named_parameters() if is_head(n, heads)]
     if config.regime == "linear_probe":
         if not head_params:
             raise ValueError(f"finetune: linear_probe trains the head, and "
                              f"{type(model).__name__} has none (no {', '.join(heads)})")
         for name, p in model.named_parameters():
-            p.requires_grad_(_is_head(name, heads))
+            p.requires_grad_(is_head(name, heads))
     elif config.regime == "contrastive":  # the body trains; the head is solved
         if not head_params:
             raise ValueError(f"finetune: contrastive fits a head, and "
                              f"{type(model).__name__} has none (no {', '.join(heads)})")
         for name, p in model.named_parameters():
-            p.requires_grad_(not _is_head(name, heads))
+            p.requires_grad_(not is_head(name, heads))
     elif config.regime == "lora":
         apply_lora(model, config.lora_rank, config.lora_alpha, tuple(config.lora_targets),
                    dropout=config.lora_dropout, trainable=tuple(head))
@@ -215,32 +215,6 @@ def apply_regime(model: nn.Module, config: FinetuneConfig, heads: tuple[str, ...
                 p.requires_grad_(False)
 
 
-def param_groups(model: nn.Module, lr: float, weight_decay: float, config: FinetuneConfig,
-                 heads: tuple[str, ...]) -> list[dict[str, Any]]:
-    """AdamW parameter groups: the trainable parameters by (learning rate, decay or not);
-    weight decay on matrices only (not on biases, norms, ``*_token``, ``pos_embed``), the
-    rate of each from ``layer_decay`` / ``head_lr`` (module docstring). Each group has a
-    ``name`` (``layer<id>`` or ``head``, ``/decay`` or ``/no_decay``)."""
-    ids = layer_ids(model, heads) if config.layer_decay is not None else {}
-    groups: dict[str, dict[str, Any]] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        skip = p.dim() < 2 or name.endswith("_token") or "pos_embed" in name
-        if config.head_lr is not None and _is_head(name, heads):
-            key, rate = "head", config.head_lr
-        elif config.layer_decay is not None:
-            layer, depth = ids[name]
-            key, rate = f"layer{layer}", lr * config.layer_decay ** (depth + 1 - layer)
-        else:
-            key, rate = "all", lr
-        key += "/no_decay" if skip else "/decay"
-        group = groups.setdefault(key, {"params": [], "lr": rate, "name": key,
-                                        "weight_decay": 0.0 if skip else weight_decay})
-        group["params"].append(p)
-    return list(groups.values())
-
-
 def merged_model(model: nn.Module) -> nn.Module:
     """``model`` with its LoRA adapters folded in (a copy), or ``model`` itself."""
     return merge_lora(model) if lora_layers(model) else model
@@ -248,12 +222,3 @@ def merged_model(model: nn.Module) -> nn.Module:
 
 def lora_settings(model: nn.Module) -> dict[str, Any] | None:
     return getattr(model, "_lora_settings", None)
-
-
-def build_adamw(groups: list[dict[str, Any]], lr: float,
-                betas: tuple[float, float]) -> torch.optim.AdamW:
-    params = [p for g in groups for p in g["params"]]
-    if not params:
-        raise ValueError("finetune: no parameter is trainable")
-    fused = all(p.is_cuda for p in params)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
