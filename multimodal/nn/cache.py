@@ -92,6 +92,15 @@ class KVCache:
         for layer in self.layers:
             layer.reorder(index)
 
+    def crop(self, length: int) -> None:
+        """Forget every cached token after the first ``length`` (speculative decoding:
+        the keys / values of rejected draft tokens). The buffers keep their size; the next
+        append overwrites the forgotten positions."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop length must be in [0, {self.length}], got {length}")
+        for layer in self.layers:
+            layer.length = length
+
 
 class StaticLayerCache(LayerCache):
     """A :class:`LayerCache` whose buffers are zero-filled once and never replaced: the
@@ -177,6 +186,11 @@ class StaticKVCache(KVCache):
         """After a one-token step: every layer holds one more token."""
         for layer in self.layers:
             layer.length += 1
+
+    def crop(self, length: int) -> None:
+        super().crop(length)
+        if self.valid is not None:
+            self.valid[:, length:] = False
 
     def reorder(self, index: Tensor) -> None:
         super().reorder(index)
