@@ -668,6 +668,13 @@ def _speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: i
     were right, so with ``m = max{j : d_i = g_{i-1} for i <= j}`` the tokens
     ``g_0 .. g_m`` are kept (cut after an EOS) and the cache cropped to the ``e + m``
     positions whose keys / values came from kept tokens.
+
+    The prompt is prefilled alone, as greedy does; the verify passes after it attend row
+    by row (:attr:`~multimodal.nn.cache.LayerCache.rowwise`), so with a row-independent
+    model (the packed int4 / int8 kernels) every logit is bitwise the one greedy's
+    one-token step computes, and the tokens are greedy's even at exact ties of bf16
+    logits; in fp32 a k-row matrix product rounds differently from a one-row one (about
+    1e-6 relative), which only a near-tie of the two best logits could show.
     """
     start = ids.shape[1]
     total = start + max_new_tokens
@@ -689,7 +696,10 @@ def _speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: i
     end = start
     row = out[0]
     while end < total:
-        k = min(num_draft_tokens, total - end - 1)  # the model adds one token after them
+        # the prompt alone first (greedy's own prefill), then verify passes whose rows are
+        # one-token steps' arithmetic (LayerCache.rowwise); the model adds a token after
+        # the guess
+        k = min(num_draft_tokens, total - end - 1) if end > start else 0
         guess = proposer(row[:end], k) if k > 0 else row[:0]
         d = guess.shape[0]
         row[end : end + d] = guess
@@ -713,6 +723,8 @@ def _speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: i
         stats.proposed += d
         stats.accepted += m
         stats.forwards += 1
+        if end == start:
+            cache.set_rowwise(True)
         end += n
         if stop:
             break

@@ -293,11 +293,20 @@ class Attention(nn.Module):
             )
         mask = build_attention_mask(b, n, m, key_padding_mask=key_padding_mask,
                                     attn_mask=attn_mask, device=x.device)
-        out, weights = scaled_dot_product_attention(
-            q, k, v, mask,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            need_weights=need_weights,
-            causal=causal and n > 1,  # one new query after the cache sees every key
-        )
+        if n > 1 and cache is not None and cache.rowwise and causal and mask is None \
+                and not need_weights and not self.training:
+            # each new query exactly as a one-token step computes it (speculative verify)
+            past = m - n
+            out = torch.cat([scaled_dot_product_attention(
+                q[:, :, i : i + 1], k[:, :, : past + i + 1], v[:, :, : past + i + 1])[0]
+                for i in range(n)], dim=2)
+            weights = None
+        else:
+            out, weights = scaled_dot_product_attention(
+                q, k, v, mask,
+                dropout_p=self.attn_dropout if self.training else 0.0,
+                need_weights=need_weights,
+                causal=causal and n > 1,  # one new query after the cache sees every key
+            )
         out = out.transpose(1, 2).reshape(b, n, self.dim)
         return self.proj_drop(self.proj(out)), weights

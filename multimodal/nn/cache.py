@@ -13,7 +13,16 @@ from torch import Tensor
 
 
 class LayerCache:
-    """Cached keys/values of one Block, (B, H, T, d) each."""
+    """Cached keys/values of one Block, (B, H, T, d) each.
+
+    ``rowwise`` (False by default): several new causal queries attend one at a time, each
+    with the same call a one-token step makes (no mask, its own key prefix), so every row
+    of a multi-token pass is bitwise what token-by-token decoding gives wherever the rest
+    of the model is row-independent (the packed int4 / int8 kernels are): speculative
+    decoding's verify pass, whose tokens must be greedy's.
+    """
+
+    rowwise = False
 
     def __init__(self, max_len: int) -> None:
         self.max_len = max_len
@@ -91,6 +100,11 @@ class KVCache:
     def reorder(self, index: Tensor) -> None:
         for layer in self.layers:
             layer.reorder(index)
+
+    def set_rowwise(self, rowwise: bool) -> None:
+        """Set :attr:`LayerCache.rowwise` on every layer."""
+        for layer in self.layers:
+            layer.rowwise = rowwise
 
     def crop(self, length: int) -> None:
         """Forget every cached token after the first ``length`` (speculative decoding:
