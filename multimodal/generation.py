@@ -38,7 +38,7 @@ from torch import Tensor
 from multimodal.nn.block import static_step
 from multimodal.nn.cache import KVCache, StaticKVCache
 from multimodal.nn.quantized import check_mode, quantized_copy
-from multimodal.speculative import METHODS, SpeculativeStats, new_stats, prompt_lookup
+from multimodal.speculative import METHODS, DraftLength, SpeculativeStats, new_stats, prompt_lookup
 
 
 class Cache(Protocol):
@@ -693,6 +693,7 @@ def _speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: i
     else:
         def proposer(seq: Tensor, k: int) -> Tensor:
             return prompt_lookup(seq, k, ngram)
+    policy = DraftLength(num_draft_tokens) if method == "prompt_lookup" else None
     end = start
     row = out[0]
     while end < total:
@@ -700,10 +701,12 @@ def _speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: i
         # one-token steps' arithmetic (LayerCache.rowwise); the model adds a token after
         # the guess
         k = min(num_draft_tokens, total - end - 1) if end > start else 0
-        guess = proposer(row[:end], k) if k > 0 else row[:0]
+        proposal = proposer(row[:end], k) if k > 0 else row[:0]
+        guess = proposal if policy is None else proposal[: policy.choose(proposal.shape[0])]
         d = guess.shape[0]
         row[end : end + d] = guess
         cached = cache.length
+        began = time.perf_counter()
         logits = step.last_rows(out[:, cached : end + d], None, d + 1)[0]
         if logits_processor is not None:
             logits = torch.stack([logits_processor(out[:, : end + j], logits[j : j + 1])[0]
@@ -720,6 +723,9 @@ def _speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: i
         n = new.shape[0]
         row[end : end + n] = new
         cache.crop(end + n - 1)
+        if policy is not None and end > start:
+            policy.timed(end + d - cached, time.perf_counter() - began)
+            policy.observe(proposal.tolist(), new.tolist())
         stats.proposed += d
         stats.accepted += m
         stats.forwards += 1

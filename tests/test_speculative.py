@@ -10,7 +10,14 @@ import torch
 from multimodal.generation import generate
 from multimodal.models.text import TextDecoder, TextDecoderConfig
 from multimodal.nn.quantized import quantized_copy
-from multimodal.speculative import prompt_lookup, speculative_stats
+from multimodal.speculative import DraftLength, prompt_lookup, speculative_stats
+
+
+@pytest.fixture
+def verify_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every proposed token verified (no cost-based shortening): the verify path is
+    exercised whatever this machine's timings."""
+    monkeypatch.setattr(DraftLength, "choose", lambda self, available: available)
 
 
 def naive_lookup(ids: list[int], k: int, ngram: int) -> list[int]:
@@ -53,6 +60,30 @@ def test_prompt_lookup_equals_brute_force_definition() -> None:
         assert prompt_lookup(ids, k, ngram).tolist() == naive_lookup(ids.tolist(), k, ngram)
 
 
+def test_draft_length_maximises_expected_tokens_per_cost() -> None:
+    policy = DraftLength(max_tokens=16)
+    for a, b in [(0.9, 0.2), (0.5, 0.1), (0.3, 0.15), (0.1, 0.15), (0.97, 0.05)]:
+        policy.hits, policy.trials, policy.cost = a, 1.0, b
+        # brute force over k of sum_{i<=k} a^i / (1 + b k)
+        ratios = [sum(a ** i for i in range(k + 1)) / (1 + b * k) for k in range(17)]
+        best = max(range(17), key=lambda k: (ratios[k], -k))
+        assert policy.choose(16) == best
+        assert policy.choose(2) == max(range(3), key=lambda k: (ratios[k], -k))
+    policy.hits, policy.trials, policy.cost = 0.1, 1.0, 0.15  # a < b: never worth a guess
+    assert policy.choose(16) == 0
+
+
+def test_draft_length_estimates() -> None:
+    policy = DraftLength(max_tokens=8, decay=0.5)
+    policy.observe([1, 2, 3], [1, 2, 9])  # two right, then a wrong one
+    assert (policy.hits, policy.trials) == (0.5 * 1 + 2, 0.5 * 2 + 3)
+    policy.observe([4], [4, 5])  # one right, nothing more to judge
+    assert (policy.hits, policy.trials) == (0.5 * 2.5 + 1, 0.5 * 4 + 1)
+    policy.timed(1, 0.010)
+    policy.timed(5, 0.014)  # 4 extra rows cost 0.4 of a row: 0.1 each
+    assert policy.cost == pytest.approx(0.7 * 0.15 + 0.3 * 0.1)
+
+
 # --- decoding -------------------------------------------------------------------------
 
 
@@ -86,7 +117,8 @@ RANDOM = [31, 2, 77, 40, 13, 58, 90, 21, 64, 7]
 
 @pytest.mark.parametrize("llama", [False, True])
 @pytest.mark.parametrize("prompt", [REPETITIVE, RANDOM], ids=["repetitive", "random"])
-def test_prompt_lookup_gives_greedy_tokens(llama: bool, prompt: list[int]) -> None:
+def test_prompt_lookup_gives_greedy_tokens(llama: bool, prompt: list[int],
+                                           verify_all: None) -> None:
     model = decoder(llama=llama)
     ids = torch.tensor([prompt])
     plain = generate(model, ids, 60)
@@ -124,6 +156,7 @@ def test_quantized_verify_pass_is_bitwise_one_token_steps(mode: str, llama: bool
 
 @pytest.mark.parametrize("mode", [None, "int4", "int8"])
 def test_quantized_speculative_equals_quantized_greedy(mode: str | None) -> None:
+    # the cost-based draft length as it comes (tokens must not depend on it)
     model = decoder(seed=1, llama=True)
     for prompt in (REPETITIVE, RANDOM):
         ids = torch.tensor([prompt])
@@ -132,7 +165,7 @@ def test_quantized_speculative_equals_quantized_greedy(mode: str | None) -> None
         assert spec.tolist() == plain.tolist()
 
 
-def test_eos_stops_where_greedy_stops() -> None:
+def test_eos_stops_where_greedy_stops(verify_all: None) -> None:
     model = decoder()
     ids = torch.tensor([REPETITIVE])
     free = generate(model, ids, 40)[0, len(REPETITIVE):].tolist()
@@ -146,7 +179,7 @@ def test_eos_stops_where_greedy_stops() -> None:
         assert spec.tolist() == plain.tolist()
 
 
-def test_short_budgets_and_logits_processor() -> None:
+def test_short_budgets_and_logits_processor(verify_all: None) -> None:
     model = decoder()
     ids = torch.tensor([REPETITIVE])
     for n in (0, 1, 2, 3, 9):
