@@ -91,8 +91,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"compiled / eager speed: {ratio:.2f}x")
 
     for name, run in runs.items():
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             run()
+        for e in prof.key_averages(group_by_input_shape=True):
+            if e.key in ("aten::addmm", "aten::mm") and e.count >= args.new_tokens:
+                print(f"{name}: {e.key} {e.input_shapes}: {e.count / args.new_tokens:.0f} a "
+                      f"step, {e.self_cpu_time_total / e.count:.1f} us each")
         events = prof.key_averages()
         total = sum(e.self_cpu_time_total for e in events)
         print(f"\n== {name}: {total / 1e3:.1f} ms self CPU in one generate "
