@@ -334,4 +334,5 @@ def test_smollm2_prompt_lookup_gives_greedy_tokens(smollm2, weights: str) -> Non
         assert spec.tolist() == plain.tolist(), (name, tok.decode(plain[0].tolist()),
                                                  tok.decode(spec[0].tolist()))
         accepted[name] = speculative_stats()["accepted"]
-    assert accepted["repetitive text"] > 10 and accepted["code"] > 5, accepted
+    # the prompts that copy their input: guesses were verified and accepted
+    assert accepted["repetitive text"] > 10 and accepted["repeat"] > 10, accepted
