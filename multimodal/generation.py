@@ -364,7 +364,9 @@ def generate(
     occurrence of the last ``ngram`` (down to 1) tokens in the prompt + output (no second
     model; pays off when the output copies the input: summaries, quotes, code edits).
     ``speculative="draft"``: ``draft_model`` (same tokenizer, much smaller; it gets the same
-    ``model_kwargs`` and ``quantize``) decodes the guess greedily.
+    ``model_kwargs`` and ``quantize``) decodes the guess greedily. Prompt lookup verifies
+    fewer than ``num_draft_tokens`` (none) where recent guesses failed: the count with the
+    most expected tokens per measured cost (:class:`multimodal.speculative.DraftLength`).
     :func:`multimodal.speculative.speculative_stats` counts what was accepted.
     """
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
@@ -627,6 +629,9 @@ class _DraftProposer:
 
     def __init__(self, draft: Decoder, total: int, model_kwargs: dict[str, Any],
                  like: Tensor) -> None:
+        if total > draft.max_len:
+            raise ValueError(f"prompt + max_new_tokens = {total} positions exceed the "
+                             f"draft_model's context of {draft.max_len}")
         self.step = _Stepper(draft, True, total, dict(model_kwargs))
         if not isinstance(self.step.cache, KVCache):
             raise ValueError("speculative='draft' needs a draft_model with a KV cache of "

@@ -253,6 +253,7 @@ def test_kv_cache_crop_then_append_equals_fresh_cache() -> None:
     (dict(speculative="prompt_lookup", batch=2), "batch 1"),
     (dict(speculative="prompt_lookup", pad=True), "unpadded"),
     (dict(speculative="draft", draft_model="other_vocab"), "share one tokenizer"),
+    (dict(speculative="draft", draft_model="short"), "draft_model's context"),
 ])
 def test_bad_arguments_raise_value_error(kwargs: dict, match: str) -> None:
     model = decoder()
@@ -263,6 +264,10 @@ def test_bad_arguments_raise_value_error(kwargs: dict, match: str) -> None:
         kwargs["draft_model"] = model
     elif kwargs.get("draft_model") == "other_vocab":
         kwargs["draft_model"] = decoder(vocab=50)
+    elif kwargs.get("draft_model") == "short":
+        torch.manual_seed(0)
+        kwargs["draft_model"] = TextDecoder(TextDecoderConfig(vocab_size=96, max_len=12,
+                                                              dim=16, depth=1, heads=2))
     with pytest.raises(ValueError, match=match):
         generate(model, ids, 5, **kwargs)
 
