@@ -19,8 +19,8 @@ import torch
 
 from multimodal.data.captions import CaptionDataModule
 from multimodal.data.sources.scenes import caption_matches_scene, parse_caption
+from multimodal.loading import load
 from multimodal.models.captioner import decode_captions
-from multimodal.plots.attention import load_captioner
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    model, tokenizer, data = load_captioner(args.checkpoint)
-    dm = CaptionDataModule(**data)
+    loaded = load(args.checkpoint)  # a CaptioningTask checkpoint: model, tokenizer, data
+    model, tokenizer = loaded.model, loaded.tokenizer
+    dm = CaptionDataModule(**loaded.data_arguments)
     if dm.dataset != "scenes":
         raise SystemExit(f"{args.checkpoint} was trained on {dm.dataset!r}, not on scenes")
     dm.setup()

@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
+from multimodal.checkpoints import datamodule_arguments, load_checkpoint
 from multimodal.data.captions import CaptionDataModule
-from multimodal.hub import datamodule_arguments, load_checkpoint
 from multimodal.models.captioner import Captioner
 from multimodal.models.clip import CLIP, tokenize_texts
 from multimodal.tasks.contrastive import recall_at_k

@@ -26,11 +26,16 @@ of 1..4 consecutive sentences, balanced across the three sources per split
 passages per class drawn (seeded by ``S``) from the training passages, ``train_all.jsonl``
 all of them. Every file is ``{"text", "label"}`` JSONL with the source name as label.
 
-Regimes (``run``), all ``SequenceClassificationTask`` with ``pretrained: FOLDER`` and the
+Regimes (``run``), all ``ClassificationTask`` with ``pretrained: FOLDER`` and the
 data module's ``tokenizer`` set to that folder's tokenizer (``finetune`` keys: see
 ``docs/finetune.md``):
 
 =============  ==================================================================
+default        the config as shipped, nothing overridden but the files, classes, seed and
+               run folder: ``finetune.regime: auto`` (contrastive + solved probe up to 64
+               labelled a class, full fine-tuning above), its step budget and early
+               stopping, and *no* ``val.jsonl``: like a user's first run it holds 10 % of
+               the k-shot file out for validation (the peers see only the k-shot file too)
 full           MiniLM, every weight trained (``finetune.regime: full``)
 lora           MiniLM, LoRA adapters + head (``finetune.regime: lora``, rank 8)
 lora_head      the same with the head at the probe's rate (``finetune.head_lr``)
@@ -71,8 +76,8 @@ import time
 from pathlib import Path
 
 SOURCES = ("bible", "fortunes", "shakespeare")
-REGIMES = ("full", "lora", "lora_head", "linear_probe", "contrastive", "scratch", "own_mlm",
-           "st_sklearn", "setfit")
+REGIMES = ("default", "full", "lora", "lora_head", "linear_probe", "contrastive", "scratch",
+           "own_mlm", "st_sklearn", "setfit")
 PEERS = ("st_sklearn", "setfit")  # run in this process on the same files, not by the CLI
 KS = ("8", "32", "128", "all")
 
@@ -187,6 +192,17 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
     train = data / ("train_all.jsonl" if k == "all" else f"train_k{k}_seed{seed}.jsonl")
     n = len(train.read_text(encoding="utf-8").splitlines())
     run = out / regime / f"k{k}" / f"seed{seed}"
+    if regime == "default":  # the shipped config, as a user runs it (module docstring)
+        return ["fit", "--config", str(opts.config),
+                "--model.init_args.pretrained", str(minilm_folder()),
+                "--data.init_args.train", str(train),
+                "--data.init_args.test", str(data / "test.jsonl"),
+                "--data.init_args.classes", json.dumps(list(SOURCES)),
+                "--data.init_args.max_length", str(opts.max_length),
+                "--seed_everything", str(seed), "--trainer.accelerator", opts.accelerator,
+                "--trainer.default_root_dir", str(run),
+                "--trainer.enable_progress_bar", "false",
+                "--trainer.enable_model_summary", "false"], run
     model, max_length = regime_args(regime, out, seed, opts.own_encoder, opts.own_tokenizer,
                                     opts.lora_rank, opts.lr_probe)
     lr = {"linear_probe": opts.lr_probe, "scratch": opts.lr_scratch, "own_mlm": opts.lr_own,

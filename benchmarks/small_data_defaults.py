@@ -11,9 +11,11 @@ fine-tuned through the CLI, exactly as a user runs it::
 For each size N (labelled passages, a third per class) two configs run on the same files:
 
 * ``new``: the config as shipped (a step budget, ``trainer.min_steps``, that the CLI turns
-  into epochs for the data size, then early stopping on ``val/loss``);
+  into epochs for the data size, then early stopping on ``val/loss``; ``finetune.regime:
+  auto``: contrastive tuning + the solved probe up to 64 labelled texts a class, full
+  fine-tuning above);
 * ``old``: the config before #38 (the same file without ``min_steps`` and the early
-  stopping: ``max_epochs: 5`` whatever the size).
+  stopping, ``regime: full``: ``max_epochs: 5`` whatever the size).
 
 Validation is the config's 10 % held out of the N (stratified by class); the test set is one
 file of ``--test-per-class`` passages per class from documents that no training or
@@ -87,6 +89,8 @@ def make_data(out: Path, sizes: list[int], test_per_class: int, seed: int = 0) -
 def old_config(out: Path) -> Path:
     """The shipped config without its step budget and early stopping (the pre-#38 default)."""
     config = yaml.safe_load(CONFIG.read_text())
+    config["model"]["init_args"]["finetune"].update(regime="full")  # before regime auto
+    config["model"]["init_args"]["finetune"].pop("few_labels", None)
     config["trainer"].pop("min_steps", None)
     config["trainer"].pop("callbacks", None)
     config.pop("early_stopping", None)  # the CLI key that adds EarlyStopping on val/loss

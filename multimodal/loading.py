@@ -6,8 +6,8 @@ One dispatch over the five kinds of model path (:func:`multimodal.files.path_kin
 kind               what :class:`Loaded` holds
 =================  ===================================================================
 ``checkpoint``     a Lightning ``.ckpt`` of one of our tasks: the model, the run's
-                   tokenizer, its image preprocessing, class names, the task class and
-                   the data module's arguments
+                   tokenizer, its image preprocessing (a TTS run: its codec), class
+                   names, the task class and the data module's arguments
 ``hf``             a Hugging Face folder: the converted model (a Whisper whole, encoder
                    and decoder), ``tokenizer.json``, ``preprocessor_config.json``, a
                    sentence-transformers folder's pooling
@@ -29,39 +29,50 @@ from typing import Any
 
 from torch import nn
 
-from multimodal.convert import from_hf_folder
-from multimodal.convert.gguf import load_gguf
-from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling
-from multimodal.files import CONFIG_NAME, PathKind, path_kind
-from multimodal.hub import (
+from multimodal.checkpoints import (
+    checkpoint_codec,
     checkpoint_image_preprocessor,
+    checkpoint_settings,
     checkpoint_tokenizer,
     datamodule_arguments,
-    folder_preprocessor,
-    from_pretrained,
     model_from_checkpoint,
     read_checkpoint,
 )
+from multimodal.convert import from_hf_folder
+from multimodal.convert.ctranslate2 import whisper_tokenizer
+from multimodal.convert.gguf import load_gguf
+from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling
+from multimodal.convert.hf_preprocess import (
+    PREPROCESSOR_NAME,
+    ImagePreprocessor,
+    apply_audio_preprocessor,
+    read_preprocessor_config,
+)
+from multimodal.files import CONFIG_NAME, PathKind, path_kind
+from multimodal.hub import from_pretrained
 from multimodal.installed import resolve_weights
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
 
-__all__ = ["Loaded", "load", "model_parts", "select_part"]
+__all__ = ["Loaded", "folder_preprocessor", "is_whisper", "load", "model_parts", "select_part"]
 
 WHISPER_ARCHITECTURE = "WhisperForConditionalGeneration"
-
 
 @dataclass
 class Loaded:
     """What :func:`load` found at ``path``.
 
     ``model``: the whole model, in eval mode; ``kind``: :data:`multimodal.files.PathKind`;
-    ``tokenizer``: the text tokenizer that came with it (or None); ``preprocessor``: the
-    image pipeline (:class:`~multimodal.convert.hf_preprocess.ImagePreprocessor`) a folder or
-    checkpoint recorded (an audio front end's settings are applied to the model itself);
+    ``tokenizer``: the tokenizer that came with it (or None; a TTS checkpoint's phoneme
+    tokenizer); ``preprocessor``: what turns raw inputs into the model's: the image pipeline
+    (:class:`~multimodal.convert.hf_preprocess.ImagePreprocessor`) a folder or checkpoint
+    recorded, or a TTS checkpoint's fitted codec (an audio front end's settings are applied
+    to the model itself);
     ``pooling``: a sentence-transformers folder's pooling; ``class_names`` and
     ``task_class`` (``"multimodal.tasks.ClassificationTask"`` ...) from a checkpoint;
     ``data_arguments`` and ``data_class``: the checkpoint's data module arguments and class
-    path (``DataModule(**data_arguments)`` rebuilds the run's data)."""
+    path (``DataModule(**data_arguments)`` rebuilds the run's data); ``settings``: what else
+    the run recorded for using the model (a TTS run: ``max_prompt_frames``,
+    ``frames_per_phoneme``)."""
 
     model: nn.Module
     kind: PathKind
@@ -73,6 +84,7 @@ class Loaded:
     task_class: str | None = None
     data_arguments: dict[str, Any] = field(default_factory=dict)
     data_class: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def part(self, modality: str | None, accept: tuple[type, ...] = (nn.Module,),
              task: str = "this task") -> nn.Module:
@@ -81,34 +93,41 @@ class Loaded:
         return select_part(self.model, modality, accept, self.path, task)
 
 
-def load(path: str | Path) -> Loaded:
+def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = None) -> Loaded:
     """Read whatever model ``path`` holds (module docstring); ``FileNotFoundError`` /
-    ``ValueError`` naming the path and what it is instead when it holds none."""
+    ``ValueError`` naming the path and what it is instead when it holds none.
+    ``tokenizer=False``: the tokenizer is not read (a caller brings its own; a GGUF file
+    whose tokenizer is not rebuilt still gives its model). ``quantize="int8" | "int4"``: a
+    GGUF file's Linears stay packed (see :mod:`multimodal.convert.gguf`); other kinds are
+    read as stored."""
     path = Path(resolve_weights(path)).expanduser()  # an installed model's name: its path
     kind = path_kind(path)
     if kind == "checkpoint":
-        return _from_checkpoint(path)
+        loaded = _from_checkpoint(path)
+        if not tokenizer:
+            loaded.tokenizer = None
+        return loaded
     if kind == "gguf":
-        model, tokenizer = load_gguf(path)
-        return Loaded(model.eval(), kind, path, tokenizer)
-    if kind == "ctranslate2" or _is_whisper_folder(path):
-        from multimodal.asr import load_transcriber  # whole Whisper + its tokenizer
-
-        model, tokenizer = load_transcriber(path)
-        return Loaded(model.eval(), kind, path, tokenizer)
-    model = from_hf_folder(path) if kind == "hf" else from_pretrained(path)
-    tokenizer = read_tokenizer(path / TOKENIZER_NAME) if (path / TOKENIZER_NAME).is_file() \
-        else None
+        model, tok = load_gguf(path, tokenizer=tokenizer, quantize=quantize)
+        return Loaded(model.eval(), kind, path, tok)
+    model = from_pretrained(path) if kind == "save_pretrained" else from_hf_folder(path)
+    tok = None
+    if not tokenizer:
+        pass
+    elif kind == "ctranslate2":  # vocabulary.txt / .json when there is no tokenizer.json
+        tok = whisper_tokenizer(path)
+    elif (path / TOKENIZER_NAME).is_file():
+        tok = read_tokenizer(path / TOKENIZER_NAME)
     preprocessor = folder_preprocessor(path, model)  # ours too: written by save_pretrained
-    return Loaded(model.eval(), kind, path, tokenizer, preprocessor,
-                  read_folder_pooling(path))
+    return Loaded(model.eval(), kind, path, tok, preprocessor, read_folder_pooling(path))
 
 
 def _from_checkpoint(path: Path) -> Loaded:
     ckpt = read_checkpoint(path)
     model = model_from_checkpoint(ckpt, path)
     preprocessor = checkpoint_image_preprocessor(ckpt, model) \
-        if getattr(model, "modality", None) in ("image", "image+text", "image-text") else None
+        if getattr(model, "modality", None) in ("image", "image+text", "image-text") \
+        else checkpoint_codec(ckpt)
     names = ckpt.get("class_names")
     hp = ckpt.get("hyper_parameters") or {}
     task = hp.get("_class_path") if isinstance(hp, dict) else None
@@ -118,19 +137,59 @@ def _from_checkpoint(path: Path) -> Loaded:
                   else None,
                   task_class=task if isinstance(task, str) else None,
                   data_arguments=datamodule_arguments(ckpt),
-                  data_class=data_class if isinstance(data_class, str) else None)
+                  data_class=data_class if isinstance(data_class, str) else None,
+                  settings=checkpoint_settings(ckpt))
 
 
-def _is_whisper_folder(path: Path) -> bool:
-    """A transformers ``WhisperForConditionalGeneration`` folder with its tokenizer (read
-    whole, encoder and decoder, rather than as the encoder ``from_hf_folder`` gives)."""
+def folder_preprocessor(path: str | Path, model: nn.Module) -> ImagePreprocessor | None:
+    """From a Hugging Face folder's ``preprocessor_config.json`` (when present): the image
+    preprocessor of an image model, or, for an audio model (a whole Whisper: its encoder),
+    its front end's settings checked and applied to the model (then None)."""
+    path = Path(path)
+    pre = read_preprocessor_config(path)
+    if pre is None:
+        return None
+    file = str(path / PREPROCESSOR_NAME)
+    modality = getattr(model, "modality", None)
+    audio = model_parts(model).get("audio")
+    if audio is not None:  # an audio model, or a whole Whisper's encoder
+        apply_audio_preprocessor(audio, pre, file)
+        return None
+    if modality in ("image", "image+text", "image-text"):  # a captioner reads images too
+        if "feature_extractor_type" in pre and "image_processor_type" not in pre \
+                and "image_mean" not in pre:
+            raise ValueError(f"{file} describes {pre['feature_extractor_type']}, not an image "
+                             "processor")
+        try:
+            return ImagePreprocessor.from_dict(pre)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{file}: {err}") from None
+    return None
+
+
+
+def is_whisper(path: str | Path) -> bool:
+    """Whether :func:`load` reads ``path`` as a whole Whisper (encoder and decoder: a speech
+    recogniser), without reading weights: a CTranslate2 folder, a transformers
+    ``WhisperForConditionalGeneration`` folder, or a Whisper
+    written by ``save_pretrained``. ``FileNotFoundError`` / ``ValueError`` as
+    :func:`multimodal.files.path_kind` for a path that holds no model."""
+    path = Path(resolve_weights(path)).expanduser()
+    kind = path_kind(path)
+    if kind == "ctranslate2":
+        return True
+    if kind not in ("hf", "save_pretrained"):
+        return False
     try:
         meta = json.loads((path / CONFIG_NAME).read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    # the decoder's special tokens are read from tokenizer.json: without it, the encoder
-    return isinstance(meta, dict) and WHISPER_ARCHITECTURE in (meta.get("architectures") or []) \
-        and (path / TOKENIZER_NAME).is_file()
+    if not isinstance(meta, dict):
+        return False
+    if kind == "save_pretrained":
+        return meta.get("model_type") == "Whisper"
+    # transformers: from_hf_folder reads WhisperForConditionalGeneration whole
+    return WHISPER_ARCHITECTURE in (meta.get("architectures") or [])
 
 
 def model_parts(model: nn.Module) -> dict[str, nn.Module]:

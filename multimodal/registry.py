@@ -29,6 +29,15 @@ def register_model(cls: C) -> C:
     return cls
 
 
+def model_class(name: Any, where: object = "model_type") -> type[nn.Module]:
+    """The class registered under ``name`` (a ``model_type``); a ValueError naming
+    ``where`` (the file or checkpoint that recorded it) and the known names otherwise."""
+    if name not in MODEL_CLASSES:
+        raise ValueError(f"{where}: unknown model_type {name!r}; "
+                         f"known: {', '.join(sorted(MODEL_CLASSES))}")
+    return MODEL_CLASSES[name]
+
+
 def register_preset(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     """Decorator: register a factory ``f(**overrides) -> model`` under ``name``."""
 
@@ -52,5 +61,5 @@ def register_config_preset(name: str, model_cls: Callable[[Any], nn.Module],
     register_preset(name)(factory)
 
 
-__all__ = ["MODEL_CLASSES", "PRESETS", "register_config_preset", "register_model",
-           "register_preset"]
+__all__ = ["MODEL_CLASSES", "PRESETS", "model_class", "register_config_preset",
+           "register_model", "register_preset"]

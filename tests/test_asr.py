@@ -16,9 +16,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 
 import multimodal as mm
-from multimodal.asr import read_speech
 from multimodal.cli.main import main as cli_main
 from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_tokenizer
+from multimodal.pipelines.transcribe import read_speech
 from tests.models.test_whisper import hf_whisper, write_ct2
 
 

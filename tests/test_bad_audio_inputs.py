@@ -16,8 +16,9 @@ import soundfile as sf
 import torch
 
 import multimodal as mm
+from multimodal.checkpoints import read_checkpoint
 from multimodal.data.audio_transforms import Resampler
-from multimodal.hub import Encoder, read_checkpoint
+from multimodal.encoder import Encoder
 from multimodal.models.audio import AudioClassifier, AudioClassifierConfig
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
@@ -228,7 +229,7 @@ def test_scripts_a_voice_does_not_read_are_found():
 
 
 def test_unreadable_text_is_refused_or_warned():
-    from multimodal.synthesis import check_readable
+    from multimodal.pipelines.speak import check_readable
 
     tok = PhonemeTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]"],
                            backend="chars")
@@ -250,7 +251,7 @@ def tts_task(tmp_path_factory):
 
 
 def test_synthesize_warns_on_unknown_phonemes_and_refuses_negative_temperature(tts_task):
-    from multimodal.synthesis import synthesize
+    from multimodal.pipelines.speak import synthesize
 
     task, _ = tts_task
     prompt = torch.from_numpy(_speechlike(seconds=1.0))
@@ -262,7 +263,7 @@ def test_synthesize_warns_on_unknown_phonemes_and_refuses_negative_temperature(t
 
 
 def test_prompt_in_int16_and_soundfile_stereo_layout_speaks_like_float(tts_task, tmp_path):
-    from multimodal.synthesis import synthesize
+    from multimodal.pipelines.speak import synthesize
 
     task, _ = tts_task
     ints, floats = _pcm(_speechlike(seconds=1.0), "PCM_16", "int16")

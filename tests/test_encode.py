@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import multimodal as mm
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling
-from multimodal.hub import Encoder, TokenFeatures, load_encoder
+from multimodal.encoder import Encoder, TokenFeatures, load_encoder
 from multimodal.nn.pool import mean_pool, pool_tokens
 from tests.real_weights import real_weights
 

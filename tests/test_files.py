@@ -145,3 +145,44 @@ def test_the_scan_catches_a_second_classifier(tmp_path):
     }
     for what, code in samples.items():
         assert SECOND_CLASSIFIERS[what].search(code), what
+
+
+# Who may ask files.py what a path is. Everyone else takes the parts of multimodal.load(path)
+# (load_encoder, load_transcriber, load_tts, chat, load_captioner are pickers of it).
+CLASSIFIER_CALLERS = {
+    "path_kind": {
+        "loading.py",  # the one dispatch over model paths
+        "convert/hf_folder.py",  # mm.from_hf(path) reads a GGUF file and a CTranslate2 folder
+        # still classifying on their own; each becomes a picker of load() (issue 40)
+        "tasks/pretrained.py",
+        "serve/models.py",
+    },
+    "sniff_torch_file": {
+        "checkpoints.py",  # a file read as a checkpoint says what it is instead
+        "cli/main.py",  # --ckpt_path of a resumed run: Lightning's file, not a model path
+        "cli/callbacks.py",
+    },
+}
+
+
+def _callers(name: str, package: Path) -> set[str]:
+    call = re.compile(rf"\b{name}\(")
+    return {str(f.relative_to(package)) for f in package.rglob("*.py")
+            if f.name != "files.py" or f.parent != package
+            if call.search(f.read_text(encoding="utf-8"))}
+
+
+def test_only_the_loader_asks_what_a_path_is():
+    """A picker that calls ``path_kind`` / ``sniff_torch_file`` itself is a second answer
+    to "what is at PATH"; the list above may only shrink."""
+    for name, allowed in CLASSIFIER_CALLERS.items():
+        extra = _callers(name, PACKAGE) - allowed
+        assert not extra, f"{name} called outside its callers: {sorted(extra)}; take the " \
+                          "parts of multimodal.load(path) instead"
+
+
+def test_the_caller_scan_sees_a_call(tmp_path):
+    (tmp_path / "asr.py").write_text("kind = path_kind(folder)\n")
+    (tmp_path / "files.py").write_text("def path_kind(p):\n    return sniff_torch_file(p)\n")
+    assert _callers("path_kind", tmp_path) == {"asr.py"}
+    assert _callers("sniff_torch_file", tmp_path) == set()

@@ -18,16 +18,11 @@ import torch
 
 import multimodal as mm
 from multimodal.cli.main import main
-from multimodal.hub import Encoder
-from multimodal.inference import (
-    UnreadableInput,
-    caption,
-    collect_inputs,
-    embed,
-    load_captioner,
-    read_embeddings,
-    zero_shot,
-)
+from multimodal.encoder import Encoder
+from multimodal.pipelines.caption import caption, load_captioner
+from multimodal.pipelines.embed import embed, read_embeddings
+from multimodal.pipelines.inputs import UnreadableInput, collect_inputs
+from multimodal.pipelines.zero_shot import zero_shot
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

@@ -152,7 +152,7 @@ def test_compiled_encoder_matches_eager_and_does_not_recompile(name: str) -> Non
 
 
 def test_encoder_quantize_hook_gives_int8_features_close_to_fp32() -> None:
-    from multimodal.hub import Encoder
+    from multimodal.encoder import Encoder
 
     model, (images,) = encoders()["vit"]
     plain, int8 = Encoder(model), Encoder(model, quantize="dynamic-int8")

@@ -13,6 +13,9 @@ tests/models/test_backbone.py for the fixtures), never by module path.
 from __future__ import annotations
 
 import importlib
+import json
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +48,97 @@ def test_a_stored_class_path_resolves(class_path: str) -> None:
     module, name = class_path.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
     assert isinstance(cls, type) and cls.__name__ == name
+
+
+# ---- SequenceClassificationTask folded into ClassificationTask (a text classifier is a
+# ClassificationTask over a TextEncoder): its stored class paths map onto it once
+
+def _fit_text_classifier(root: Path) -> Path:
+    from multimodal.cli.main import main as cli_main
+
+    rows = [{"text": t, "label": "food"} for t in
+            ("I baked bread", "The soup needs salt", "We ate pasta", "She fried eggs")] + \
+        [{"text": t, "label": "sport"} for t in
+         ("He scored a goal", "The match went long", "She ran a mile", "Our team won")]
+    (root / "texts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cli_main(["fit", "--model", "multimodal.tasks.ClassificationTask",
+                  "--model.preset", "bert_tiny", "--model.overrides",
+                  '{"dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32}',
+                  "--data", "multimodal.data.text_classification.TextClassificationDataModule",
+                  "--data.train", str(root / "texts.jsonl"), "--data.vocab_size", "60",
+                  "--data.max_length", "16", "--data.batch_size", "4",
+                  "--data.val_size", "2", "--data.test_size", "0",
+                  "--trainer.max_steps", "2", "--trainer.default_root_dir", str(root / "run"),
+                  "--trainer.enable_progress_bar", "false", "--test_after_fit", "false"])
+    return root / "run" / "checkpoints" / "last.ckpt"
+
+
+def _predict(ckpt: Path, texts: Path, capsys: pytest.CaptureFixture[str]) -> list[list[str]]:
+    from multimodal.cli.main import main as cli_main
+
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cli_main(["predict", "--ckpt_path", str(ckpt), "--data.init_args.predict", str(texts),
+                  "--trainer.enable_progress_bar", "false"])
+    return [line.split("\t") for line in capsys.readouterr().out.splitlines()
+            if line.count("\t") == 2]
+
+
+def test_a_checkpoint_naming_sequence_classification_task_loads_and_predicts_the_same(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint written before the fold names the old class and holds its arguments
+    (``init_from``, no ``modality``): ``multimodal predict --ckpt_path`` reads it as a
+    ClassificationTask and prints what the same weights under today's class print."""
+    import torch
+
+    from multimodal.tasks import stored_task
+
+    new = _fit_text_classifier(tmp_path)
+    ckpt = torch.load(new, map_location="cpu", weights_only=True)
+    assert ckpt["hyper_parameters"]["_class_path"] == "multimodal.tasks.ClassificationTask"
+    assert not any(k.startswith("mlm.") for k in ckpt["state_dict"])  # a preset: no MLM head
+    hp = {k: v for k, v in ckpt["hyper_parameters"].items() if k != "modality"}
+    old_hp = {**hp, "_class_path": "multimodal.tasks.masked_lm.SequenceClassificationTask",
+              "init_from": None}
+    old = tmp_path / "old.ckpt"
+    torch.save({**ckpt, "hyper_parameters": old_hp}, old)
+    path, mapped = stored_task(old_hp["_class_path"], old_hp)
+    assert path == "multimodal.tasks.ClassificationTask"
+    assert "init_from" not in mapped and mapped["modality"] == "text"
+    texts = tmp_path / "new.txt"
+    texts.write_text("We roasted vegetables\nThe striker missed again\nA cake\n")
+    want = _predict(new, texts, capsys)
+    assert len(want) == 3 and {row[1] for row in want} <= {"food", "sport"}
+    assert _predict(old, texts, capsys) == want
+
+
+def test_sequence_classification_task_is_a_deprecated_classification_task() -> None:
+    """The old name still builds, warns naming the new one, and computes what
+    ClassificationTask computes on the same encoder: ``head(pool(encoder(ids)))``."""
+    import torch
+
+    import multimodal as mm
+    from multimodal.tasks import ClassificationTask, SequenceClassificationTask
+
+    torch.manual_seed(0)
+    enc = mm.TextEncoder(mm.TextEncoderConfig(vocab_size=30, max_len=8, dim=16, depth=1,
+                                              heads=2, num_classes=3, mlm_head=False))
+    with pytest.warns(DeprecationWarning, match="use multimodal.tasks.ClassificationTask"):
+        old = SequenceClassificationTask(enc)
+    assert isinstance(old, ClassificationTask) and old.hparams.lr == 5e-4
+    ids = torch.randint(5, 30, (2, 8))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    new = ClassificationTask(enc).eval()
+    old.eval()
+    with torch.no_grad():
+        hidden = enc(ids, attention_mask=mask)
+        pooled = hidden[:, 0]  # [CLS] pooling (the config's default)
+        want = enc.head(pooled)
+        got_new = new({"input_ids": ids, "attention_mask": mask})
+        got_old = old({"input_ids": ids, "attention_mask": mask})
+    torch.testing.assert_close(got_new, want)
+    torch.testing.assert_close(got_old, want)

@@ -1,5 +1,5 @@
-"""The inference verbs: argument parsing and output for :mod:`multimodal.inference`,
-:mod:`multimodal.asr` and :mod:`multimodal.synthesis`.
+"""The inference verbs: argument parsing and output for :mod:`multimodal.pipelines`
+(``embed``, ``zero_shot``, ``caption``, ``transcribe``, ``speak``).
 
     multimodal embed      --model FOLDER|CKPT --inputs DIR|MANIFEST --out emb.safetensors
     multimodal zero-shot  --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
@@ -66,7 +66,7 @@ def embed_main(args: list[str]) -> int:
     _common(parser, 32)
     ns = parse(parser, args)
     check_out(ns.out, (".safetensors", ".npy"))
-    from multimodal.inference import embed, load_model_encoder
+    from multimodal.pipelines.embed import embed, load_model_encoder
 
     encoder = load_model_encoder(ns.model)
     encoder.to(_device(ns.device))
@@ -96,7 +96,8 @@ def zero_shot_main(args: list[str]) -> int:
     ns = parse(parser, args)
     labels = parse_labels(ns.labels)
     check_out(ns.out, (".csv",))
-    from multimodal.inference import DEFAULT_TEMPLATES, load_model_encoder, zero_shot
+    from multimodal.pipelines.embed import load_model_encoder
+    from multimodal.pipelines.zero_shot import DEFAULT_TEMPLATES, zero_shot
 
     encoder = load_model_encoder(ns.model)
     encoder.to(_device(ns.device))
@@ -140,7 +141,7 @@ def caption_main(args: list[str]) -> int:
     add_alias(parser, "--image-size", "--image_size")
     ns = parse(parser, args)
     check_out(ns.out, (".csv",))
-    from multimodal.inference import caption, load_captioner
+    from multimodal.pipelines.caption import caption, load_captioner
 
     bundle = load_captioner(ns.model, image_size=ns.image_size, mean=_floats(ns.mean),
                             std=_floats(ns.std))
@@ -162,7 +163,7 @@ def caption_main(args: list[str]) -> int:
 
 def transcribe_main(args: list[str]) -> int:
     """``multimodal transcribe``: one line per file (``file<TAB>text``), optionally
-    ``--out`` CSV / JSONL (:func:`multimodal.asr.transcribe`)."""
+    ``--out`` CSV / JSONL (:func:`multimodal.pipelines.transcribe.transcribe`)."""
     parser = VerbParser(
         prog="multimodal transcribe",
         description="Transcribe speech files with a Whisper model (a CTranslate2 Whisper "
@@ -193,7 +194,7 @@ def transcribe_main(args: list[str]) -> int:
     check_out(ns.out, (".csv", ".jsonl"))
     import torch
 
-    from multimodal.asr import transcribe, write_transcripts
+    from multimodal.pipelines.transcribe import transcribe, write_transcripts
 
     results = transcribe(ns.model, ns.inputs, language=ns.language, task=ns.task,
                          num_beams=ns.num_beams, batch_size=ns.batch_size,
@@ -209,7 +210,7 @@ def transcribe_main(args: list[str]) -> int:
 
 def speak_main(args: list[str]) -> int:
     """``multimodal speak``: text-to-speech with a TTSTask checkpoint
-    (:func:`multimodal.synthesis.synthesize`); writes a mono WAV."""
+    (:func:`multimodal.pipelines.speak.synthesize`); writes a mono WAV."""
     parser = VerbParser(
         prog="multimodal speak",
         description="Speak TEXT in the voice of PROMPT (a few seconds of speech) with a "
@@ -231,7 +232,7 @@ def speak_main(args: list[str]) -> int:
     out = check_out(ns.out, (".wav",))
     import soundfile as sf
 
-    from multimodal.synthesis import synthesize
+    from multimodal.pipelines.speak import synthesize
 
     wave, rate = synthesize(ns.model, ns.text, ns.prompt, temperature=ns.temperature,
                             top_k=ns.top_k or None, top_p=ns.top_p, seed=ns.seed)

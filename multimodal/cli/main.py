@@ -292,13 +292,6 @@ def _defaults(cls: type) -> dict[str, Any]:
             if p.default is not inspect.Parameter.empty}
 
 
-def _modality_of_data(class_path: str) -> str | None:
-    for key, kind in (("vision", "image"), ("audio", "audio"), ("text", "text")):
-        if class_path.startswith(f"multimodal.data.{key}"):
-            return kind
-    return None
-
-
 def follow_pretrained(config: Namespace) -> list[str]:
     """With ``model.init_args.pretrained`` set, the data follows the model: every data
     argument the folder / checkpoint implies (:func:`multimodal.tasks.pretrained.data_settings`:
@@ -307,6 +300,7 @@ def follow_pretrained(config: Namespace) -> list[str]:
     kept with a warning naming both. A classification task without ``modality`` gets the
     data's (image / audio / text), which picks the tower of a CLIP folder. Returns the
     warnings (also printed)."""
+    from multimodal.data.contract import follow_settings
     from multimodal.tasks.pretrained import data_settings
 
     init = config.get("model.init_args")
@@ -314,26 +308,23 @@ def follow_pretrained(config: Namespace) -> list[str]:
     if not isinstance(init, Namespace) or init.get("pretrained") is None \
             or not isinstance(data, Namespace):
         return []
-    data_path = str(data.get("class_path") or "")
-    if "modality" in init and init.get("modality") is None:
-        init["modality"] = _modality_of_data(data_path)
-    data_cls = _class_of(data_path)
+    data_cls = _class_of(str(data.get("class_path") or ""))
     if data_cls is None:
         return []
+    if "modality" in init and init.get("modality") is None:  # the data-module contract
+        init["modality"] = getattr(data_cls, "modality", None) or None
     if data.get("init_args") is None:
         data["init_args"] = Namespace()
-    args, defaults = data["init_args"], _defaults(data_cls)
-    warnings = []
-    for key, value in data_settings(init["pretrained"]).items():
-        if key not in defaults:
-            continue
-        current = args.get(key, defaults[key])
-        if current is None or current == defaults[key]:
+    follow = getattr(data_cls, "follow", None)  # the data-module contract
+    settings = data_settings(init["pretrained"])
+    source = f"the pretrained model {init['pretrained']}"
+    args = data["init_args"]
+    given = {k: args.get(k) for k in settings if k in args}
+    followed, warnings = follow(settings, given, source) if callable(follow) \
+        else follow_settings(data_cls, settings, given, source)
+    for key, value in followed.items():
+        if key not in given or given[key] is not value:
             args[key] = value
-        elif _differs(current, value):
-            warnings.append(f"warning: data {key}={current!r} but the pretrained model "
-                            f"{init['pretrained']} expects {key}={value!r}; the data setting "
-                            f"is kept")
     for line in warnings:
         rank_zero_warn(line)
     return warnings
@@ -361,13 +352,6 @@ def absolute_data_paths(config: Namespace) -> list[str]:
             args[key] = os.path.abspath(value)
             changed.append(key)
     return changed
-
-
-def _differs(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) != len(b) or any(abs(float(x) - float(y)) > 1e-6
-                                       for x, y in zip(a, b, strict=True))
-    return a != b
 
 
 def _data_class_names(datamodule: Any) -> list[str] | None:
@@ -499,7 +483,7 @@ class MultimodalCLI(LightningCLI):
 
 _TASK_OF_MODEL = {"ViT": "multimodal.tasks.ClassificationTask",
                   "AudioClassifier": "multimodal.tasks.ClassificationTask",
-                  "TextEncoder": "multimodal.tasks.SequenceClassificationTask"}
+                  "TextEncoder": "multimodal.tasks.ClassificationTask"}
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -529,7 +513,8 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
 
     import yaml
 
-    from multimodal.hub import read_checkpoint
+    from multimodal.checkpoints import read_checkpoint
+    from multimodal.tasks import stored_task
 
     ckpt = read_checkpoint(ckpt_path)
     hp = {k: v for k, v in (ckpt.get("hyper_parameters") or {}).items()}
@@ -537,6 +522,7 @@ def predict_from_checkpoint(argv: list[str]) -> list[str]:
     task = hp.pop("_class_path", None) or _TASK_OF_MODEL.get(about.get("model_type"))
     if task is None:
         raise UsageError(f"{ckpt_path} does not say its task: give --config", "--ckpt_path")
+    task, hp = stored_task(task, hp)  # a folded task's checkpoint: today's task
     model_args = {k: v for k, v in hp.items() if not k.startswith("_")}
     model_args.update(pretrained=str(ckpt_path), overrides=None)
     model_args.pop("preset", None)  # the checkpoint holds the architecture
@@ -621,8 +607,11 @@ def check_checkpoint_task(argv: list[str]) -> None:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # an unreadable file is check_ckpt_path's and Lightning's to report
         return
+    from multimodal.tasks import stored_task
+
     saved = (ckpt.get("hyper_parameters") or {}).get("_class_path")
-    if saved and str(saved).rsplit(".", 1)[-1] != wanted.rsplit(".", 1)[-1]:
+    current = stored_task(str(saved), {})[0] if saved else None
+    if current and current.rsplit(".", 1)[-1] != stored_task(wanted, {})[0].rsplit(".", 1)[-1]:
         raise UsageError(f"{ckpt_path} is a checkpoint of {saved}, but the config's model is "
                          f"{wanted}: give that task's config, or no --config (the "
                          "checkpoint names its task)", "--ckpt_path")

@@ -136,8 +136,8 @@ def _audio(args: argparse.Namespace) -> dict[str, int]:
     from multimodal.data.audio_files import AudioShardEncoder
 
     dm = AudioClassificationDataModule(
-        train=args.root, val=args.val, test=args.test, val_fraction=_size(args.val_size),
-        test_fraction=_size(args.test_size), seed=args.seed, skip_corrupt=args.skip_corrupt)
+        train=args.root, val=args.val, test=args.test, val_size=_size(args.val_size),
+        test_size=_size(args.test_size), seed=args.seed, skip_corrupt=args.skip_corrupt)
     splits = dm._file_lists()  # header-checked, as the module checks them
     return write_shards("audio", {k: AudioShardEncoder(v) for k, v in splits.items()},
                         args.out, {"classes": dm.class_names}, args.workers,
@@ -149,8 +149,8 @@ def _captions(args: argparse.Namespace) -> dict[str, int]:
     from multimodal.data.captions_files import CaptionShardEncoder
 
     dm = CaptionDataModule(train=args.root, val=args.val, test=args.test,
-                           image_root=args.image_root, val_fraction=_size(args.val_size),
-                           test_fraction=_size(args.test_size), seed=args.seed)
+                           image_root=args.image_root, val_size=_size(args.val_size),
+                           test_size=_size(args.test_size), seed=args.seed)
     splits = dm.read_file_splits()
     captions = {k: {"captions": list(v.captions), "image_index": v.image_index.tolist()}
                 for k, v in splits.items() if len(v)}
@@ -168,7 +168,7 @@ def _text(args: argparse.Namespace) -> dict[str, int]:
         dm = TextCorpusDataModule(
             train=args.root, val=args.val, test=args.test, block_size=args.block_size,
             vocab_size=args.vocab_size, lowercase=not args.cased,
-            val_fraction=_size(args.val_size), test_fraction=_size(args.test_size),
+            val_size=_size(args.val_size), test_size=_size(args.test_size),
             seed=args.seed, chunk_chars=args.chunk_chars, tokenizer_path=tok_path,
             tokenizer=args.tokenizer)
         dm.setup("fit")  # trains (and saves) or loads the tokenizer, packs the blocks
@@ -192,8 +192,8 @@ def _labelled_text(args: argparse.Namespace) -> dict[str, int]:
     dm = TextClassificationDataModule(
         train=args.root, val=args.val, test=args.test, classes=classes,
         tokenizer=args.tokenizer, vocab_size=args.vocab_size, lowercase=not args.cased,
-        max_length=args.max_length, val_fraction=_size(args.val_size),
-        test_fraction=_size(args.test_size), seed=args.seed)
+        max_length=args.max_length, val_size=_size(args.val_size),
+        test_size=_size(args.test_size), seed=args.seed)
     splits = dm.encoded_splits()  # read, split, labels checked, tokenizer trained / loaded
     return write_shards(SHARD_KIND, {k: LabelledShardEncoder(*v) for k, v in splits.items()},
                         args.out,
@@ -211,8 +211,8 @@ def _text_pairs(args: argparse.Namespace) -> dict[str, int]:
         train=args.root, val=args.val, test=args.test, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, shared_vocabulary=not args.separate_vocabularies,
         lowercase=args.lowercase, max_source_len=args.max_source_len,
-        max_target_len=args.max_target_len, val_fraction=_size(args.val_size),
-        test_fraction=_size(args.test_size), seed=args.seed)
+        max_target_len=args.max_target_len, val_size=_size(args.val_size),
+        test_size=_size(args.test_size), seed=args.seed)
     splits = dm.encoded_splits()
     meta: dict[str, object] = {"max_source_len": args.max_source_len,
                                "max_target_len": args.max_target_len}

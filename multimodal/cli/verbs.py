@@ -41,6 +41,8 @@ VERBS: dict[str, tuple[str, str]] = {
                    "speech to text with a Whisper model"),
     "speak": ("multimodal.cli.inference:speak_main",
               "text to speech in the voice of a short recording"),
+    "plot": ("multimodal.cli.plots:main",
+             "figures of a checkpoint: captions and attention, generated pixels"),
     "models": ("multimodal.cli.models:main",
                "the pretrained weights installed on this machine, with their paths"),
     "serve": ("multimodal.serve.cli:main",

@@ -79,9 +79,9 @@ def from_hf(model: nn.Module | str | os.PathLike) -> nn.Module:
     ``BertModel`` / ``BertForMaskedLM`` / ``BertForSequenceClassification`` ->
     :class:`~multimodal.TextEncoder`, ``CLIPModel`` -> :class:`~multimodal.CLIP`; see
     :data:`SUPPORTED` for the rest. A CTranslate2 Whisper directory (``model.bin``,
-    faster-whisper's layout) -> :class:`~multimodal.Whisper` (encoder and decoder);
-    a transformers ``WhisperForConditionalGeneration`` converts to its encoder here, to
-    the whole Whisper with :func:`whisper_from_hf`.
+    faster-whisper's layout) and a transformers ``WhisperForConditionalGeneration`` (model
+    or folder) -> :class:`~multimodal.Whisper` (encoder and decoder; its encoder is
+    ``.encoder``); a bare ``WhisperModel`` -> its encoder.
     """
     if isinstance(model, (str, os.PathLike)):
         return from_hf_folder(resolve_weights(model))  # or an installed model's name

@@ -15,7 +15,8 @@ Ours: ``mode="patches"``, ``freq_stride``, ``distill_token=True``, ``pool="cls"`
 - AST adds position rows to its two prefix tokens; ours carry no position, so those rows
   are folded into the tokens (``cls + pos_0``, ``dist + pos_1``): the same sum.
 
-Whisper (``WhisperModel``, ``WhisperForConditionalGeneration``; the encoder only): the
+Whisper's encoder (``WhisperModel``; ``WhisperForConditionalGeneration`` converts whole,
+encoder and decoder, with :func:`whisper_from_hf`, and the encoder is its ``encoder``): the
 stem ``GELU(conv2(GELU(conv1(x))))`` (stride 2 on the second), the stored sinusoidal
 position table (``embed_positions``, ``max_source_positions`` rows) as our learned table,
 pre-norm blocks with LayerNorm eps 1e-5 and no key bias (a zero bias in our fused
@@ -180,8 +181,9 @@ def _whisper_layer(out: dict[str, Tensor], src: StateReader, t: str, o: str,
 
 
 def _hf_whisper(model: nn.Module) -> AudioClassifier:
-    """``WhisperModel`` / ``WhisperForConditionalGeneration`` -> its encoder as an
-    AudioClassifier without head (:func:`whisper_from_hf` converts the whole model)."""
+    """``WhisperModel`` (the bare encoder-decoder, no output layer) -> its encoder as an
+    AudioClassifier without head (a ``WhisperForConditionalGeneration`` converts whole:
+    :func:`whisper_from_hf`)."""
     config, out = _whisper_encoder(model)
     ours = build(AudioClassifier, config)
     set_normalisation(ours, -4.0, 4.0)  # Whisper's (L + 4) / 4
@@ -221,22 +223,28 @@ def whisper_from_hf(model: Any, **tokens: Any) -> Whisper:
     put_norm(out, "decoder.transformer.norm", src, "layer_norm")
     src.finish()
     proj = model.state_dict().get("proj_out.weight")
-    if proj is not None and not torch.equal(proj, out["decoder.tok_embed.weight"]):
+    embed = out["decoder.tok_embed.weight"]  # a folder omits the tied copy: the same tensor
+    if proj is not None and proj is not embed and not torch.equal(proj, embed):
         raise ValueError(f"{kind}: proj_out differs from the token embedding; Whisper ties "
                          "them (an untied output layer is not supported)")
     sot = cfg_get(cfg, "decoder_start_token_id")
-    # 99 language tokens (100 with Cantonese from large-v3, vocabulary 51866)
+    # 99 language tokens (100 with Cantonese from large-v3, vocabulary 51866); a vocabulary
+    # too small for that layout (a tiny random test model) keeps the languages that fit
+    # before <|notimestamps|> (sot + 6 + languages) and the suppressed ids inside it
     n_langs = len(tokens["languages"]) if tokens.get("languages") else \
-        (100 if vocab >= 51866 else 99)
+        max(0, min(100 if vocab >= 51866 else 99, vocab - sot - 7))
+
+    def inside(ids: Any) -> tuple[int, ...]:
+        return tuple(int(i) for i in ids or () if 0 <= int(i) < vocab)
+
     fields = dict(eot_token_id=cfg_get(cfg, "eos_token_id"), sot_token_id=sot,
                   first_language_token_id=sot + 1,
                   languages=WHISPER_LANGUAGES[:n_langs],
                   translate_token_id=sot + 1 + n_langs,
                   transcribe_token_id=sot + 2 + n_langs,
                   no_timestamps_token_id=sot + 6 + n_langs,
-                  suppress_tokens=tuple(getattr(cfg, "suppress_tokens", None) or ()),
-                  begin_suppress_tokens=tuple(getattr(cfg, "begin_suppress_tokens", None)
-                                              or ()))
+                  suppress_tokens=inside(getattr(cfg, "suppress_tokens", None)),
+                  begin_suppress_tokens=inside(getattr(cfg, "begin_suppress_tokens", None)))
     fields.update(tokens)
     ours = build(Whisper, WhisperConfig(encoder=enc_config, decoder=dec_config, **fields))
     set_normalisation(ours.encoder, -4.0, 4.0)
@@ -247,7 +255,10 @@ def whisper_from_hf(model: Any, **tokens: Any) -> Whisper:
 
 
 register_hf(_hf_ast, "ASTModel", "ASTForAudioClassification")
-register_hf(_hf_whisper, "WhisperModel", "WhisperForConditionalGeneration")
+register_hf(_hf_whisper, "WhisperModel")
+register_hf(whisper_from_hf, "WhisperForConditionalGeneration",
+            tied={"WhisperForConditionalGeneration": ("proj_out.weight",
+                                                      "model.decoder.embed_tokens.weight")})
 register_hf_model_type("audio-spectrogram-transformer", "ASTModel",
                        "audio_spectrogram_transformer.", hidden_act="gelu",
                        layer_norm_eps=1e-12, qkv_bias=True, patch_size=16, frequency_stride=10,

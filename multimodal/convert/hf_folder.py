@@ -20,7 +20,7 @@ from multimodal.convert.common import (
     meta_parameters,
     traced,
 )
-from multimodal.convert.ctranslate2 import from_ctranslate2
+from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_special_tokens
 from multimodal.convert.gguf import from_gguf
 from multimodal.files import path_kind
 from multimodal.weights import check_depth, name_list, read_safetensors_header
@@ -129,10 +129,27 @@ def dry_convert(converter: Callable[[Any], nn.Module], arch: str, config: HFConf
                          f"{type(err).__name__}: {err}") from None
 
 
+def _folder_converter(arch: str, folder: Path, data: dict[str, Any]) -> Callable[[Any], nn.Module]:
+    """The converter of ``arch``; a whole Whisper takes its special tokens (languages, task
+    and ``<|notimestamps|>`` ids) from the folder's vocabulary when it has one, else from
+    the standard vocabulary layout (:func:`~multimodal.convert.hf_audio.whisper_from_hf`)."""
+    converter = HF_CONVERTERS[arch]
+    sot = data.get("decoder_start_token_id")
+    if arch == "WhisperForConditionalGeneration" and isinstance(sot, int) and any(
+            (folder / name).is_file()
+            for name in ("tokenizer.json", "vocabulary.txt", "vocabulary.json")):
+        tokens = whisper_special_tokens(folder, sot)
+        return lambda model: converter(model, **tokens)
+    return converter
+
+
 def from_hf_folder(folder: str | Path) -> nn.Module:
     """A folder in the Hugging Face layout -> our model, without transformers. (A
     CTranslate2 Whisper directory, ``model.bin`` + ``config.json``, is recognised too:
-    :func:`multimodal.convert.ctranslate2.from_ctranslate2`.)
+    :func:`multimodal.convert.ctranslate2.from_ctranslate2`.) A model comes out whole: a
+    ``WhisperForConditionalGeneration`` folder, like a CTranslate2 one, is a
+    :class:`~multimodal.Whisper`, encoder and decoder (its encoder: ``model.encoder``, or
+    :func:`multimodal.loading.select_part`).
 
     Reads ``config.json`` (its ``architectures``, else its ``model_type``) and the
     safetensors weights (one file or shards), then runs the same converter as for a live
@@ -187,10 +204,11 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
                 state[omitted] = state[source]
         return state
 
+    converter = _folder_converter(arch, folder, data)
     try:
-        dry_convert(HF_CONVERTERS[arch], arch, config, config_file, data, header, rename)
+        dry_convert(converter, arch, config, config_file, data, header, rename)
         snapshot = type(arch, (_FolderModel,), {})(config, rename(read_hf_weights(folder)))
         with meta_parameters():  # the folder's tensors become the parameters: one copy
-            return HF_CONVERTERS[arch](snapshot)
+            return converter(snapshot)
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None

@@ -1,20 +1,22 @@
-"""Data, organised by what each piece is.
+"""Data, organised by role.
 
-One LightningDataModule per task family, each taking any source of its kind:
-``vision`` (image classification), ``pixels`` (raw pixels for ImageGPT), ``audio`` (sound
-classification), ``text`` (language modelling, source classification),
-``text_classification`` (your labelled texts), ``text_pairs`` (your text pairs, seq2seq),
-``captions``
-(image-caption pairs), ``numbers`` (number words -> digits, generated), ``tts`` (phonemes +
-an acoustic prompt -> codec tokens, for text-to-speech). They share the
-loader recipe of ``splits`` (with ``sampling``'s resumable shuffle).
+Data modules, one LightningDataModule per task family, each taking the built-in sources of
+its kind and your own files (``train`` / ``val`` / ``test`` / ``shards``; held-out
+``val_size`` / ``test_size``: a count or a fraction): ``vision`` (image classification),
+``pixels`` (raw pixels for ImageGPT), ``audio`` (sound classification), ``text`` (language
+modelling, source classification), ``text_classification`` (your labelled texts),
+``text_pairs`` (your text pairs, seq2seq), ``captions`` (image-caption pairs), ``numbers``
+(number words -> digits, generated), ``tts`` (phonemes + an acoustic prompt -> codec
+tokens). Every one declares ``contract`` (modality, class names, the model sizes it fixes,
+what it takes from a pretrained model) and shares the loader recipe of ``splits`` (with
+``sampling``'s resumable shuffle).
 
 Built-in sources, one module each: ``sources/`` (how each dataset is obtained offline and
-read; ``emoji`` and ``scenes`` are the caption sources). Generic readers of your own files:
-``readers`` (class folders, manifests, image decoding), ``audio_files`` (labelled recordings),
-``caption_files`` (caption manifests, COCO JSON), ``text_files`` (.txt / JSONL text),
-``text_labelled`` (``text,label`` CSV / JSONL, class folders of .txt, ``source,target`` pairs),
-``text_tokenizer`` (a Hugging Face or own ``tokenizer.json`` and its special ids),
-``shards`` (LitData). Items and batches: ``images``, ``audio_datasets``, ``documents``.
-Per-modality transforms: ``transforms`` (images), ``audio_transforms`` and ``noise`` (audio).
+read). Readers of your own files: ``readers`` (class folders, manifests, image decoding),
+``audio_files`` (labelled recordings), ``captions_files`` (caption manifests, COCO JSON),
+``text_files`` (.txt / JSONL text), ``text_labelled`` (``text,label`` CSV / JSONL, class
+folders of .txt, ``source,target`` pairs, texts to predict), ``text_tokenizer`` (a Hugging
+Face or own ``tokenizer.json`` and its special ids), ``shards`` (LitData). Items and
+batches: ``vision_datasets``, ``audio_datasets``, ``documents``. Per-modality transforms:
+``vision_transforms`` (images), ``audio_transforms`` and ``noise`` (audio).
 """

@@ -61,7 +61,7 @@ from multimodal.data.sources.spoken_words import (
     split_voices,
     synthesize_spoken_words,
 )
-from multimodal.data.splits import SplitDataModule, held_out, predict_source
+from multimodal.data.splits import SplitDataModule, held_out, held_out_sizes, predict_source
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 
 __all__ = ["AudioClassificationDataModule"]
@@ -92,10 +92,10 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         noise_eval: also mix (seeded, fixed) noise into val/test clips.
         features: batches of log-mel ``features`` (True) or raw ``waveform`` (False).
         n_mels: mel bins of the features.
-        val_fraction, test_fraction: share of voices (spoken words) / files (Sonic Pi);
-            for your files, as the image module's ``val_size`` / ``test_size``: a fraction
-            (< 1) or a count of ``train``'s files held out (seeded; test first, then val of
-            the rest) when no ``val`` / ``test`` is given.
+        val_size, test_size: a fraction (< 1) or a count held out (seeded; test first, then
+            val of the rest): of the voices of each engine (spoken words), of the files of
+            each class (Sonic Pi), of ``train``'s files when no ``val`` / ``test`` is given.
+        val_fraction, test_fraction: their old names (deprecated; still read).
         seed: seed of the splits and of the stats subset.
         min_class_files: Sonic Pi classes with fewer files are dropped.
         stats_clips: number of training clips the normalisation is fitted on.
@@ -107,7 +107,7 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
             name, as torchvision's ``ImageFolder``) or a ``path,label`` manifest (``.csv``
             with a header or ``.jsonl``; paths relative to it). ``dataset`` is then unused.
         val, test: your validation / test recordings (same kinds); default: held out of
-            ``train`` by ``val_fraction`` / ``test_fraction``.
+            ``train`` by ``val_size`` / ``test_size``.
         classes: the class list in index order (default: ``train``'s sorted classes).
         skip_corrupt: skip unreadable or too-short files (counted, logged) instead of an
             error naming the first.
@@ -116,6 +116,8 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
             ``litdata.StreamingDataset`` (:mod:`multimodal.data.shards`); ``train`` / ``val``
             / ``test`` are then unused.
     """
+
+    modality = "audio"
 
     def __init__(
         self,
@@ -131,8 +133,8 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         noise_eval: bool = False,
         features: bool = True,
         n_mels: int = 80,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.2,
+        val_size: int | float = 0.1,
+        test_size: int | float = 0.2,
         seed: int = 0,
         min_class_files: int = 8,
         stats_clips: int = 512,
@@ -146,8 +148,11 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         classes: list[str] | None = None,
         skip_corrupt: bool = False,
         shards: str | None = None,
+        val_fraction: int | float | None = None,
+        test_fraction: int | float | None = None,
     ) -> None:
         super().__init__()
+        val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (files) or shards, not both")
         if train is None and (val is not None or test is not None):
@@ -177,7 +182,7 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         self.clip_samples = round(clip_seconds * SAMPLE_RATE)
         self.noise_kind, self.snr_db, self.noise_eval = noise, (snr_db_min, snr_db_max), noise_eval
         self.features, self.seed, self.stats_clips = features, seed, stats_clips
-        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.record_sizes(val_size, test_size)
         self.min_class_files, self.synthesize = min_class_files, synthesize
         self.limit_train = limit_train
         self.predict = predict_source(predict, predict_dir)
@@ -248,7 +253,7 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         classes = self.class_names
         full = read_audio_files(self.files["train"], classes)  # type: ignore[arg-type]
         given = {k: self.files[k] for k in ("val", "test") if self.files[k] is not None}
-        idx = held_out(len(full), self.seed, self.val_fraction, self.test_fraction,
+        idx = held_out(len(full), self.seed, self.val_size, self.test_size,
                        "test" in given, "val" in given, self.limit_train,
                        labels=full.labels)  # stratified by class
         splits = {k: full.subset(v) for k, v in idx.items() if v is not None}
@@ -286,7 +291,7 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         elif self.dataset == "spoken_words":
             rows = read_manifest(self.words_root)
             self.split_voices = split_voices(
-                (r["voice"] for r in rows), self.val_fraction, self.test_fraction, self.seed
+                (r["voice"] for r in rows), self.val_size, self.test_size, self.seed
             )
             by_split = {
                 s: [r for r in rows if r["voice"] in set(v)] for s, v in self.split_voices.items()
@@ -302,7 +307,7 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         else:
             splits = split_sonic_pi(
                 sonic_pi_files(self.samples_dir, self.min_class_files),
-                self.val_fraction, self.test_fraction, self.seed,
+                self.val_size, self.test_size, self.seed,
             )  # fmt: skip
             if self.limit_train is not None:
                 splits["train"] = splits["train"][: self.limit_train]

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 from torch.utils.data import Dataset
 
 from multimodal.data.audio_transforms import SAMPLE_RATE, Resampler, centre_crop
@@ -18,7 +17,7 @@ from multimodal.tokenizers.audio import AudioFrameTokenizer, load_audio
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AudioBatchCollate", "AudioFolderDataset", "list_audio_files", "read_audio_folder"]
+__all__ = ["AudioBatchCollate", "AudioFolderDataset", "list_audio_files"]
 
 
 
@@ -68,17 +67,6 @@ class AudioFolderDataset(Dataset):
         if self.max_samples is not None:
             x = centre_crop(x, self.max_samples)
         return {"waveform": x, "filename": self.files[i].name}
-
-
-def read_audio_folder(
-    folder: str | os.PathLike, tokenizer: AudioFrameTokenizer
-) -> list[tuple[Tensor, str]]:
-    """``[(features (F, n_mels), file name), ...]`` for the audio files of ``folder``, sorted."""
-    out = []
-    for item in AudioFolderDataset(folder):
-        feats, lengths = tokenizer(item["waveform"], SAMPLE_RATE)
-        out.append((feats[0, : int(lengths[0])], item["filename"]))
-    return out
 
 
 class AudioBatchCollate:

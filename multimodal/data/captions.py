@@ -34,7 +34,7 @@ from multimodal.data.sources.scenes import (
     render_scenes,
     sample_scenes,
 )
-from multimodal.data.splits import SplitDataModule
+from multimodal.data.splits import SplitDataModule, held_out_sizes
 from multimodal.data.vision_transforms import ImageTransformConfig, image_transform
 
 DATASETS = ("scenes", "emoji")
@@ -83,14 +83,15 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
     ``num_train`` / ``num_val`` / ``num_test``, ``min_shapes`` / ``max_shapes`` and ``order``
     (how a caption orders the shapes: "random" or "left_to_right", see
     :class:`~multimodal.data.sources.scenes.SceneConfig`) apply to scenes;
-    ``val_fraction`` / ``test_fraction`` and ``root`` to emoji (split by emoji).
+    ``val_size`` / ``test_size`` (a fraction below 1 or a count) and ``root`` to emoji
+    (split by emoji).
 
     Your own pairs: ``train`` (and optionally ``val`` / ``test``) is an ``image,caption``
     manifest (``.csv`` with a header, one caption per row; ``.jsonl`` whose ``caption`` is a
     string or a list) or a COCO-captions ``.json`` (``images`` + ``annotations``); image
     paths are relative to the manifest (or to ``image_root``). Several captions of one image
-    are several items. Without ``val`` / ``test``, ``val_fraction`` / ``test_fraction`` of
-    the *images* are held out (seeded; an image and all its captions are in one split).
+    are several items. Without ``val`` / ``test``, ``val_size`` / ``test_size`` of the
+    *images* are held out (seeded; an image and all its captions are in one split).
     Images are decoded with ``torchvision.io``, resized to ``image_size`` and normalised
     with the statistics of up to ``stats_samples`` training images (or with ``mean`` / ``std``
     when given: a pretrained model's own). ``dataset`` is then unused.
@@ -100,7 +101,12 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
     for the tokenizer), streamed with ``litdata.StreamingDataset``
     (:mod:`multimodal.data.shards`); the same items, statistics and transforms as the
     manifest it was written from.
+
+    ``val_fraction`` / ``test_fraction``: the old names of ``val_size`` / ``test_size``
+    (deprecated; still read).
     """
+
+    modality = "image+text"
 
     def __init__(
         self,
@@ -112,8 +118,8 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
         max_shapes: int = 3,
         min_shapes: int = 1,
         order: str = "random",
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        val_size: int | float = 0.1,
+        test_size: int | float = 0.1,
         batch_size: int = 64,
         num_workers: int = 0,
         seed: int = 0,
@@ -126,8 +132,11 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
         shards: str | None = None,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        val_fraction: int | float | None = None,
+        test_fraction: int | float | None = None,
     ) -> None:
         super().__init__()
+        val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         if (mean is None) != (std is None):
             raise ValueError("give mean and std together (or neither: training statistics)")
         for name, values in (("mean", mean), ("std", std)):
@@ -151,6 +160,7 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.save_hyperparameters()
+        self.record_sizes(val_size, test_size)
         self.dataset = dataset
         self.image_size = image_size
         self.in_channels = 3
@@ -183,7 +193,7 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
                             for s, scenes in self._scenes.items()}
         else:
             root = Path(hp.root) if hp.root is not None else None
-            data = load_emoji(root, hp.image_size, hp.val_fraction, hp.test_fraction, hp.seed)
+            data = load_emoji(root, hp.image_size, self.val_size, self.test_size, hp.seed)
             self._splits = {s: (images, captions) for s, (images, captions, _) in data.items()}
             self.metadata = {s: recs for s, (_, _, recs) in data.items()}
         if len(self._splits["train"][1]) == 0:
@@ -199,7 +209,7 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
         full = read_caption_files(self.files["train"], root)  # type: ignore[arg-type]
         given = {k: read_caption_files(v, root) for k, v in self.files.items()
                  if k != "train" and v is not None}
-        splits = split_by_image(full, hp.seed, hp.val_fraction, hp.test_fraction,
+        splits = split_by_image(full, hp.seed, self.val_size, self.test_size,
                                 "val" in given, "test" in given)
         splits.update(given)
         return splits

@@ -132,13 +132,13 @@ def read_caption_files(
 
 
 def split_by_image(
-    files: CaptionFiles, seed: int, val_fraction: float, test_fraction: float,
+    files: CaptionFiles, seed: int, val_size: float, test_size: float,
     has_val: bool = False, has_test: bool = False,
 ) -> dict[str, CaptionFiles]:
     """Seeded train / val / test over the images (a split given separately is left out):
     :func:`~multimodal.data.splits.held_out` on the image count, each image with all its
     captions."""
-    idx = held_out(len(files.images), seed, val_fraction, test_fraction, has_test, has_val)
+    idx = held_out(len(files.images), seed, val_size, test_size, has_test, has_val)
     return {k: files.subset_images(v) for k, v in idx.items() if v is not None}
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from multimodal.data.splits import check_sizes, group_count
 from multimodal.tokenizers.text import EOS_ID
 
 __all__ = ["Document", "balanced_passages", "make_passages", "pack_blocks", "split_documents",
@@ -30,23 +31,19 @@ class Document:
 
 def split_documents(
     documents: Sequence[Document],
-    val_fraction: float = 0.05,
-    test_fraction: float = 0.05,
+    val_size: float = 0.05,
+    test_size: float = 0.05,
     seed: int = 0,
     max_documents: int | None = None,
 ) -> tuple[list[Document], list[Document], list[Document]]:
     """Seeded split into (train, val, test) by whole document, stratified by source.
 
     Within each source the documents are shuffled with ``random.Random(seed)``; the first
-    ``max(1, round(n * test_fraction))`` go to test, the next ones to val (likewise), the
-    rest to train. ``max_documents`` caps the number of documents kept *per source*.
+    ``max(1, round(n * test_size))`` go to test (a fraction; a whole count ``k >= 1``: ``k``
+    per source), the next ones to val (likewise), the rest to train. ``max_documents`` caps
+    the number of documents kept *per source*.
     """
-    for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-        if not 0.0 <= frac < 1.0:
-            raise ValueError(f"{name} must be in [0, 1), got {frac}")
-    if val_fraction + test_fraction >= 1.0:
-        raise ValueError(f"val_fraction + test_fraction must be < 1, got "
-                         f"{val_fraction} + {test_fraction}")
+    check_sizes(val_size, test_size)
     if max_documents is not None and max_documents < 1:
         raise ValueError(f"max_documents must be >= 1 or None, got {max_documents}")
     rng = random.Random(seed)
@@ -62,8 +59,8 @@ def split_documents(
         if max_documents is not None:
             docs = docs[:max_documents]
         n = len(docs)
-        n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
-        n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
+        n_test = group_count(test_size, n, "test_size")
+        n_val = group_count(val_size, n, "val_size")
         if n - n_test - n_val < 1:
             raise ValueError(
                 f"source {source!r} has {n} documents: too few for a train split after "

@@ -171,6 +171,8 @@ class NumberWordsDataModule(SplitDataModule):
     numbers; ``lists`` holds them, and the vocabularies gain the separator ``,``.
     """
 
+    modality = "text-text"
+
     def __init__(self, train_size: int = 50_000, held_out: int = 10_000,
                  test_size: int = 2000, val_size: int = 500, batch_size: int = 64,
                  seed: int = 0, numbers_per_source: int = 1) -> None:

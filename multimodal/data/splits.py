@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from multimodal.data.contract import follow_settings
 from multimodal.data.sampling import (
     EpochShuffleSampler,
     EvalShardSampler,
@@ -26,6 +27,26 @@ def predict_source(predict: str | None, predict_dir: str | None) -> str | None:
                       FutureWarning, stacklevel=3)
         return predict_dir
     return predict
+
+
+RENAMED_SIZES = {"val_fraction": "val_size", "test_fraction": "test_size"}
+"""The held-out sizes' old names -> today's (``val_size`` / ``test_size``: a count, or a
+fraction below 1, in every data module)."""
+
+
+def held_out_sizes(val_size: float, test_size: float, val_fraction: float | None = None,
+                   test_fraction: float | None = None) -> tuple[float, float]:
+    """``(val_size, test_size)``, where an old name given (``val_fraction`` /
+    ``test_fraction``, not None) takes the place of the new one, with a DeprecationWarning
+    naming it."""
+    sizes = {"val_size": val_size, "test_size": test_size}
+    for old, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if value is not None:
+            new = RENAMED_SIZES[old]
+            warnings.warn(f"{old} is deprecated: use {new} (a count, or a fraction below 1)",
+                          DeprecationWarning, stacklevel=3)
+            sizes[new] = value
+    return sizes["val_size"], sizes["test_size"]
 
 
 class SplitDataModule(L.LightningDataModule):
@@ -48,8 +69,17 @@ class SplitDataModule(L.LightningDataModule):
     takes its own share without padding (:class:`EvalShardSampler`), so every example is
     scored exactly once. Every loader has its own seeded ``generator`` for worker seeds:
     making an iterator never draws from the global random state.
+
+    The data-module contract (:mod:`multimodal.data.contract`): each module declares its
+    ``modality``, and where it has them its ``class_names`` and ``model_sizes``; ``follow``
+    fills in the settings a pretrained model implies.
     """
 
+    modality: ClassVar[str] = ""
+    """What an item is: ``image``, ``audio``, ``text``, ``text-text``, ``image+text``,
+    ``text-audio`` (:mod:`multimodal.data.contract`)."""
+    class_names: list[str] | None = None
+    """The classes in label order (None: items have no class)."""
     batch_size: int
     seed: int = 0
     num_workers: int = 0
@@ -63,6 +93,29 @@ class SplitDataModule(L.LightningDataModule):
     @predict_dir.setter
     def predict_dir(self, value: str | None) -> None:
         self.predict = value
+
+    @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (none here)."""
+        return {}
+
+    @classmethod
+    def follow(cls, settings: Mapping[str, Any], given: Mapping[str, Any],
+               source: str = "the pretrained model") -> tuple[dict[str, Any], list[str]]:
+        """The arguments ``given`` with the pretrained model's ``settings`` filled in
+        (:func:`multimodal.data.contract.follow_settings`); ``(arguments, warnings)``."""
+        return follow_settings(cls, settings, given, source)
+
+    def record_sizes(self, val_size: float, test_size: float) -> None:
+        """Keep ``val_size`` / ``test_size`` (read through :func:`held_out_sizes`) as
+        attributes and, after ``save_hyperparameters``, in the hyper-parameters by today's
+        names, so that a checkpoint rebuilds the module without the old ones."""
+        self.val_size, self.test_size = val_size, test_size
+        hparams = self.__dict__.get("_hparams")
+        if hparams is not None:
+            for old in RENAMED_SIZES:
+                hparams.pop(old, None)
+            hparams.update(val_size=val_size, test_size=test_size)
 
     def split_dataset(self, split: str) -> Dataset:
         """The dataset of ``split`` ("train", "val" or "test")."""
@@ -237,13 +290,32 @@ def _take_stratified(order: torch.Tensor, codes: torch.Tensor, k: int
     return order[taken], order[~taken]
 
 
-def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int]:
-    """``(n_val, n_test)`` of a group of ``n`` (voices, files of a class): at least one each
-    when its fraction is > 0, at least one left for training; none held out below 3."""
+def group_count(size: float, n: int, name: str) -> int:
+    """How many of a group of ``n`` (a source's documents, an engine's voices, a class's
+    files) a held-out ``size`` takes: a fraction ``f`` in (0, 1) takes
+    ``max(1, round(f * n))``, a whole count ``k >= 1`` takes ``k``, 0 none."""
+    if 0 < size < 1:
+        return max(1, round(size * n))
+    return split_size(size, n, name)
+
+
+def check_sizes(val_size: float, test_size: float) -> None:
+    """Both sizes >= 0 (a fraction below 1 or a whole count); two fractions sum below 1."""
+    split_size(val_size, 0, "val_size")
+    split_size(test_size, 0, "test_size")
+    if val_size < 1 and test_size < 1 and val_size + test_size >= 1:
+        raise ValueError(f"val_size + test_size must be < 1 as fractions, got {val_size} + "
+                         f"{test_size}")
+
+
+def split_counts(n: int, val_size: float, test_size: float) -> tuple[int, int]:
+    """``(n_val, n_test)`` of a group of ``n`` (voices, files of a class), each by
+    :func:`group_count` (at least one when its size is > 0), at least one left for
+    training; none held out below 3."""
     if n < 3:
         return 0, (1 if n == 2 else 0)
-    n_test = max(1, round(test_fraction * n)) if test_fraction > 0 else 0
-    n_val = max(1, round(val_fraction * n)) if val_fraction > 0 else 0
+    n_test = group_count(test_size, n, "test_size")
+    n_val = group_count(val_size, n, "val_size")
     while n_test + n_val >= n:  # keep at least one for training
         if n_val > 0:
             n_val -= 1
@@ -252,5 +324,6 @@ def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int
     return n_val, n_test
 
 
-__all__ = ["SplitDataModule", "held_out", "predict_source", "split_counts", "split_size",
+__all__ = ["RENAMED_SIZES", "SplitDataModule", "check_sizes", "group_count", "held_out",
+           "held_out_sizes", "predict_source", "split_counts", "split_size",
            "stratified_counts"]

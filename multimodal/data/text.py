@@ -36,7 +36,7 @@ from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR
 from multimodal.data.sources.shakespeare import (
     DEFAULT_ROOT,
 )
-from multimodal.data.splits import SplitDataModule
+from multimodal.data.splits import SplitDataModule, held_out_sizes
 from multimodal.data.text_files import read_text_documents
 from multimodal.data.text_tokenizer import (
     AnyTextTokenizer,
@@ -122,6 +122,8 @@ class PadCollate:
 class _TextDataModule(SplitDataModule):
     """Shared part: read the corpus, split by document, get the tokenizer."""
 
+    modality = "text"
+
     def __init__(
         self,
         sources: Sequence[str],
@@ -132,8 +134,8 @@ class _TextDataModule(SplitDataModule):
         vocab_size: int,
         lowercase: bool,
         batch_size: int,
-        val_fraction: float,
-        test_fraction: float,
+        val_size: float,
+        test_size: float,
         seed: int,
         max_documents: int | None,
         num_workers: int,
@@ -157,8 +159,7 @@ class _TextDataModule(SplitDataModule):
         self.vocab_size_target = vocab_size
         self.lowercase = lowercase
         self.batch_size = batch_size
-        self.val_fraction = val_fraction
-        self.test_fraction = test_fraction
+        self.record_sizes(val_size, test_size)
         self.seed = seed
         self.max_documents = max_documents
         self.num_workers = num_workers
@@ -179,7 +180,7 @@ class _TextDataModule(SplitDataModule):
             if docs is None:
                 docs = load_corpus(self.sources, self.root, self.fortunes_dir, self.bible_command)
             docs = [d for d in docs if d.source in self.sources]
-            train, val, test = split_documents(docs, self.val_fraction, self.test_fraction,
+            train, val, test = split_documents(docs, self.val_size, self.test_size,
                                                self.seed, self.max_documents)
             self.splits = {"train": train, "val": val, "test": test}
         return self.splits
@@ -191,8 +192,8 @@ class _TextDataModule(SplitDataModule):
                  for k in ("val", "test") if (v := self.files.get(k)) is not None}
         try:
             train, val, test = split_documents(
-                docs, 0.0 if "val" in given else self.val_fraction,
-                0.0 if "test" in given else self.test_fraction, self.seed, self.max_documents)
+                docs, 0.0 if "val" in given else self.val_size,
+                0.0 if "test" in given else self.test_size, self.seed, self.max_documents)
         except ValueError as err:
             raise ValueError(f"{self.files['train']}: {len(docs)} documents of >= "
                              f"{self.chunk_chars} characters; {err}") from err
@@ -282,7 +283,8 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
     (recursive), a glob, a JSONL file with a ``text`` field, or a list of these (``sources``
     is then unused). Each ``.txt`` is cut at blank lines into documents of at least
     ``chunk_chars`` characters; ``val`` / ``test`` (same kinds) are used whole when given,
-    else ``val_fraction`` / ``test_fraction`` of the documents are held out (seeded).
+    else ``val_size`` / ``test_size`` of the documents are held out (seeded; a fraction, or a
+    count per source).
 
     ``shards``: a folder or object-store URL written by ``multimodal-prepare text`` (the
     splits' blocks as token ids, and the ``tokenizer.json`` they were encoded with), streamed
@@ -292,6 +294,9 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
     ``tokenizer``: a ``tokenizer.json`` (Hugging Face or the package's own) or a folder
     holding one, used instead of training a WordPiece; documents are then joined with its
     end-of-text token (BERT ``[SEP]``; :mod:`multimodal.data.text_tokenizer`).
+
+    ``val_fraction`` / ``test_fraction``: the old names of ``val_size`` / ``test_size``
+    (deprecated; still read).
     """
 
     def __init__(
@@ -305,8 +310,8 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
         lowercase: bool = True,
         block_size: int = 128,
         batch_size: int = 32,
-        val_fraction: float = 0.05,
-        test_fraction: float = 0.05,
+        val_size: int | float = 0.05,
+        test_size: int | float = 0.05,
         seed: int = 0,
         max_documents: int | None = None,
         num_workers: int = 0,
@@ -317,9 +322,12 @@ class TextCorpusDataModule(ShardLoaderMixin, _TextDataModule):
         chunk_chars: int = 4000,
         shards: str | None = None,
         tokenizer: str | None = None,
+        val_fraction: int | float | None = None,
+        test_fraction: int | float | None = None,
     ) -> None:
+        val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         super().__init__(sources, root, fortunes_dir, bible_command, tokenizer_path, vocab_size,
-                         lowercase, batch_size, val_fraction, test_fraction, seed, max_documents,
+                         lowercase, batch_size, val_size, test_size, seed, max_documents,
                          num_workers, documents, tokenizer)
         self.shards = shards
         if shards is not None:
@@ -386,6 +394,9 @@ class SourceClassificationDataModule(_TextDataModule):
     ``tokenizer``: a ``tokenizer.json`` (Hugging Face or the package's own) or a folder
     holding one, used instead of training a WordPiece; a Hugging Face one frames a passage
     as its post-processor does (BERT ``[CLS] .. [SEP]``) and pads with its own pad id.
+
+    ``val_size`` / ``test_size``: documents held out of each source (a fraction, or a count);
+    ``val_fraction`` / ``test_fraction``: their old names (deprecated; still read).
     """
 
     def __init__(
@@ -402,16 +413,19 @@ class SourceClassificationDataModule(_TextDataModule):
         max_sentences: int = 4,
         max_passages_per_source: int | None = None,
         batch_size: int = 32,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        val_size: int | float = 0.1,
+        test_size: int | float = 0.1,
         seed: int = 0,
         max_documents: int | None = None,
         num_workers: int = 0,
         documents: Sequence[Document] | None = None,
         tokenizer: str | None = None,
+        val_fraction: int | float | None = None,
+        test_fraction: int | float | None = None,
     ) -> None:
+        val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         super().__init__(sources, root, fortunes_dir, bible_command, tokenizer_path, vocab_size,
-                         lowercase, batch_size, val_fraction, test_fraction, seed, max_documents,
+                         lowercase, batch_size, val_size, test_size, seed, max_documents,
                          num_workers, documents, tokenizer)
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2 ([CLS] + one token), got {max_length}")

@@ -5,15 +5,13 @@ subfolder of ``.txt`` files per class (:mod:`multimodal.data.text_labelled`); ``
 ``test`` are the same kinds, else held out of ``train`` (seeded). ``shards``: LitData shards
 written by ``multimodal-prepare labelled-text``. Batches are ``{"input_ids",
 "attention_mask", "label"}`` (right padded with the tokenizer's pad id), what
-:class:`~multimodal.tasks.masked_lm.SequenceClassificationTask` trains on.
+a :class:`~multimodal.tasks.classification.ClassificationTask` over a text encoder trains on.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,12 +23,13 @@ from multimodal.data.shards import (
     read_shard_meta,
     shard_splits,
 )
-from multimodal.data.splits import SplitDataModule, held_out
+from multimodal.data.splits import SplitDataModule, held_out, held_out_sizes
 from multimodal.data.text import PadCollate, PassageDataset
 from multimodal.data.text_labelled import (
     LabelledTexts,
     encode_labels,
     read_labelled_texts,
+    read_predict_texts,
     resolve_classes,
 )
 from multimodal.data.text_tokenizer import (
@@ -52,7 +51,6 @@ __all__ = [
     "LabelledShardEncoder",
     "NamedPadCollate",
     "TextClassificationDataModule",
-    "read_predict_texts",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,43 +90,6 @@ class NamedPadCollate(PadCollate):
         return batch
 
 
-def read_predict_texts(source: str | os.PathLike, text_key: str = "text"
-                       ) -> tuple[list[str], list[str]]:  # fmt: skip
-    """``(texts, names)`` to classify: a ``.txt`` file (one text per non-empty line, named
-    ``file:line``), a ``.csv`` / ``.tsv`` / ``.jsonl`` with a ``text`` column (``file:line``),
-    or a folder of ``.txt`` files (one text each, named by the file)."""
-    from multimodal.data.text_labelled import _rows, _text
-
-    path = Path(source)
-    texts, names = [], []
-    if path.is_dir():
-        for file in sorted(p for p in path.rglob("*.txt") if not p.name.startswith(".")):
-            try:
-                text = file.read_text(encoding="utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{file} is not UTF-8 text: {err}") from err
-            texts.append(_text(text, str(file), "text").strip())
-            names.append(str(file.relative_to(path)))
-    elif path.suffix.lower() == ".txt":
-        if not path.is_file():
-            raise FileNotFoundError(f"text to predict not found: {path}")
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path} is not UTF-8 text: {err}") from err
-        for n, line in enumerate(lines, start=1):
-            if line.strip():
-                texts.append(line.strip())
-                names.append(f"{path}:{n}")
-    else:
-        for n, row in _rows(path, (text_key,)):
-            texts.append(_text(row[text_key], f"{path}:{n}", text_key))
-            names.append(f"{path}:{n}")
-    if not texts:
-        raise ValueError(f"{path} holds no text to predict")
-    return texts, names
-
-
 class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModule):
     """Your own labelled texts (or LitData shards of them) for text classification.
 
@@ -137,10 +98,12 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
             ``.jsonl`` (``text`` and ``label`` fields) file, or a folder
             ``train/<class>/<file>.txt``. Labels are names or integer class ids (see
             :mod:`multimodal.data.text_labelled`).
-        val, test: the same kinds; default: held out of ``train`` by ``val_fraction`` /
-            ``test_fraction`` (a fraction below 1 or a count; seeded; test first). A label
+        val, test: the same kinds; default: held out of ``train`` by ``val_size`` /
+            ``test_size`` (a fraction below 1 or a count; seeded; test first). A label
             of a given ``val`` / ``test`` file that no training text has is an error naming
             the file and line.
+        val_fraction, test_fraction: the old names of ``val_size`` / ``test_size``
+            (deprecated; still read).
         shards: a folder or object-store URL written by ``multimodal-prepare labelled-text``
             (token ids, labels, the tokenizer); ``train`` / ``val`` / ``test`` are then unused.
         classes: the class names in index order (default: the sorted training labels; with
@@ -151,11 +114,14 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
             pad ids are the tokenizer's.
         max_length: ids per text at most, special tokens included (longer texts are cut).
         text_key, label_key: the column / field names.
-        predict: texts for ``multimodal predict`` (:func:`read_predict_texts`).
+        predict: texts for ``multimodal predict``
+            (:func:`~multimodal.data.text_labelled.read_predict_texts`).
 
     ``num_classes`` and ``class_names`` are known right after construction (the training
     labels are read once, then kept).
     """
+
+    modality = "text"
 
     def __init__(
         self,
@@ -171,13 +137,16 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         text_key: str = "text",
         label_key: str = "label",
         batch_size: int = 32,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        val_size: int | float = 0.1,
+        test_size: int | float = 0.1,
         seed: int = 0,
         num_workers: int = 0,
         predict: str | None = None,
+        val_fraction: int | float | None = None,
+        test_fraction: int | float | None = None,
     ) -> None:
         super().__init__()
+        val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         self.save_hyperparameters()  # `multimodal predict --ckpt_path` rebuilds the module
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (your texts) or shards, not both")
@@ -195,7 +164,7 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         self.vocab_size_target, self.lowercase = vocab_size, lowercase
         self.max_length, self.text_key, self.label_key = max_length, text_key, label_key
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
-        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.record_sizes(val_size, test_size)
         self.predict = predict
         self._meta: dict[str, Any] | None = None
         if shards is not None:
@@ -245,7 +214,7 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         full = self._train()
         given = {k: read_labelled_texts(v, self.text_key, self.label_key)
                  for k in ("val", "test") if (v := self.files[k]) is not None}
-        idx = held_out(len(full), self.seed, self.val_fraction, self.test_fraction,
+        idx = held_out(len(full), self.seed, self.val_size, self.test_size,
                        "test" in given, "val" in given, labels=full.labels)  # stratified
         splits = {k: full.subset(v.tolist()) for k, v in idx.items() if v is not None}
         self.splits = {"train": splits["train"], "val": given.get("val", splits.get("val")),
@@ -298,6 +267,17 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
     @property
     def vocab_size(self) -> int:
         return int(self.tokenizer.vocab_size)
+
+    @property
+    def model_sizes(self) -> dict[str, int]:
+        """The sizes a model of these data must have, by config field name (the
+        ``multimodal`` CLI links them into the task's ``data_sizes``: a preset takes them):
+        ``max_len`` (``max_length``) and ``vocab_size``: a given tokenizer's (or the
+        shards') size, else the ``vocab_size`` the WordPiece is trained to (without
+        training it here)."""
+        own = self.tokenizer_spec is not None or self._meta is not None
+        return {"vocab_size": int(self.vocab_size) if own else int(self.vocab_size_target),
+                "max_len": int(self.max_length)}
 
     @property
     def pad_token_id(self) -> int:

@@ -43,6 +43,7 @@ __all__ = [
     "TextPairs",
     "encode_labels",
     "read_labelled_texts",
+    "read_predict_texts",
     "read_text_pairs",
     "resolve_classes",
 ]
@@ -327,3 +328,38 @@ def encode_labels(data: LabelledTexts, class_names: Sequence[str], integer: bool
                              f"training data (classes: {list(class_names)[:20]})")
         out.append(value)
     return out
+
+
+def read_predict_texts(source: str | os.PathLike, text_key: str = "text"
+                       ) -> tuple[list[str], list[str]]:  # fmt: skip
+    """``(texts, names)`` to classify: a ``.txt`` file (one text per non-empty line, named
+    ``file:line``), a ``.csv`` / ``.tsv`` / ``.jsonl`` with a ``text`` column (``file:line``),
+    or a folder of ``.txt`` files (one text each, named by the file)."""
+    path = Path(source)
+    texts, names = [], []
+    if path.is_dir():
+        for file in sorted(p for p in path.rglob("*.txt") if not p.name.startswith(".")):
+            try:
+                text = file.read_text(encoding="utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{file} is not UTF-8 text: {err}") from err
+            texts.append(_text(text, str(file), "text").strip())
+            names.append(str(file.relative_to(path)))
+    elif path.suffix.lower() == ".txt":
+        if not path.is_file():
+            raise FileNotFoundError(f"text to predict not found: {path}")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text: {err}") from err
+        for n, line in enumerate(lines, start=1):
+            if line.strip():
+                texts.append(line.strip())
+                names.append(f"{path}:{n}")
+    else:
+        for n, row in _rows(path, (text_key,)):
+            texts.append(_text(row[text_key], f"{path}:{n}", text_key))
+            names.append(f"{path}:{n}")
+    if not texts:
+        raise ValueError(f"{path} holds no text to predict")
+    return texts, names

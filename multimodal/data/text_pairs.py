@@ -29,7 +29,7 @@ from multimodal.data.shards import (
     read_shard_meta,
     shard_splits,
 )
-from multimodal.data.splits import SplitDataModule, held_out
+from multimodal.data.splits import SplitDataModule, held_out, held_out_sizes
 from multimodal.data.text_labelled import TextPairs, read_text_pairs
 from multimodal.data.text_tokenizer import (
     AnyTextTokenizer,
@@ -121,8 +121,10 @@ class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModu
         train: a ``.tsv`` (``source<TAB>target``; a first line naming ``source`` and
             ``target`` is a header), ``.csv`` (header with ``source`` and ``target``) or
             ``.jsonl`` (``source`` and ``target`` fields) file.
-        val, test: the same kinds; default: held out of ``train`` by ``val_fraction`` /
-            ``test_fraction`` (a fraction below 1 or a count; seeded; test first).
+        val, test: the same kinds; default: held out of ``train`` by ``val_size`` /
+            ``test_size`` (a fraction below 1 or a count; seeded; test first).
+        val_fraction, test_fraction: the old names of ``val_size`` / ``test_size``
+            (deprecated; still read).
         shards: written by ``multimodal-prepare text-pairs``; ``train`` / ``val`` / ``test``
             are then unused.
         tokenizer: a ``tokenizer.json`` (Hugging Face, or one of the package's own) or a
@@ -134,6 +136,8 @@ class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModu
             longer text is cut (counted and logged).
         source_key, target_key: the column / field names.
     """
+
+    modality = "text-text"
 
     def __init__(
         self,
@@ -152,12 +156,15 @@ class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModu
         source_key: str = "source",
         target_key: str = "target",
         batch_size: int = 32,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        val_size: int | float = 0.1,
+        test_size: int | float = 0.1,
         seed: int = 0,
         num_workers: int = 0,
+        val_fraction: int | float | None = None,
+        test_fraction: int | float | None = None,
     ) -> None:
         super().__init__()
+        val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         self.save_hyperparameters()  # `multimodal test --ckpt_path` rebuilds the module
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (your pairs) or shards, not both")
@@ -181,7 +188,7 @@ class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModu
         self.max_source_len, self.max_target_len = max_source_len, max_target_len
         self.source_key, self.target_key = source_key, target_key
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
-        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.record_sizes(val_size, test_size)
         self._meta: dict[str, Any] | None = None
         if shards is not None:
             self._meta = read_shard_meta(shards, SHARD_KIND)
@@ -204,7 +211,7 @@ class TextPairsDataModule(TrainedTokenizerState, ShardLoaderMixin, SplitDataModu
         full = read_text_pairs(self.files["train"], self.source_key, self.target_key)  # type: ignore[arg-type]
         given = {k: read_text_pairs(v, self.source_key, self.target_key)
                  for k in ("val", "test") if (v := self.files[k]) is not None}
-        idx = held_out(len(full), self.seed, self.val_fraction, self.test_fraction,
+        idx = held_out(len(full), self.seed, self.val_size, self.test_size,
                        "test" in given, "val" in given)
         held = {k: full.subset(v.tolist()) for k, v in idx.items() if v is not None}
         self.splits = {"train": held["train"], "val": given.get("val", held.get("val")),

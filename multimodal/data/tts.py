@@ -299,6 +299,8 @@ class TTSDataModule(SplitDataModule):
     :attr:`split_voices` (which voices are in which split).
     """
 
+    modality = "text-audio"
+
     def __init__(
         self,
         root: str = str(TTS_ROOT.parent),

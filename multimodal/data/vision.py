@@ -117,6 +117,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         interpolation: ``bilinear`` (default), ``bicubic``, ``nearest``, ``lanczos``, ...
     """
 
+    modality = "image"
+
     def __init__(
         self,
         dataset: str = "fashion_mnist",

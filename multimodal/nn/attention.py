@@ -160,7 +160,10 @@ class Attention(nn.Module):
 
     - ``kv_heads`` < ``heads``: grouped-query attention (multi-query when 1). Only
       ``kv_heads`` key/value heads are projected (and cached); query head ``h`` reads
-      key/value head ``h // (heads / kv_heads)``.
+      key/value head ``h // (heads / kv_heads)``. With one query a head (a decoding step)
+      the ``heads / kv_heads`` queries of a group are attended as one head's queries
+      (``(B, H, 1, d) -> (B, kv_heads, group, d)``), so the cached keys and values are read
+      once instead of repeated ``group`` times; longer inputs repeat them.
     - ``qk_norm_layer``: ``q_h <- norm(q_h)``, ``k_h <- norm(k_h)`` over each head's ``d``
       channels (one norm of width ``d`` shared by the heads), before the rotation.
     - ``rope`` (a forward argument): rotary position angles from
@@ -227,6 +230,16 @@ class Attention(nn.Module):
         return self._norm_k(self._split_heads(k, self.kv_heads)), \
             self._split_heads(v, self.kv_heads)
 
+    def _one_query(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """One query a head (B, heads, 1, d) over every key (B, kv_heads, M, d), no mask:
+        the attention of a one-token step in :meth:`forward` (grouped heads folded the
+        same way), called per row by a ``rowwise`` cache."""
+        b, group = q.shape[0], self.heads // self.kv_heads
+        if group > 1:
+            q = q.reshape(b, self.kv_heads, group, self.head_dim)
+        out = scaled_dot_product_attention(q, k, v)[0]
+        return out.reshape(b, self.heads, 1, self.head_dim)
+
     def forward(
         self,
         x: Tensor,
@@ -279,8 +292,19 @@ class Attention(nn.Module):
                 q, k = apply_rotary(q, rope), apply_rotary(k, rope)
             if cache is not None:
                 k, v = cache.append(k, v)
-        if self.kv_heads != self.heads:
-            group = self.heads // self.kv_heads
+        if n > 1 and cache is not None and cache.rowwise and causal and not need_weights \
+                and not self.training and key_padding_mask is None and attn_mask is None:
+            # each new query exactly as a one-token step computes it (speculative verify)
+            past = k.shape[-2] - n
+            out = torch.cat([self._one_query(q[:, :, i : i + 1], k[:, :, : past + i + 1],
+                                             v[:, :, : past + i + 1]) for i in range(n)],
+                            dim=2)
+            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, self.dim))), None
+        group = self.heads // self.kv_heads
+        folded = group > 1 and n == 1  # one query a head: fold each group into "queries"
+        if folded:  # (B, H, 1, d) -> (B, kv_heads, group, d): head h = kv * group + g
+            q = q.reshape(b, self.kv_heads, group, self.head_dim)
+        elif group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         m = k.shape[-2]
         if key_padding_mask is not None and (
@@ -293,20 +317,15 @@ class Attention(nn.Module):
             )
         mask = build_attention_mask(b, n, m, key_padding_mask=key_padding_mask,
                                     attn_mask=attn_mask, device=x.device)
-        if n > 1 and cache is not None and cache.rowwise and causal and mask is None \
-                and not need_weights and not self.training:
-            # each new query exactly as a one-token step computes it (speculative verify)
-            past = m - n
-            out = torch.cat([scaled_dot_product_attention(
-                q[:, :, i : i + 1], k[:, :, : past + i + 1], v[:, :, : past + i + 1])[0]
-                for i in range(n)], dim=2)
-            weights = None
-        else:
-            out, weights = scaled_dot_product_attention(
-                q, k, v, mask,
-                dropout_p=self.attn_dropout if self.training else 0.0,
-                need_weights=need_weights,
-                causal=causal and n > 1,  # one new query after the cache sees every key
-            )
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+            need_weights=need_weights,
+            causal=causal and n > 1,  # one new query after the cache sees every key
+        )
+        if folded:  # back to one query per head
+            out = out.reshape(b, self.heads, 1, self.head_dim)
+            if weights is not None:
+                weights = weights.reshape(b, self.heads, 1, m)
         out = out.transpose(1, 2).reshape(b, n, self.dim)
         return self.proj_drop(self.proj(out)), weights

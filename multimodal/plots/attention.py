@@ -1,9 +1,10 @@
 """Figures for captioning: generated captions under their images, and the decoder's
 cross-attention over the image, one panel per generated token.
 
-From a trained checkpoint of :class:`~multimodal.tasks.captioning.CaptioningTask`::
+Drawn from a trained checkpoint of :class:`~multimodal.tasks.captioning.CaptioningTask` by
+``multimodal plot attention CKPT`` (:mod:`multimodal.cli.plots`)::
 
-    python -m multimodal.plots.attention runs/caption_scenes/checkpoints/last.ckpt \\
+    multimodal plot attention runs/caption_scenes/checkpoints/last.ckpt \\
         --out docs/figures --name caption_scenes --split test --num 8
 
 writes ``<name>_captions.png`` and ``<name>_attention.png`` (first image of the split).
@@ -11,11 +12,9 @@ writes ``<name>_captions.png`` and ``<name>_attention.png`` (first image of the 
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -94,54 +93,3 @@ def plot_cross_attention(image: Tensor, words: Sequence[str], maps: Tensor,
             ax.set_title(words[t], fontsize=9)
     fig.suptitle("decoder cross-attention per generated token", fontsize=10)
     return save_figure(fig, path)
-
-
-def load_captioner(checkpoint: str | Path) -> tuple[torch.nn.Module, object, dict]:
-    """(Captioner, its tokenizer, the data module's init arguments) of a CaptioningTask
-    checkpoint."""
-    from multimodal.hub import datamodule_arguments, model_from_checkpoint, read_checkpoint
-    from multimodal.tokenizers.io import tokenizer_from_json
-
-    ckpt = read_checkpoint(checkpoint)
-    model = model_from_checkpoint(ckpt, checkpoint)
-    if not isinstance(ckpt.get("tokenizer"), str):
-        raise ValueError(f"{checkpoint} holds no tokenizer: expected a CaptioningTask "
-                         "checkpoint")
-    return model, tokenizer_from_json(ckpt["tokenizer"]), datamodule_arguments(ckpt)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    from multimodal.data.captions import CaptionDataModule
-    from multimodal.models.captioner import cut_at_eos, decode_captions
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint")
-    parser.add_argument("--out", default="docs/figures")
-    parser.add_argument("--name", default="captions")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--num", type=int, default=8)
-    parser.add_argument("--index", type=int, default=0, help="image for the attention figure")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    model, tok, data = load_captioner(args.checkpoint)
-    dm = CaptionDataModule(**data)
-    dm.setup()
-    dataset = dm.split_dataset(args.split)
-    take = list(range(min(args.num, len(dataset))))
-    images = torch.stack([dataset[i][0] for i in take])
-    refs = [dataset[i][1] for i in take]
-    ids = model.generate(images)
-    maps = model.cross_attention_maps(images, ids)
-    captions = decode_captions(ids, tok, model.config.eos_token_id)
-    out = Path(args.out)
-    shown = dm.denormalize(images)
-    print(plot_captions(shown, captions, out / f"{args.name}_captions.png", refs))
-    row = cut_at_eos(ids[args.index : args.index + 1], model.config.eos_token_id)[0][1:]
-    words = [tok.id_to_token(i) if i < tok.vocab_size else "[UNK]" for i in row] + ["[EOS]"]
-    words = words[: maps.shape[1]]
-    print(plot_cross_attention(shown[args.index], words, maps[args.index, : len(words)],
-                               out / f"{args.name}_attention.png"))
-
-
-if __name__ == "__main__":
-    main()

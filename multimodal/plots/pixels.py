@@ -1,7 +1,8 @@
 """Figures for pixel generation: class-conditional samples, and completions of test images
-from their top half (original / prompt / completion), from a trained ImageGPT checkpoint::
+from their top half (original / prompt / completion), from a trained ImageGPT checkpoint,
+drawn by ``multimodal plot pixels CKPT`` (:mod:`multimodal.cli.plots`)::
 
-    python -m multimodal.plots.pixels \\
+    multimodal plot pixels \\
         runs/igpt_mnist5k/checkpoints/last.ckpt \\
         --out docs/figures --name igpt_mnist5k
 
@@ -12,7 +13,6 @@ images the model never trained on.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,60 +58,3 @@ def plot_completions(originals: Tensor, completions: Tensor, prompt_rows: int,
     prompts[:, :, prompt_rows:] = 128
     grid = torch.stack([originals, prompts, completions])  # (3, N, 1, H, W)
     return plot_samples(grid, path, ["original", "prompt", "completion"])
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    from multimodal.data.pixels import PixelDataModule
-    from multimodal.hub import datamodule_arguments, model_from_checkpoint, read_checkpoint
-    from multimodal.tasks.autoregressive import evenly_spaced_items
-    from multimodal.tokenizers.image import PixelTokenizer
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint")
-    parser.add_argument("--out", default="docs/figures")
-    parser.add_argument("--name", default="igpt")
-    parser.add_argument("--per-class", type=int, default=8, help="samples per class")
-    parser.add_argument("--num", type=int, default=10, help="test images to complete")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-
-    ckpt = read_checkpoint(args.checkpoint)
-    model = model_from_checkpoint(ckpt, args.checkpoint)
-    data = datamodule_arguments(ckpt)
-    cfg = model.config
-    tokenizer = PixelTokenizer(levels=cfg.vocab_size)
-    gen = torch.Generator().manual_seed(args.seed)
-    out = Path(args.out)
-
-    k = cfg.num_classes
-    if k:
-        labels = torch.arange(k).repeat_interleave(args.per_class)
-        tokens = model.generate(num_images=len(labels), do_sample=True,
-                                temperature=args.temperature, generator=gen, class_label=labels)
-        images = tokenizer.decode(tokens)[:, None].view(k, args.per_class, 1, *cfg.grid)
-        names = [str(i) for i in range(k)]
-    else:
-        tokens = model.generate(num_images=4 * args.per_class, do_sample=True,
-                                temperature=args.temperature, generator=gen)
-        images = tokenizer.decode(tokens)[:, None].view(4, args.per_class, 1, *cfg.grid)
-        names = None
-    print(plot_samples(images, out / f"{args.name}_samples.png", names))
-
-    dm = PixelDataModule(**data)
-    dm.setup("test")
-    originals, labels = evenly_spaced_items(dm.split_dataset("test"), args.num)
-    half = cfg.grid[0] // 2
-    tokens = tokenizer.encode(originals, flatten=True)
-    done = model.generate(prompt=tokens[:, : half * cfg.grid[1]], do_sample=True,
-                          temperature=args.temperature, generator=gen,
-                          class_label=labels if k else None)
-    quantised = tokenizer.decode(tokens.view(-1, *cfg.grid))
-    print(plot_completions(quantised[:, None], tokenizer.decode(done)[:, None], half,
-                           out / f"{args.name}_completion.png"))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,11 @@
 """``multimodal serve --model PATH [--port 8000] [--max_batch_size 32] [--batch_timeout_ms 10]
 [--workers N]``: an OpenAI-compatible server for one model, on LitServe (docs/serve.md).
 
-Endpoints by kind of model: ``POST /v1/embeddings`` (text encoders: a ``save_pretrained`` or
-Hugging Face folder, a task ``.ckpt``), ``POST /v1/chat/completions`` (a GGUF chat decoder
-such as SmolLM2), ``POST /v1/audio/transcriptions`` (Whisper), ``POST /v1/classify`` (a
-text classifier ``.ckpt``); every server also has ``GET /health`` (200 once the model is
+Endpoints by kind of model: ``POST /v1/embeddings`` (encoders: a ``save_pretrained`` or
+Hugging Face folder, a task ``.ckpt``; a CLIP / SigLIP also gets ``POST /v1/zero-shot``),
+``POST /v1/chat/completions`` (a GGUF chat decoder such as SmolLM2),
+``POST /v1/audio/transcriptions`` (Whisper), ``POST /v1/classify`` (a text classifier
+``.ckpt``); every server also has ``GET /health`` (200 once the model is
 loaded) and ``GET /v1/models``. Binds 127.0.0.1 unless ``--host 0.0.0.0`` (then give
 ``--api_key``). Bad arguments: one ``error: ...`` line, exit 2.
 """
@@ -33,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model folder, .ckpt or .gguf file")
     p.add_argument("--kind", choices=KINDS, default=None,
                    help="what to serve (default: from the path: Whisper -> transcribe, "
-                        ".gguf -> chat, classifier .ckpt -> classify, else embed)")
+                        ".gguf -> chat, classifier .ckpt -> classify, else embed, with "
+                        "/v1/zero-shot for a CLIP / SigLIP)")
     p.add_argument("--host", default="127.0.0.1", choices=HOSTS,
                    help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)

@@ -41,7 +41,9 @@ from multimodal.serve.spec import CheckedRequestsAPI, QueueSpec, read_json
 class TextRules:
     """What the API process checks before a request is queued: what the model reads
     (``modality``), the tokenizer (to count tokens), the context (``max_tokens``, special
-    tokens included), the embedding width and the most inputs one request may hold."""
+    tokens included), the embedding width, the most inputs one request may hold, the
+    image ``channels`` the model's preprocessing reads (3 RGB, 1 grey) and whether it has an
+    image preprocessing at all (``images``: a CLIP saved without one embeds texts only)."""
 
     tokenizer: Any
     max_tokens: int
@@ -50,20 +52,27 @@ class TextRules:
     max_inputs: int = 2048
     modality: str = "text"
     specials: dict[str, bool] | None = None
+    channels: int = 3
+    images: bool = True
 
     @classmethod
     def of(cls, encoder: Any, max_inputs: int = 2048) -> TextRules:
         modality = encoder.modality
         config = encoder.backbone.config
+        channels = int(getattr(encoder.preprocessor, "channels", 3))
+        images = encoder.preprocessor is not None
+        if modality == "image" and not images:
+            raise ValueError("this image encoder has no image preprocessing (no "
+                             "preprocessor_config.json beside it): images cannot be served")
         if modality in ("image", "audio"):
-            return cls(None, 0, encoder.dim, True, max_inputs, modality)
+            return cls(None, 0, encoder.dim, True, max_inputs, modality, channels=channels)
         if encoder.tokenizer is None:
             raise ValueError("this encoder has no tokenizer: texts cannot be embedded")
         if modality == "image+text":  # as Encoder._tokenize adds them
             pool = config.text_pool
             specials = {"add_cls": pool == "cls", "add_eos": pool in ("eot", "mean")}
             return cls(encoder.tokenizer, int(config.text.max_len), encoder.dim, True,
-                       max_inputs, modality, specials)
+                       max_inputs, modality, specials, channels, images)
         limit = int(config.max_len)
         if encoder.pooling is not None and encoder.pooling.max_length is not None:
             limit = min(limit, int(encoder.pooling.max_length))
@@ -73,7 +82,9 @@ class TextRules:
     @property
     def kinds(self) -> tuple[str, ...]:
         """The kinds of input the model embeds."""
-        return ("image", "text") if self.modality == "image+text" else (self.modality,)
+        if self.modality == "image+text":
+            return ("image", "text") if self.images else ("text",)
+        return (self.modality,)
 
     def token_counts(self, texts: list[str]) -> list[int]:
         if not texts:
@@ -92,7 +103,7 @@ class EmbeddingJob:
     tokens: int
 
 
-def _what(value: Any) -> str:
+def json_type(value: Any) -> str:
     """A JSON value's type in words: 'a number', 'an object', 'null', ..."""
     if value is None:
         return "null"
@@ -122,14 +133,17 @@ def _data_url(url: str, i: int) -> tuple[str, bytes]:
                        "invalid_value") from None
 
 
-def _image(data: bytes, i: int) -> tuple[str, np.ndarray]:
+def _image(data: bytes, i: int, channels: int = 3) -> tuple[str, np.ndarray]:
+    """("image", uint8 ``(H, W, channels)``), read as the offline loop reads a file (RGB, or
+    grey for a model of one channel)."""
     import io
 
     from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data)) as img:
-            pixels = np.asarray(img.convert("RGB"), dtype=np.uint8)
+            pixels = np.asarray(img.convert("RGB" if channels == 3 else "L"), dtype=np.uint8)
+            pixels = pixels.reshape(*pixels.shape[:2], -1)
     except Exception as err:  # PIL raises many kinds, DecompressionBombError among them
         raise ApiError(400, f"input[{i}] is not a readable image: {err}", f"input[{i}]",
                        "invalid_image") from None
@@ -160,7 +174,7 @@ def _item(value: Any, i: int, rules: TextRules) -> Any:
     elif isinstance(value, str):
         media, data = _data_url(value, i)
         if media.startswith("image/"):
-            kind, item = "image", _image(data, i)
+            kind, item = "image", _image(data, i, rules.channels)
         elif media.startswith("audio/"):
             kind, item = "audio", _audio(data, i)
         else:
@@ -172,7 +186,7 @@ def _item(value: Any, i: int, rules: TextRules) -> Any:
         if not isinstance(url, str):
             raise ApiError(400, f"input[{i}].image_url must hold a data URL string",
                            f"input[{i}]", "invalid_type")
-        kind, item = "image", _image(_data_url(url, i)[1], i)
+        kind, item = "image", _image(_data_url(url, i)[1], i, rules.channels)
     elif isinstance(value, dict) and ("input_audio" in value
                                       or value.get("type") == "input_audio"):
         audio = value.get("input_audio")
@@ -190,12 +204,14 @@ def _item(value: Any, i: int, rules: TextRules) -> Any:
             and isinstance(value.get("text"), str):
         kind, item = "text", value["text"]
     else:
-        raise ApiError(400, f"input[{i}] is {_what(value)}, not a string or an image / audio "
+        raise ApiError(400, f"input[{i}] is {json_type(value)}, not a string or an image / audio "
                        "part (token ids are not accepted: send text)", f"input[{i}]",
                        "invalid_type")
     if kind not in rules.kinds:
+        why = " (it has no image preprocessing: no preprocessor_config.json)" \
+            if kind == "image" and rules.modality == "image+text" else ""
         raise ApiError(400, f"input[{i}] is {'a text' if kind == 'text' else 'an ' + kind}, "
-                       f"but this model embeds {' and '.join(rules.kinds)}", f"input[{i}]",
+                       f"but this model embeds {' and '.join(rules.kinds)}{why}", f"input[{i}]",
                        "unsupported_input")
     return item
 
@@ -205,7 +221,7 @@ def parse_texts(body: Any, rules: TextRules) -> tuple[list[Any], str | None, int
     items, module docstring), ``model`` and ``truncate``; (items, model, tokens), or an
     :class:`ApiError` naming the field."""
     if not isinstance(body, dict):
-        raise ApiError(400, f"request body must be a JSON object, got {_what(body)}")
+        raise ApiError(400, f"request body must be a JSON object, got {json_type(body)}")
     if "input" not in body:
         raise ApiError(400, "missing required field 'input' (a string or a list of strings)",
                        "input", "missing_field")
@@ -213,7 +229,7 @@ def parse_texts(body: Any, rules: TextRules) -> tuple[list[Any], str | None, int
     texts = [raw] if isinstance(raw, str) else raw
     if not isinstance(texts, list):
         raise ApiError(400, f"'input' must be a string or a list of strings, got "
-                       f"{_what(raw)}", "input", "invalid_type")
+                       f"{json_type(raw)}", "input", "invalid_type")
     if not texts:
         raise ApiError(400, "'input' is an empty list", "input", "invalid_value")
     if len(texts) > rules.max_inputs:
@@ -222,7 +238,7 @@ def parse_texts(body: Any, rules: TextRules) -> tuple[list[Any], str | None, int
     texts = [_item(x, i, rules) for i, x in enumerate(texts)]
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise ApiError(400, f"'model' must be a string, got {_what(model)}", "model",
+        raise ApiError(400, f"'model' must be a string, got {json_type(model)}", "model",
                        "invalid_type")
     truncate = body.get("truncate", False)
     if not isinstance(truncate, bool):

@@ -1,21 +1,22 @@
 """What a served path holds, loaded with today's loaders.
 
-:func:`load_served` is the one place that decides which kind of model a path is and loads
-it; when ``mm.load(path)`` lands it becomes a call to that.
+:func:`kind_of` maps what :mod:`multimodal.loading` says a path holds to the endpoint that
+serves it, and :func:`load_served` loads it:
 
-* a CTranslate2 Whisper directory, a ``WhisperForConditionalGeneration`` folder or a saved
-  Whisper -> ``"transcribe"`` (:func:`multimodal.asr.load_transcriber`);
+* a whole Whisper (:func:`multimodal.loading.is_whisper`: a CTranslate2 directory, a
+  ``WhisperForConditionalGeneration`` folder with its tokenizer, a saved Whisper) ->
+  ``"transcribe"`` (:func:`multimodal.asr.load_transcriber`);
 * a ``.gguf`` file (SmolLM2 and other Llama-family decoders) -> ``"chat"``
   (:func:`multimodal.load_encoder` reads model, tokenizer and chat template);
 * a task ``.ckpt`` that recorded class names (a classifier) -> ``"classify"``
   (:func:`load_classifier`: model, tokenizer, class names);
 * anything else :func:`multimodal.load_encoder` reads (``save_pretrained`` folder, Hugging
-  Face folder, task ``.ckpt``) -> ``"embed"``.
+  Face folder, task ``.ckpt``) -> ``"embed"``; a CLIP / SigLIP (image+text) is served with
+  ``/v1/zero-shot`` beside ``/v1/embeddings`` (:mod:`multimodal.serve.zero_shot`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,31 +35,22 @@ class Served:
     tokenizer: Any = None
 
 
-def _is_whisper_folder(path: Path) -> bool:
-    """A folder whose config.json names a Whisper with its decoder (transformers' or ours)."""
-    try:
-        meta = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return "WhisperForConditionalGeneration" in (meta.get("architectures") or []) \
-        or meta.get("model_type") == "Whisper"
-
-
 def kind_of(path: str | Path) -> str:
-    """The kind of model at ``path`` (module docstring), without loading weights; the kind
-    of path is :func:`multimodal.files.path_kind`'s answer."""
+    """The kind of model at ``path`` (module docstring), without loading weights: what the
+    path holds is :mod:`multimodal.loading`'s answer (:func:`~multimodal.loading.is_whisper`,
+    :func:`multimodal.files.path_kind`)."""
     from multimodal.files import path_kind
     from multimodal.installed import resolve_weights
+    from multimodal.loading import is_whisper
 
     path = Path(resolve_weights(path))  # an installed model's name: its path
     files_kind = path_kind(path)  # FileNotFoundError / ValueError naming what path is
-    if files_kind == "ctranslate2" or (files_kind in ("hf", "save_pretrained")
-                                       and _is_whisper_folder(path)):
+    if is_whisper(path):
         return "transcribe"
     if files_kind == "gguf":
         return "chat"
     if files_kind == "checkpoint":
-        from multimodal.hub import read_checkpoint
+        from multimodal.checkpoints import read_checkpoint
 
         if read_checkpoint(path).get("class_names"):
             return "classify"
@@ -69,7 +61,7 @@ def load_classifier(path: str) -> tuple[Any, Any, list[str]]:
     """(Encoder for tokenisation around the model, model, class names) of a classifier
     checkpoint, the parts of :func:`multimodal.loading.load`; an error naming the file when
     it holds no text classifier."""
-    from multimodal.hub import Encoder
+    from multimodal.encoder import Encoder
     from multimodal.loading import load
 
     loaded = load(path)
@@ -102,7 +94,7 @@ def load_served(path: str | Path, kind: str | None = None, *, compile: bool = Fa
 
         model, tokenizer = load_transcriber(path)
         return Served(kind, model.eval(), tokenizer)
-    from multimodal.hub import load_encoder
+    from multimodal.encoder import load_encoder
 
     if kind == "chat":
         encoder = load_encoder(path)
@@ -112,4 +104,11 @@ def load_served(path: str | Path, kind: str | None = None, *, compile: bool = Fa
                              "template (a GGUF file such as SmolLM2-Instruct)")
         return Served(kind, encoder, encoder.tokenizer)
     encoder = load_encoder(path, compile=compile, quantize=quantize)
+    if encoder.preprocessor is None and encoder.modality in ("image", "image+text") \
+            and Path(path).is_file():
+        # a task checkpoint that recorded no image normalisation: the one its data module
+        # measures, as `multimodal embed` / `zero-shot` use
+        from multimodal.pipelines.embed import load_model_encoder
+
+        encoder.preprocessor = load_model_encoder(path).preprocessor
     return Served(kind, encoder, encoder.tokenizer)

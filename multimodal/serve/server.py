@@ -73,10 +73,16 @@ def _apis(config: ServeConfig, kind: str) -> Any:
 
         served = load_served(config.model, "embed")
         rules = TextRules.of(served.model, config.max_inputs)
+        loss = getattr(served.model.backbone.config, "loss", None)
         del served
-        return EmbeddingAPI(config.model, EmbeddingSpec(rules, config.name),
-                            max_batch_size=config.max_batch_size, batch_timeout=timeout,
-                            compile=config.compile, quantize=config.quantize)
+        batching = dict(max_batch_size=config.max_batch_size, batch_timeout=timeout,
+                        compile=config.compile, quantize=config.quantize)
+        if rules.modality == "image+text" and rules.images:  # CLIP / SigLIP: /v1/zero-shot
+            from multimodal.serve.zero_shot import ClipAPI, ClipSpec
+
+            activation = "sigmoid" if loss == "sigmoid" else "softmax"
+            return ClipAPI(config.model, ClipSpec(rules, config.name, activation), **batching)
+        return EmbeddingAPI(config.model, EmbeddingSpec(rules, config.name), **batching)
     if kind == "classify":
         from multimodal.serve.classify import ClassifyAPI, ClassifySpec
         from multimodal.serve.embeddings import TextRules
@@ -119,6 +125,7 @@ def build_server(config: ServeConfig) -> Built:
 
     from multimodal.serve.errors import http_exception_handler, validation_exception_handler
     from multimodal.serve.guard import Guard
+    from multimodal.serve.zero_shot import ZERO_SHOT_PATH, ClipAPI, not_served_route
 
     kind = config.kind or kind_of(config.model)
     api = _apis(config, kind)
@@ -133,6 +140,11 @@ def build_server(config: ServeConfig) -> Built:
     server.app.add_exception_handler(HTTPException, http_exception_handler)
     server.app.add_exception_handler(RequestValidationError, validation_exception_handler)
     server.app.add_api_route("/v1/models", _models_route(config, kind), methods=["GET"])
+    if not isinstance(api, ClipAPI):  # a 404 that says why
+        rules = getattr(getattr(api, "spec", None), "rules", None)
+        clip = getattr(rules, "modality", None) == "image+text"
+        server.app.add_api_route(ZERO_SHOT_PATH, not_served_route(config.name, kind, clip),
+                                 methods=["POST"])
     return Built(server, inflight, draining, kind)
 
 

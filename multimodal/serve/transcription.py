@@ -118,7 +118,7 @@ class TranscriptionAPI(CheckedRequestsAPI):
         self.window = int(enc.max_frames) * round(enc.sample_rate * enc.hop_ms / 1000)
 
     def _decode(self, windows: list[Any], language: str | None) -> tuple[list[str], list]:
-        from multimodal.asr import _prompt_languages
+        from multimodal.pipelines.transcribe import prompt_languages as _prompt_languages
 
         feats = self.model.features(windows)
         ids = self.model.generate(feats, language=language, task="transcribe")

@@ -21,7 +21,28 @@ _TASKS = {
     "TTSTask": "multimodal.tasks.tts",
 }
 
-__all__ = sorted(_TASKS)
+# Class paths that stored runs (checkpoints' ``hyper_parameters["_class_path"]``, run
+# config.yaml files) name, mapped once onto today's task: old path -> (new path, the
+# hyper-parameters the new task does not take, those it takes in addition).
+STORED_CLASS_PATHS: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {
+    f"multimodal.tasks{module}.SequenceClassificationTask": (
+        "multimodal.tasks.ClassificationTask", ("init_from",), {"modality": "text"})
+    for module in ("", ".masked_lm")}
+
+__all__ = sorted([*_TASKS, "STORED_CLASS_PATHS", "stored_task"])
+
+
+def stored_task(class_path: str, hparams: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(class path, hyper-parameters)`` of today's task for those a checkpoint stored
+    (:data:`STORED_CLASS_PATHS`); unchanged for a current class path. A folded task's
+    stored hyper-parameters hold every argument it had (its own defaults included), so the
+    mapped task trains and predicts as the old one did; ``init_from`` is dropped: the
+    checkpoint already holds the weights it loaded."""
+    if class_path not in STORED_CLASS_PATHS:
+        return class_path, dict(hparams)
+    new, dropped, added = STORED_CLASS_PATHS[class_path]
+    kept = {k: v for k, v in hparams.items() if k not in dropped}
+    return new, {**kept, **added}
 
 
 def __getattr__(name: str) -> Any:

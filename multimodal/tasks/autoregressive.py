@@ -19,7 +19,6 @@ from torch.utils.data import Dataset
 
 from multimodal.models.image_gpt import ImageGPT
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.image import PixelTokenizer
 
 __all__ = ["AutoregressiveImageTask"]
@@ -49,6 +48,9 @@ class AutoregressiveImageTask(ModelTask):
     validation images completed by the model).
     """
 
+    accepts = (ImageGPT,)
+    model_sources = ("model", "preset")
+
     default_monitor = ("val/bpd", "min")  # the CLI's default ModelCheckpoint ranks by it
 
     def __init__(
@@ -67,10 +69,8 @@ class AutoregressiveImageTask(ModelTask):
         overrides: dict[str, Any] | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
-        model, _ = task_model(model, None, overrides, task="AutoregressiveImageTask",
-                              accept=(ImageGPT,), preset=preset, data_sizes=data_sizes)
-        if not isinstance(model, ImageGPT):
-            raise ValueError(f"model must be an ImageGPT, got {type(model).__name__}")
+        model, _ = self.model_from(model, preset=preset, overrides=overrides,
+                                   data_sizes=data_sizes)
         super().__init__(model, compile=compile)
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer = PixelTokenizer(levels=model.config.vocab_size) \
@@ -86,7 +86,8 @@ class AutoregressiveImageTask(ModelTask):
         if size is not None and (size, size) != (h, w):
             raise ValueError(f"the data gives {size}x{size} images but the model is built for "
                              f"{h}x{w}: set the model's image_size or the data's image_size")
-        n = getattr(dm, "num_classes", None)
+        names = getattr(dm, "class_names", None)  # the data-module contract
+        n = len(names) if names else None
         k = self.model.config.num_classes
         if k and n is not None and n != k:
             raise ValueError(f"the data has {n} classes but the model has {k} class tokens")

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
-from multimodal.tasks.finetune import (
-    FinetuneConfig,
-    apply_regime,
-    build_adamw,
-    lora_settings,
-    merged_model,
-    param_groups,
-)
-from multimodal.tasks.optim import OptimizerConfig, warmup_cosine
-from multimodal.tasks.pretrained import HEAD_MODULES, data_image_preprocessor
+from multimodal.loading import Loaded
+from multimodal.tasks.finetune import FinetuneConfig, apply_regime, lora_settings, merged_model
+from multimodal.tasks.optim import OptimizerConfig
+from multimodal.tasks.pretrained import HEAD_MODULES, data_image_preprocessor, task_model
 
 CHECKPOINT_KEY = "multimodal_model"
 
@@ -49,10 +43,18 @@ class ModelTask(L.LightningModule):
     the ``multimodal`` CLI links it from the data module's ``model_sizes``.
     """
 
+    accepts: ClassVar[tuple[type, ...]] = (nn.Module,)
+    """The model classes the task trains: a given model, a preset's or the part of a
+    pretrained folder it takes must be one of them."""
+    model_sources: ClassVar[tuple[str, ...]] = ("model", "preset", "pretrained")
+    """Where the task's model may come from (:meth:`model_from`)."""
     head_modules: tuple[str, ...] = HEAD_MODULES
     solves_head: bool = False
     """True where the task fits its head in closed form (``linear_probe`` solved, and the
     ``contrastive`` regime): :class:`~multimodal.tasks.classification.ClassificationTask`."""
+    preset_defaults: ClassVar[dict[str, Any]] = {}
+    """Config fields the task sets in a ``preset``'s config unless ``overrides`` does
+    (where the config has them): a classifier's ``mlm_head: false``."""
     default_monitor: tuple[str, str] = ("val/loss", "min")
     """(metric, "min" | "max") the CLI's default ``ModelCheckpoint`` keeps the best of."""
 
@@ -72,6 +74,25 @@ class ModelTask(L.LightningModule):
         if compile:
             model.compile()
         self.model = model
+
+    @classmethod
+    def model_from(cls, model: nn.Module | None = None, *, pretrained: str | None = None,
+                   preset: str | None = None, overrides: dict[str, Any] | None = None,
+                   data_sizes: dict[str, Any] | None = None, modality: str | None = None
+                   ) -> tuple[nn.Module, Loaded | None]:
+        """The model the task trains and, with ``pretrained``, what came with it: exactly one
+        of ``model``, ``preset`` (with ``overrides`` and the data's ``data_sizes``) or
+        ``pretrained`` (with ``overrides``), of the task's :attr:`accepts`
+        (:func:`~multimodal.tasks.pretrained.task_model`); a source the task does not take
+        (:attr:`model_sources`) is an error naming those it takes."""
+        given = {"preset": preset, "pretrained": pretrained}
+        refused = [k for k, v in given.items() if v is not None and k not in cls.model_sources]
+        if refused:
+            raise ValueError(f"{cls.__name__} takes no {refused[0]}: its model comes from "
+                             f"{' or '.join(cls.model_sources)}")
+        return task_model(model, pretrained, overrides, task=cls.__name__, accept=cls.accepts,
+                          modality=modality, preset=preset, data_sizes=data_sizes,
+                          preset_defaults=cls.preset_defaults)
 
     def train(self, mode: bool = True) -> ModelTask:
         """A linear probe keeps the frozen backbone in eval mode (no dropout / drop path)."""
@@ -155,13 +176,7 @@ class ModelTask(L.LightningModule):
         """AdamW (weight decay on matrices only) with linear warm-up over
         ``warmup_fraction`` of the steps, then cosine decay to ``min_lr_ratio`` x ``lr``
         (:attr:`optimizer_config`); with ``finetune.layer_decay`` / ``head_lr`` one parameter
-        group per rate (:func:`~multimodal.tasks.finetune.param_groups`)."""
-        total = int(self.trainer.estimated_stepping_batches)
-        ft = self.finetune
-        if ft.layer_decay is None and ft.head_lr is None:
-            return self.optimizer_config.build(self.model, total)
-        cfg = self.optimizer_config
-        groups = param_groups(self.model, cfg.lr, cfg.weight_decay, ft, self.head_modules)
-        opt = build_adamw(groups, cfg.lr, tuple(cfg.betas))
-        sched = warmup_cosine(opt, int(cfg.warmup_fraction * total), total, cfg.min_lr_ratio)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        group per rate (:func:`~multimodal.tasks.optim.adamw`)."""
+        total, ft = int(self.trainer.estimated_stepping_batches), self.finetune
+        return self.optimizer_config.build(self.model, total, layer_decay=ft.layer_decay,
+                                           head_lr=ft.head_lr, heads=self.head_modules)

@@ -36,7 +36,7 @@ from torchmetrics.text import BLEUScore
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig
-from multimodal.tasks.pretrained import check_vocab, folder_tokenizer, task_model
+from multimodal.tasks.pretrained import check_vocab, folder_tokenizer
 from multimodal.tokenizers.io import tokenizer_from_json, tokenizer_to_json
 from multimodal.tokenizers.text import (
     MASK_ID,
@@ -88,6 +88,8 @@ class CaptioningTask(ModelTask):
     example captions and writes them to ``captions_test.txt`` in the run's log folder.
     """
 
+    accepts = (Captioner,)
+
     default_monitor = ("val/bleu4", "max")  # the CLI's default ModelCheckpoint ranks by it
 
     def __init__(
@@ -110,9 +112,8 @@ class CaptioningTask(ModelTask):
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
-        model, source = task_model(model, pretrained, overrides, task="CaptioningTask",
-                                   accept=(Captioner,), preset=preset,
-                                   data_sizes=data_sizes)
+        model, source = self.model_from(model, pretrained=pretrained, preset=preset,
+                                        overrides=overrides, data_sizes=data_sizes)
         super().__init__(model, compile=compile, finetune=finetune)
         if not 0.0 <= input_dropout <= 1.0:
             raise ValueError(f"input_dropout must be in [0, 1], got {input_dropout}")

@@ -1,10 +1,11 @@
-"""Supervised classification of images (ViT) or audio clips: one LightningModule."""
+"""Supervised classification of images (ViT), audio clips (AudioClassifier) or texts
+(TextEncoder): one LightningModule."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -17,28 +18,12 @@ from multimodal.models.text import TextEncoder
 from multimodal.models.vit import ViT
 from multimodal.plots.figures import plot_confusion_matrix
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.finetune import FinetuneConfig, apply_regime, choose_regime
 from multimodal.tasks.pairs import pair_loss
-from multimodal.tasks.pretrained import task_model
 from multimodal.tasks.probe import ProbeFit, fit_probe
 
 CLASSIFIERS = (ViT, AudioClassifier, TextEncoder)
 HEAD_SEED = 0  # every rank draws the same new head
-
-
-def data_modality(datamodule: Any) -> str | None:
-    """What a data module yields (``image`` / ``audio`` / ``text``): its ``modality``
-    attribute, else guessed from its module (``multimodal.data.vision`` ...); None when
-    unknown."""
-    given = getattr(datamodule, "modality", None)
-    if isinstance(given, str):
-        return given
-    module = type(datamodule).__module__
-    for key, kind in (("vision", "image"), ("images", "image"), ("audio", "audio"),
-                      ("text", "text")):
-        if module.startswith(f"multimodal.data.{key}"):
-            return kind
-    return None
 
 
 def _default_num_classes(model: nn.Module) -> int | None:
@@ -49,6 +34,13 @@ def _default_num_classes(model: nn.Module) -> int | None:
 class ClassificationTask(ModelTask):
     """Train ``model`` (any of our classifiers: ``model(inputs) -> (B, classes)`` logits)
     with cross-entropy (optional label smoothing), AdamW and warm-up + cosine.
+
+    A text classifier is this task over a :class:`TextEncoder`: batches
+    ``{"input_ids", "attention_mask", "label"}``, logits ``head(pool(hidden states))`` (the
+    model's ``pool``: ``[CLS]``, or the pooling of a sentence-transformers folder such as
+    all-MiniLM-L6-v2's normalised mean; :mod:`multimodal.tasks.pretrained`); a text
+    ``preset`` is built without its masked-LM head (``overrides: {mlm_head: true}`` keeps
+    it).
 
     Batches are ``(inputs, labels)`` or a dict with a ``"label"`` entry whose other entries
     are passed to the model as keyword arguments. Logs loss, top-1 accuracy twice:
@@ -85,8 +77,11 @@ class ClassificationTask(ModelTask):
       validation score and checkpoint is that of the tuned body with its solved head.
     """
 
+    accepts = CLASSIFIERS
+
     default_monitor = ("val/acc_macro", "max")  # the CLI's default ModelCheckpoint ranks by it
     solves_head = True
+    preset_defaults: ClassVar[dict[str, Any]] = {"mlm_head": False}  # text presets: no MLM head
 
     def __init__(
         self,
@@ -115,10 +110,9 @@ class ClassificationTask(ModelTask):
         overrides = dict(overrides or {})
         if pretrained is not None and want is not None:
             overrides.setdefault("num_classes", want)  # a new head in the one log line
-        model, source = task_model(model, pretrained, overrides or None,
-                                   task=type(self).__name__, accept=CLASSIFIERS,
-                                   modality=modality, preset=preset,
-                                   data_sizes=data_sizes)
+        model, source = self.model_from(model, pretrained=pretrained, preset=preset,
+                                        overrides=overrides or None, data_sizes=data_sizes,
+                                        modality=modality)
         # the model's own count is the user's choice when set away from its default
         # (a preset's count is its default: only overrides' num_classes is the user's)
         model_explicit = source is None and (
@@ -174,13 +168,19 @@ class ClassificationTask(ModelTask):
 
     # -- data plumbing ---------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        self._setup_data(stage)
+        if self.finetune.regime == "auto" and stage == "fit":
+            self._choose_regime()  # after the data gave the class count
+
+    def _setup_data(self, stage: str) -> None:
         dm = self.datamodule
         if dm is None:
             if self.num_classes < 2:
                 raise ValueError("the model has no classifier head and there is no data "
                                  "module to take the class count from: set num_classes")
             return
-        kind, ours = data_modality(dm), getattr(self.model, "modality", None)
+        # the data-module contract (multimodal.data.contract): modality, class_names
+        kind, ours = getattr(dm, "modality", None) or None, getattr(self.model, "modality", None)
         if kind is not None and ours is not None and kind != ours:
             raise ValueError(f"the model reads {ours} ({type(self.model).__name__}) but the "
                              f"data module {type(dm).__name__} gives {kind}")
@@ -200,7 +200,8 @@ class ClassificationTask(ModelTask):
                 and isinstance(wants, int) and rate != wants:
             raise ValueError(f"the data's waveforms are at {rate} Hz but the model's front end "
                              f"expects {wants} Hz (its sample_rate)")
-        n = getattr(dm, "num_classes", None)
+        names = getattr(dm, "class_names", None)
+        n = len(names) if names else None
         if n is not None and n != self.num_classes:
             if self._explicit or self._trainer_has_state():
                 raise ValueError(f"the data has {n} classes but the model's head has "
@@ -212,7 +213,6 @@ class ClassificationTask(ModelTask):
         if self.num_classes < 2:
             raise ValueError("the model has no classifier head and the data module gives "
                              "no num_classes: set num_classes")
-        names = getattr(dm, "class_names", None)
         if names:
             self.class_names = list(names)
         hook = getattr(self.model, "setup_from_data", None)  # e.g. audio: share feature stats
@@ -221,15 +221,44 @@ class ClassificationTask(ModelTask):
         if self.finetune.regime in ("linear_probe", "contrastive"):
             self._check_solvable()
 
-    def _check_solvable(self) -> None:
+    def _choose_regime(self) -> None:
+        """``finetune.regime: auto`` becomes a regime for this data (:func:`~multimodal.tasks.
+        finetune.choose_regime`): the training set's size is the training loader's (the
+        loader Lightning itself will iterate; a loader without a length keeps
+        ``many_labels_regime``). The saved hyper-parameters keep ``auto``, so a resumed run
+        chooses again, the same way, from the same data."""
+        trainer = self.trainer
+        trainer.fit_loop.setup_data()  # idempotent: the loader Lightning then reuses
+        loader = trainer.train_dataloader
+        try:
+            examples = len(loader.dataset)  # type: ignore[union-attr, arg-type]
+        except TypeError:
+            examples = None
+        if examples is None:
+            self.finetune = dataclasses.replace(self.finetune,
+                                                regime=self.finetune.many_labels_regime)
+            rank_zero_info(f"finetune: regime auto -> {self.finetune.regime} (the training "
+                           "data has no length to count)")
+        else:
+            self.finetune, why = choose_regime(self.finetune, examples, self.num_classes,
+                                               solvable=self._solvable_head() is None)
+            rank_zero_info(why)
+        apply_regime(self.model, self.finetune, self.head_modules)
+
+    def _solvable_head(self) -> str | None:
+        """Why the head cannot be solved in closed form, or None when it can."""
         head = getattr(self.model, "head", None)
         if not isinstance(head, nn.Linear) or head.bias is None:
-            raise ValueError(f"finetune: {self.finetune.regime} solves a linear head with a "
-                             f"bias; {type(self.model).__name__} has "
-                             f"{type(head).__name__ if head is not None else 'no head'}")
+            return f"{type(head).__name__ if head is not None else 'no head'}"
         if getattr(self.model, "head_dist", None) is not None:
-            raise ValueError(f"finetune: {self.finetune.regime} solves one linear head; "
-                             f"{type(self.model).__name__} also has a distillation head")
+            return "a distillation head too"
+        return None
+
+    def _check_solvable(self) -> None:
+        why = self._solvable_head()
+        if why is not None:
+            raise ValueError(f"finetune: {self.finetune.regime} solves one linear head with a "
+                             f"bias; {type(self.model).__name__} has {why}")
 
     def _trainer_has_state(self) -> bool:
         """A run resumed / tested from a checkpoint keeps the checkpoint's head."""

@@ -36,7 +36,7 @@ from multimodal.models.clip import CLIP, tokenize_texts
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.captioning import caption_tokenizer_of
 from multimodal.tasks.finetune import FinetuneConfig
-from multimodal.tasks.pretrained import check_vocab, folder_tokenizer, task_model
+from multimodal.tasks.pretrained import check_vocab, folder_tokenizer
 from multimodal.tokenizers.hf_json import HFTokenizer
 from multimodal.tokenizers.io import tokenizer_from_json, tokenizer_to_json
 from multimodal.tokenizers.text import TextTokenizer
@@ -137,6 +137,8 @@ class ContrastiveTask(ModelTask):
     ``zero_shot_ensemble``: see :meth:`CLIP.zero_shot`).
     """
 
+    accepts = (CLIP,)
+
     default_monitor = ("val/t2i_R@1", "max")  # the CLI's default ModelCheckpoint ranks by it
 
     def __init__(
@@ -158,9 +160,8 @@ class ContrastiveTask(ModelTask):
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
-        model, source = task_model(model, pretrained, overrides, task="ContrastiveTask",
-                                   accept=(CLIP,), preset=preset,
-                                   data_sizes=data_sizes)
+        model, source = self.model_from(model, pretrained=pretrained, preset=preset,
+                                        overrides=overrides, data_sizes=data_sizes)
         super().__init__(model, compile=compile, finetune=finetune)
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")

@@ -20,17 +20,18 @@ decoders) count the blocks of each tower separately.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import torch
 from torch import nn
 
 from multimodal.nn.lora import apply_lora, lora_layers, merge_lora
 
-__all__ = ["FinetuneConfig", "apply_regime", "layer_ids", "merged_model", "param_groups"]
+__all__ = ["FinetuneConfig", "apply_regime", "choose_regime", "is_head", "layer_ids",
+           "merged_model"]
 
-REGIMES = ("full", "linear_probe", "lora", "contrastive")
+REGIMES = ("full", "linear_probe", "lora", "contrastive", "auto")
+MANY_LABELS_REGIMES = ("full", "lora")
 _BLOCK = re.compile(r"^(.*?)(?:transformer\.)?blocks\.(\d+)\.")
 
 
@@ -50,12 +51,17 @@ class FinetuneConfig:
     al. 2022): the body is fine-tuned on pairs of examples with a cosine-similarity loss,
     the head is the solved probe on the tuned features
     (:class:`~multimodal.tasks.classification.ClassificationTask`).
+    ``auto`` (classification tasks; elsewhere it is ``full``): the regime follows the number
+    of labelled training examples, chosen when ``fit`` starts and logged
+    (:func:`choose_regime`): at most ``few_labels`` per class on average -> ``contrastive``
+    (the few-label recipe), more -> ``many_labels_regime`` (``full`` or ``lora``, with
+    ``layer_decay`` / ``head_lr`` / the LoRA keys as given).
     ``freeze_blocks``: with ``full``, the embeddings and the first k blocks stay frozen.
     ``layer_decay``: layer-wise learning-rate decay factor in (0, 1]; ``head_lr``: the
     head's learning rate (default: the task's ``lr``).
     """
 
-    regime: Literal["full", "linear_probe", "lora", "contrastive"] = "full"
+    regime: Literal["full", "linear_probe", "lora", "contrastive", "auto"] = "full"
     freeze_blocks: int = 0
     layer_decay: float | None = None
     head_lr: float | None = None
@@ -66,6 +72,8 @@ class FinetuneConfig:
     probe_cs: list[float] | None = None
     probe_folds: int = 5
     probe_class_weight: Literal["balanced", "none"] = "balanced"
+    few_labels: int = 64
+    many_labels_regime: Literal["full", "lora"] = "full"
 
     def __post_init__(self) -> None:
         problems = []
@@ -90,6 +98,11 @@ class FinetuneConfig:
         if self.probe_class_weight not in ("balanced", "none"):
             problems.append(f"probe_class_weight must be 'balanced' or 'none', got "
                             f"{self.probe_class_weight!r}")
+        if self.few_labels < 0:
+            problems.append(f"few_labels must be >= 0, got {self.few_labels}")
+        if self.many_labels_regime not in MANY_LABELS_REGIMES:
+            problems.append(f"many_labels_regime must be one of {MANY_LABELS_REGIMES}, got "
+                            f"{self.many_labels_regime!r}")
         if problems:
             raise ValueError("finetune: " + "; ".join(problems))
 
@@ -108,7 +121,8 @@ class FinetuneConfig:
         raise ValueError(f"finetune must be a mapping of FinetuneConfig keys, got {value!r}")
 
 
-def _is_head(name: str, heads: tuple[str, ...]) -> bool:
+def is_head(name: str, heads: tuple[str, ...]) -> bool:
+    """Whether parameter ``name`` belongs to one of the top-level modules ``heads``."""
     return name.split(".", 1)[0] in heads
 
 
@@ -141,30 +155,52 @@ def layer_ids(model: nn.Module, heads: tuple[str, ...]) -> dict[str, tuple[int, 
             continue
         prefixes = [p for p in towers if name.startswith(p)]
         depth = towers[max(prefixes, key=len)] if prefixes else max(towers.values(), default=0)
-        emb = _is_embedding(name) and not _is_head(name, heads)
+        emb = _is_embedding(name) and not is_head(name, heads)
         last = name[len(max(prefixes, key=len)) if prefixes else 0:].startswith(
             "transformer.norm.")  # the blocks' final norm goes with the last block (timm)
         out[name] = (0 if emb else depth if last else depth + 1, depth)
     return out
 
 
+def choose_regime(config: FinetuneConfig, examples: int, classes: int,
+                  solvable: bool = True) -> tuple[FinetuneConfig, str]:
+    """The regime ``auto`` stands for, from the labelled training set's size, and why.
+
+    Few labels (``examples / classes <= few_labels``): ``contrastive`` (SetFit; pairs of
+    examples tune the body, then the solved probe; BENCHMARKS.md "Few labels": above full
+    fine-tuning and level with SetFit at 8 labelled a class). More: ``many_labels_regime``.
+    A model whose head cannot be solved (not one ``nn.Linear`` with a bias) takes
+    ``many_labels_regime`` whatever the count. A config that is not ``auto`` is returned as
+    it is, with an empty reason."""
+    if config.regime != "auto":
+        return config, ""
+    per_class = examples / max(classes, 1)
+    few = per_class <= config.few_labels
+    regime = "contrastive" if few and solvable else config.many_labels_regime
+    why = (f"{examples} labelled training examples, {per_class:.1f} a class "
+           f"{'<=' if few else '>'} few_labels {config.few_labels}")
+    if few and not solvable:
+        why += "; the model's head cannot be solved (contrastive needs one linear head)"
+    return replace(config, regime=regime), f"finetune: regime auto -> {regime} ({why})"
+
+
 def apply_regime(model: nn.Module, config: FinetuneConfig, heads: tuple[str, ...]) -> None:
     """Freeze / wrap ``model`` in place for ``config``'s regime (module docstring)."""
     head = [n for n, _ in model.named_modules() if n and n.split(".")[0] in heads and
             "." not in n]
-    head_params = [n for n, _ in model.named_parameters() if _is_head(n, heads)]
+    head_params = [n for n, _ in model.named_parameters() if is_head(n, heads)]
     if config.regime == "linear_probe":
         if not head_params:
             raise ValueError(f"finetune: linear_probe trains the head, and "
                              f"{type(model).__name__} has none (no {', '.join(heads)})")
         for name, p in model.named_parameters():
-            p.requires_grad_(_is_head(name, heads))
+            p.requires_grad_(is_head(name, heads))
     elif config.regime == "contrastive":  # the body trains; the head is solved
         if not head_params:
             raise ValueError(f"finetune: contrastive fits a head, and "
                              f"{type(model).__name__} has none (no {', '.join(heads)})")
         for name, p in model.named_parameters():
-            p.requires_grad_(not _is_head(name, heads))
+            p.requires_grad_(not is_head(name, heads))
     elif config.regime == "lora":
         apply_lora(model, config.lora_rank, config.lora_alpha, tuple(config.lora_targets),
                    dropout=config.lora_dropout, trainable=tuple(head))
@@ -179,32 +215,6 @@ def apply_regime(model: nn.Module, config: FinetuneConfig, heads: tuple[str, ...
                 p.requires_grad_(False)
 
 
-def param_groups(model: nn.Module, lr: float, weight_decay: float, config: FinetuneConfig,
-                 heads: tuple[str, ...]) -> list[dict[str, Any]]:
-    """AdamW parameter groups: the trainable parameters by (learning rate, decay or not);
-    weight decay on matrices only (not on biases, norms, ``*_token``, ``pos_embed``), the
-    rate of each from ``layer_decay`` / ``head_lr`` (module docstring). Each group has a
-    ``name`` (``layer<id>`` or ``head``, ``/decay`` or ``/no_decay``)."""
-    ids = layer_ids(model, heads) if config.layer_decay is not None else {}
-    groups: dict[str, dict[str, Any]] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        skip = p.dim() < 2 or name.endswith("_token") or "pos_embed" in name
-        if config.head_lr is not None and _is_head(name, heads):
-            key, rate = "head", config.head_lr
-        elif config.layer_decay is not None:
-            layer, depth = ids[name]
-            key, rate = f"layer{layer}", lr * config.layer_decay ** (depth + 1 - layer)
-        else:
-            key, rate = "all", lr
-        key += "/no_decay" if skip else "/decay"
-        group = groups.setdefault(key, {"params": [], "lr": rate, "name": key,
-                                        "weight_decay": 0.0 if skip else weight_decay})
-        group["params"].append(p)
-    return list(groups.values())
-
-
 def merged_model(model: nn.Module) -> nn.Module:
     """``model`` with its LoRA adapters folded in (a copy), or ``model`` itself."""
     return merge_lora(model) if lora_layers(model) else model
@@ -212,12 +222,3 @@ def merged_model(model: nn.Module) -> nn.Module:
 
 def lora_settings(model: nn.Module) -> dict[str, Any] | None:
     return getattr(model, "_lora_settings", None)
-
-
-def build_adamw(groups: list[dict[str, Any]], lr: float,
-                betas: tuple[float, float]) -> torch.optim.AdamW:
-    params = [p for g in groups for p in g["params"]]
-    if not params:
-        raise ValueError("finetune: no parameter is trainable")
-    fused = all(p.is_cuda for p in params)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)

@@ -19,7 +19,6 @@ from torchmetrics import Metric
 from multimodal.models.text import TextDecoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig
-from multimodal.tasks.pretrained import task_model
 
 __all__ = ["LanguageModelTask", "TokenNLL", "next_token_nll"]
 
@@ -79,6 +78,8 @@ class LanguageModelTask(ModelTask):
     ``= exp(val/loss)``; likewise ``test/loss`` and ``test/ppl``.
     """
 
+    accepts = (TextDecoder,)
+
     def __init__(
         self,
         model: TextDecoder | None = None,
@@ -94,8 +95,8 @@ class LanguageModelTask(ModelTask):
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
-        model, _ = task_model(model, pretrained, overrides, task="LanguageModelTask",
-                              accept=(TextDecoder,), preset=preset, data_sizes=data_sizes)
+        model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
+                                   overrides=overrides, data_sizes=data_sizes)
         super().__init__(model, compile=compile, finetune=finetune)
         if model.config.cross_attention:
             raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "

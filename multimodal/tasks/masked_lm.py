@@ -10,6 +10,7 @@ positions and ``-100`` (ignored by the loss) everywhere else, so the loss is
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ from multimodal.models.text import TextEncoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask
 from multimodal.tasks.finetune import FinetuneConfig
-from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.text import MASK_ID, SPECIAL_TOKENS
 
 __all__ = ["MaskedLMTask", "SequenceClassificationTask", "load_encoder_weights",
@@ -87,9 +87,11 @@ class MaskedLMTask(ModelTask):
     :class:`~multimodal.data.text.TextCorpusDataModule`). Validation masks with a fixed
     seed per batch, so ``val/loss`` and ``val/acc`` (accuracy of the masked-token
     predictions) are comparable across epochs. With ``save_dir`` the encoder is written
-    there (``save_pretrained``) at the end of training, ready for
-    :class:`SequenceClassificationTask`'s ``init_from``.
+    there (``save_pretrained``) at the end of training, ready for a text
+    :class:`~multimodal.tasks.classification.ClassificationTask`'s ``pretrained``.
     """
+
+    accepts = (TextEncoder,)
 
     def __init__(
         self,
@@ -109,9 +111,8 @@ class MaskedLMTask(ModelTask):
     ) -> None:
         if pretrained is not None or preset is not None:  # gets an MLM head (tied decoder)
             overrides = {"mlm_head": True, **(overrides or {})}
-        model, _ = task_model(model, pretrained, overrides, task="MaskedLMTask",
-                              accept=(TextEncoder,), modality="text", preset=preset,
-                              data_sizes=data_sizes)
+        model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
+                                   overrides=overrides, data_sizes=data_sizes, modality="text")
         if model.mlm is None:
             raise ValueError("model must be a TextEncoder built with mlm_head=True, got "
                              f"{type(model).__name__} without one")
@@ -178,17 +179,15 @@ def load_encoder_weights(model: TextEncoder, path: str | Path) -> list[str]:
 
 
 class SequenceClassificationTask(ClassificationTask):
-    """Fine-tune a :class:`TextEncoder` (``num_classes > 0``) on batches
-    ``{"input_ids", "attention_mask", "label"}``: logits = ``head(pooled hidden states)``
-    (the model's ``pool``: ``[CLS]``, or the pooling of a sentence-transformers folder such
-    as all-MiniLM-L6-v2's normalised mean; :mod:`multimodal.tasks.pretrained`).
+    """Deprecated: a text classifier is a :class:`~multimodal.tasks.classification.
+    ClassificationTask` over a :class:`TextEncoder` (give it ``pretrained: FOLDER`` where
+    this task took ``init_from``). Kept so that configs and checkpoints naming it still
+    load and train as before: its defaults (``lr`` 5e-4, ``weight_decay`` 0.01,
+    ``warmup_fraction`` 0.1) and ``init_from`` (a ``save_pretrained`` folder whose encoder
+    weights are loaded into ``model`` or the ``preset``'s model). Stored checkpoints are
+    mapped onto ClassificationTask by :func:`multimodal.tasks.stored_task`."""
 
-    Cross-entropy, AdamW, warm-up + cosine, ``val/acc`` and ``test/acc``
-    (torchmetrics) as in :class:`ClassificationTask`. ``init_from``: a folder written by
-    ``save_pretrained`` (e.g. by :class:`MaskedLMTask`) whose encoder weights are loaded
-    before training (into ``model`` or the ``preset``'s model; a preset's encoder gets no
-    MLM head unless ``overrides`` says ``mlm_head: true``).
-    """
+    accepts = (TextEncoder,)
 
     def __init__(
         self,
@@ -208,18 +207,16 @@ class SequenceClassificationTask(ClassificationTask):
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
+        warnings.warn("SequenceClassificationTask is deprecated: use multimodal.tasks."
+                      "ClassificationTask (with pretrained: FOLDER in place of init_from)",
+                      DeprecationWarning, stacklevel=2)
         if model is not None and not isinstance(model, TextEncoder):
             raise ValueError(f"model must be a TextEncoder, got {type(model).__name__}")
-        if preset is not None:  # a classifier needs no MLM head
-            overrides = {"mlm_head": False, **(overrides or {})}
-        named = {"preset": preset, "overrides": overrides}
         if init_from:
             if preset is not None:  # built here, so that the weights go into it
-                model, _ = task_model(model, pretrained, overrides,
-                                      task="SequenceClassificationTask",
-                                      accept=(TextEncoder,), preset=preset,
-                                      data_sizes=data_sizes)
-                named = {"preset": None, "overrides": None}
+                model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
+                                           overrides=overrides, data_sizes=data_sizes)
+                preset, overrides = None, None
             if model is None:
                 raise ValueError("init_from loads weights into a model: give model or "
                                  "preset, or use pretrained: PATH alone")
@@ -227,12 +224,6 @@ class SequenceClassificationTask(ClassificationTask):
         super().__init__(model, lr=lr, weight_decay=weight_decay,
                          warmup_fraction=warmup_fraction, min_lr_ratio=min_lr_ratio,
                          label_smoothing=label_smoothing, compile=compile,
-                         pretrained=pretrained, num_classes=num_classes,
+                         pretrained=pretrained, overrides=overrides, num_classes=num_classes,
                          class_names=class_names, modality="text", finetune=finetune,
-                         data_sizes=data_sizes, **named)
-
-    def forward(self, inputs: Any) -> Tensor:
-        if not isinstance(inputs, dict):
-            inputs = {"input_ids": inputs}
-        mask = inputs.get("attention_mask")
-        return self.model.classify(self.model(inputs["input_ids"], attention_mask=mask), mask)
+                         preset=preset, data_sizes=data_sizes)

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
+
+from multimodal.tasks.finetune import is_head, layer_ids
 
 
 @dataclass(frozen=True)
@@ -41,29 +43,72 @@ class OptimizerConfig:
         if problems:
             raise ValueError("; ".join(problems))
 
-    def build(self, module: nn.Module, total_steps: int) -> dict[str, Any]:
+    def build(self, module: nn.Module, total_steps: int, *, layer_decay: float | None = None,
+              head_lr: float | None = None, heads: tuple[str, ...] = ()) -> dict[str, Any]:
         """Lightning's ``configure_optimizers`` answer for ``module`` trained for
-        ``total_steps`` steps (the schedule steps every batch)."""
-        opt = adamw(module, self.lr, self.weight_decay, tuple(self.betas))
+        ``total_steps`` steps (the schedule steps every batch); ``layer_decay`` / ``head_lr``
+        / ``heads`` as in :func:`adamw`."""
+        opt = adamw(module, self.lr, self.weight_decay, tuple(self.betas),
+                    layer_decay=layer_decay, head_lr=head_lr, heads=heads)
         sched = warmup_cosine(opt, int(self.warmup_fraction * total_steps), total_steps,
                               self.min_lr_ratio)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def adamw(module: nn.Module, lr: float, weight_decay: float = 0.05,
-          betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on biases, norms, embeddings of
-    positions or class tokens: every parameter with fewer than 2 dims or named *_token /
-    pos_embed). Fused kernels on CUDA."""
-    decay, no_decay = [], []
-    for name, p in module.named_parameters():
+def no_weight_decay(name: str, param: Tensor) -> bool:
+    """True for the parameters AdamW does not decay: biases, norms and every other
+    parameter with fewer than 2 dims, class / register tokens (``*_token``) and position
+    embeddings (``pos_embed``)."""
+    return param.dim() < 2 or name.endswith("_token") or "pos_embed" in name
+
+
+def param_groups(model: nn.Module, lr: float, weight_decay: float, *,
+                 layer_decay: float | None = None, head_lr: float | None = None,
+                 heads: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """AdamW parameter groups of ``model``'s trainable parameters, by (learning rate,
+    decay or not): weight decay on the parameters :func:`no_weight_decay` does not name.
+
+    Without ``layer_decay`` / ``head_lr`` two groups, ``all/decay`` then ``all/no_decay``,
+    at ``lr``. With them, one pair per rate (named ``layer<id>`` or ``head``, then
+    ``/decay`` or ``/no_decay``): a parameter of the top-level modules ``heads`` learns at
+    ``head_lr`` when set; with ``layer_decay`` one of layer id ``l`` of a tower of ``L``
+    blocks (:func:`~multimodal.tasks.finetune.layer_ids`) at
+    ``lr * layer_decay ** (L + 1 - l)``."""
+    plain = layer_decay is None and head_lr is None
+    ids = layer_ids(model, heads) if layer_decay is not None else {}
+    groups: dict[str, dict[str, Any]] = {} if not plain else {
+        key: {"params": [], "lr": lr, "name": key, "weight_decay": decay}
+        for key, decay in (("all/decay", weight_decay), ("all/no_decay", 0.0))}
+    for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        skip = p.dim() < 2 or name.endswith("_token") or "pos_embed" in name
-        (no_decay if skip else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    fused = all(p.is_cuda for p in decay + no_decay) and bool(decay + no_decay)
+        skip = no_weight_decay(name, p)
+        if head_lr is not None and is_head(name, heads):
+            key, rate = "head", head_lr
+        elif layer_decay is not None:
+            layer, depth = ids[name]
+            key, rate = f"layer{layer}", lr * layer_decay ** (depth + 1 - layer)
+        else:
+            key, rate = "all", lr
+        key += "/no_decay" if skip else "/decay"
+        group = groups.setdefault(key, {"params": [], "lr": rate, "name": key,
+                                        "weight_decay": 0.0 if skip else weight_decay})
+        group["params"].append(p)
+    return list(groups.values())
+
+
+def adamw(model: nn.Module, lr: float, weight_decay: float = 0.05,
+          betas: tuple[float, float] = (0.9, 0.999), *, layer_decay: float | None = None,
+          head_lr: float | None = None, heads: tuple[str, ...] = ()) -> torch.optim.AdamW:
+    """The one AdamW of every task: the groups of :func:`param_groups` (weight decay on
+    matrices only; layer-wise decay and a head rate as options). Fused kernels on CUDA.
+    A model without a trainable parameter is a ValueError."""
+    groups = param_groups(model, lr, weight_decay, layer_decay=layer_decay,
+                          head_lr=head_lr, heads=heads)
+    params = [p for g in groups for p in g["params"]]
+    if not params:
+        raise ValueError(f"{type(model).__name__}: no parameter is trainable")
+    fused = all(p.is_cuda for p in params)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
 
 

@@ -32,7 +32,7 @@ def with_fields(config: Any, fields: Mapping[str, Any], where: str = "") -> Any:
     changes = {}
     for name, value in fields.items():
         if name not in known:
-            raise ValueError(f"{type(config).__name__} has no field {where}{name!r}; fields: "
+            raise ValueError(f"{type(config).__name__} has no field '{where}{name}'; fields: "
                              f"{sorted(n for n in known if not n.startswith('_'))}")
         current = getattr(config, name)
         if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
@@ -87,11 +87,15 @@ def _template(preset: str) -> nn.Module:
 
 
 def preset_config(preset: str, overrides: Mapping[str, Any] | None = None,
-                  data_sizes: Mapping[str, Any] | None = None) -> tuple[type, Any]:
+                  data_sizes: Mapping[str, Any] | None = None,
+                  defaults: Mapping[str, Any] | None = None) -> tuple[type, Any]:
     """``(model class, config)`` of ``preset`` with ``overrides`` and ``data_sizes`` applied
-    (see the module doc)."""
+    (see the module doc). ``defaults``: top-level fields a task sets unless ``overrides``
+    does (a classifier's ``mlm_head: false``), applied where the config has them."""
     template = _template(preset)
-    config = with_fields(template.config, dict(overrides or {}))
+    known = set(_field_names(template.config))
+    preset_defaults = {k: v for k, v in dict(defaults or {}).items() if k in known}
+    config = with_fields(template.config, {**preset_defaults, **dict(overrides or {})})
     linked = size_fields(config, dict(data_sizes or {}))
     given = _flat(dict(overrides or {}))
     clashes = {k: (given[k], v) for k, v in _flat(linked).items() if k in given and given[k] != v}
@@ -103,7 +107,9 @@ def preset_config(preset: str, overrides: Mapping[str, Any] | None = None,
 
 
 def preset_model(preset: str, overrides: Mapping[str, Any] | None = None,
-                 data_sizes: Mapping[str, Any] | None = None) -> nn.Module:
-    """The model of ``preset`` with ``overrides`` and ``data_sizes`` (fresh weights)."""
-    model_cls, config = preset_config(preset, overrides, data_sizes)
+                 data_sizes: Mapping[str, Any] | None = None,
+                 defaults: Mapping[str, Any] | None = None) -> nn.Module:
+    """The model of ``preset`` with ``overrides``, ``data_sizes`` and the task's
+    ``defaults`` (:func:`preset_config`; fresh weights)."""
+    model_cls, config = preset_config(preset, overrides, data_sizes, defaults)
     return model_cls(config)

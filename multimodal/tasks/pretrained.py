@@ -25,18 +25,17 @@ outside the head that do not fit are an error: an override that changes the arch
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from multimodal.checkpoints import read_checkpoint
 from multimodal.files import path_kind
-from multimodal.hub import read_checkpoint
 from multimodal.installed import resolve_weights
 from multimodal.loading import Loaded, load, select_part
-from multimodal.tasks.presets import preset_model
+from multimodal.tasks.presets import preset_model, with_fields
 
 __all__ = ["head_names", "load_pretrained", "rebuild_with", "task_model"]
 
@@ -62,18 +61,16 @@ def head_names(model: nn.Module) -> list[str]:
 
 def rebuild_with(model: nn.Module, overrides: dict[str, Any], where: str) -> tuple[
         nn.Module, list[str], list[str]]:
-    """``model`` rebuilt with config fields ``overrides`` and every weight that still fits
-    copied; returns ``(model, new parameter names, left-out names of the old model)``.
-    A weight outside the head that no longer fits is a ValueError."""
-    config = model.config
-    known = {f.name for f in dataclasses.fields(config)} | set(getattr(
-        config, "__dataclass_fields__", {}))
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        fields = sorted(n for n in known if not n.startswith("_"))
-        raise ValueError(f"{where}: {type(config).__name__} has no field(s) {unknown}; "
-                         f"fields: {fields}")
-    new = type(model)(dataclasses.replace(config, **overrides))
+    """``model`` rebuilt with config fields ``overrides`` (as a preset's: a mapping given for
+    a nested config changes fields inside it, :func:`~multimodal.tasks.presets.with_fields`)
+    and every weight that still fits copied; returns ``(model, new parameter names, left-out
+    names of the old model)``. A weight outside the head that no longer fits is a
+    ValueError."""
+    try:
+        config = with_fields(model.config, overrides)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
+    new = type(model)(config)
     old_state = model.state_dict()
     own = new.state_dict()
     fits = {k: v for k, v in old_state.items() if k in own and own[k].shape == v.shape}
@@ -101,7 +98,8 @@ def _short(names: list[str]) -> str:
 def task_model(model: nn.Module | None, pretrained: str | Path | None,
                overrides: dict[str, Any] | None, *, task: str, accept: tuple[type, ...],
                modality: str | None = None, preset: str | None = None,
-               data_sizes: dict[str, Any] | None = None
+               data_sizes: dict[str, Any] | None = None,
+               preset_defaults: dict[str, Any] | None = None
                ) -> tuple[nn.Module, Loaded | None]:
     """The model a task trains: ``model`` as given, the named ``preset``
     (:func:`multimodal.tasks.presets.preset_model`, new weights) with ``overrides`` changing
@@ -110,13 +108,14 @@ def task_model(model: nn.Module | None, pretrained: str | Path | None,
     with ``overrides``. Exactly one of the three. ``data_sizes`` applies to a preset only: a
     given model is checked against the data at setup, and with ``pretrained`` the data
     follows the model. Logs one line for ``pretrained``: what was loaded, what is new, what
-    was left out."""
+    was left out. ``preset_defaults``: config fields the task sets in a preset's config
+    unless ``overrides`` does (:func:`~multimodal.tasks.presets.preset_config`)."""
     if preset is not None:
         if model is not None or pretrained is not None:
             raise ValueError(f"{task}: give one of model, preset or pretrained (preset "
                              f"{preset!r} names the architecture; put changed fields in "
                              "overrides)")
-        model = preset_model(preset, overrides, data_sizes)
+        model = preset_model(preset, overrides, data_sizes, preset_defaults)
         if not isinstance(model, accept):
             wanted = " or ".join(c.__name__ for c in accept)
             raise ValueError(f"{task}: preset {preset!r} builds a {type(model).__name__}, "
@@ -303,8 +302,8 @@ def data_settings(path: str | Path) -> dict[str, Any]:
     crop, mean, std; audio: waveforms for the model's own front end, whose sampling rate and
     filter bank the folder set) and ``tokenizer.json`` (the folder itself); from one of our
     checkpoints, the non-empty preprocessing arguments its data module was trained with."""
+    from multimodal.checkpoints import datamodule_arguments
     from multimodal.convert.hf_preprocess import AUDIO_EXTRACTORS, read_preprocessor_config
-    from multimodal.hub import datamodule_arguments
     from multimodal.tokenizers.io import TOKENIZER_NAME
 
     try:

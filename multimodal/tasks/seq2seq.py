@@ -21,7 +21,6 @@ from multimodal.models.rnn import RNNSeq2Seq
 from multimodal.models.seq2seq import Seq2Seq
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig
-from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = ["Seq2SeqTask", "exact_match"]
@@ -49,6 +48,8 @@ class Seq2SeqTask(ModelTask):
     with AdamW, warm-up + cosine and label smoothing; logs ``val/loss``,
     ``val/exact_match`` (greedy decoding), and the same for test."""
 
+    accepts = (Seq2Seq, RNNSeq2Seq)
+
     default_monitor = ("val/exact_match", "max")  # the CLI's default ModelCheckpoint ranks by it
 
     def __init__(
@@ -67,9 +68,8 @@ class Seq2SeqTask(ModelTask):
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
-        model, _ = task_model(model, pretrained, overrides, task="Seq2SeqTask",
-                              accept=(Seq2Seq, RNNSeq2Seq), preset=preset,
-                              data_sizes=data_sizes)
+        model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
+                                   overrides=overrides, data_sizes=data_sizes)
         super().__init__(model, compile=compile, finetune=finetune)
         self.save_hyperparameters(ignore=["model"])
 

@@ -29,16 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from multimodal.models.codec_lm import IGNORE_INDEX, CodecLM, nar_loss
-from multimodal.synthesis import (
+from multimodal.checkpoints import (
     BUNDLE_KEY,
-    TTSBundle,
     bundle_state,
     codec_from_state,
     tokenizer_from_state,
 )
+from multimodal.models.codec_lm import IGNORE_INDEX, CodecLM, nar_loss
+from multimodal.synthesis import TTSBundle
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.pretrained import task_model
 from multimodal.tokenizers.codec import MelRVQCodec
 from multimodal.tokenizers.phonemes import PhonemeTokenizer
 
@@ -69,6 +68,9 @@ def crop_prompt(prompt: Tensor, lengths: Tensor, max_frames: int,
 class TTSTask(ModelTask):
     """Train a :class:`CodecLM` (AR + NAR) on TTS batches; see the module doc."""
 
+    accepts = (CodecLM,)
+    model_sources = ("model", "preset")
+
     def __init__(
         self,
         model: CodecLM | None = None,
@@ -83,8 +85,8 @@ class TTSTask(ModelTask):
         overrides: dict[str, Any] | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
-        model, _ = task_model(model, None, overrides, task="TTSTask", accept=(CodecLM,),
-                              preset=preset, data_sizes=data_sizes)
+        model, _ = self.model_from(model, preset=preset, overrides=overrides,
+                                   data_sizes=data_sizes)
         if not max_prompt_seconds > 0:
             raise ValueError(f"max_prompt_seconds must be > 0, got {max_prompt_seconds}")
         super().__init__(model, compile=compile)

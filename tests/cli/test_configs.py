@@ -52,7 +52,7 @@ def _strings(value: object, key: str = "") -> list[tuple[str, str]]:
 
 
 # What a run reads from another run (bert_source_cls fine-tunes bert_mlm's encoder): inputs.
-INPUTS_FROM_OTHER_RUNS = {"model.init_args.init_from", "data.init_args.tokenizer_path"}
+INPUTS_FROM_OTHER_RUNS = {"model.init_args.pretrained", "data.init_args.tokenizer_path"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -219,7 +219,7 @@ def test_the_longest_config_is_at_most_half_its_former_length() -> None:
 PRESET_OF_CONFIG = {
     "audio_folder": "audio_spoken_words", "audio_sonic_pi": "audio_sonic_pi",
     "audio_spoken_words": "audio_spoken_words", "speaker_id": "audio_spoken_words",
-    "bert_mlm": "bert_tiny", "bert_source_cls": "bert_tiny",
+    "bert_mlm": "bert_tiny",
     "caption_emoji": "captioner_emoji", "caption_manifest": "captioner_emoji",
     "caption_scenes": "captioner_scenes", "clip_emoji": "clip_emoji",
     "clip_scenes": "clip_scenes", "gpt_corpus": "gpt_tiny", "gpt_textfiles": "gpt_tiny",
@@ -305,7 +305,7 @@ def _own_data(stem: str, root: Path) -> list[str]:
         (root / "a.txt").write_text("In the beginning there was text.\n" * 50)
         return ["--data.init_args.train", str(root)]
     if stem == "bert_source_cls":  # its encoder comes from a bert_mlm run
-        return ["--model.init_args.init_from", "null"]
+        return ["--model.init_args.pretrained", "null", "--model.init_args.preset", "bert_tiny"]
     return []
 
 

@@ -187,7 +187,7 @@ def test_checkpoint_mistakes(images, capsys, monkeypatch):
     (images / "notes.txt").write_text("hello\n")
     (images / "run" / "checkpoints").mkdir(parents=True)
     torch.save({"state_dict": {}, "hyper_parameters": {
-        "_class_path": "multimodal.tasks.SequenceClassificationTask"}},
+        "_class_path": "multimodal.tasks.masked_lm.MaskedLMTask"}},
         images / "run" / "checkpoints" / "last.ckpt")
     folder = images / "run"
     assert _errors(capsys, ["predict", "--ckpt_path", str(folder)]) == [
@@ -201,7 +201,7 @@ def test_checkpoint_mistakes(images, capsys, monkeypatch):
     [line] = _errors(capsys, ["test", "--config", str(images / "img.yaml"),
                               "--ckpt_path", str(last)])
     assert line.startswith(f"error: {last} is a checkpoint of "
-                           "multimodal.tasks.SequenceClassificationTask, but the config's "
+                           "multimodal.tasks.masked_lm.MaskedLMTask, but the config's "
                            "model is multimodal.tasks.ClassificationTask")
 
 
@@ -285,8 +285,8 @@ def test_audio_predict_folders_honour_skip_corrupt(tmp_path):
 
 
 def test_a_folder_is_never_a_missing_checkpoint(tmp_path):
+    from multimodal.checkpoints import read_checkpoint
     from multimodal.cli.callbacks import checkpoint_problem
-    from multimodal.hub import read_checkpoint
 
     assert checkpoint_problem(tmp_path) == "a folder, not a checkpoint file"
     assert checkpoint_problem(tmp_path / "no.ckpt") == "no such file"

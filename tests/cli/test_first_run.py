@@ -237,7 +237,7 @@ def test_own_clips_fit_and_predict(cwd, capsys):
     _clips(cwd / "my_clips")
     _run(["fit", "--config", str(ROOT / "configs/audio_folder.yaml"),
           "--data.init_args.train", "my_clips/", "--data.init_args.clip_seconds", "1.0",
-          "--data.init_args.val_fraction", "0.2", "--data.init_args.test_fraction", "0.2",
+          "--data.init_args.val_size", "0.2", "--data.init_args.test_size", "0.2",
           *SHORT[:6]])
     last = cwd / "runs" / "audio_folder" / "checkpoints" / "last.ckpt"
     assert last.is_file()
@@ -250,14 +250,14 @@ def test_own_clips_fit_and_predict(cwd, capsys):
 
 @pytest.mark.slow
 def test_the_readme_text_classifier_command_without_a_config(cwd):
-    """README: ``--model ...SequenceClassificationTask --model.pretrained all-MiniLM-L6-v2
+    """README: ``--model ...ClassificationTask --model.pretrained all-MiniLM-L6-v2
     --data ...TextClassificationDataModule --data.train reviews.jsonl``: the tokenizer
     follows the model's folder (the real one's 30 522 word pieces), the classes the data."""
     from tests.real_weights import real_weights
 
     folder = real_weights("all-MiniLM-L6-v2")
     _texts(cwd / "reviews.jsonl")
-    _run(["fit", "--model", "multimodal.tasks.masked_lm.SequenceClassificationTask",
+    _run(["fit", "--model", "multimodal.tasks.ClassificationTask",
           "--model.pretrained", "all-MiniLM-L6-v2",
           "--data", "multimodal.data.text_classification.TextClassificationDataModule",
           "--data.train", "reviews.jsonl", "--data.batch_size", "8",

@@ -186,7 +186,7 @@ def test_text_data_takes_the_folder_tokenizer_unless_set(tmp_path):
 
     def config(**data):
         return Namespace(
-            model=Namespace(class_path="multimodal.tasks.SequenceClassificationTask",
+            model=Namespace(class_path="multimodal.tasks.ClassificationTask",
                             init_args=Namespace(pretrained=str(bert))),
             data=Namespace(class_path=f"{__name__}.OwnTexts",
                            init_args=Namespace(train="t.csv", **data)))
@@ -202,13 +202,13 @@ def test_text_data_takes_the_folder_tokenizer_unless_set(tmp_path):
 def test_a_text_classifier_refuses_data_whose_tokenizer_is_too_big(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from multimodal.tasks import SequenceClassificationTask
+    from multimodal.tasks import ClassificationTask
 
     bert = folders.bert_folder(tmp_path / "bert")
-    task = SequenceClassificationTask(pretrained=str(bert), num_classes=2)
+    task = ClassificationTask(modality="text", pretrained=str(bert), num_classes=2)
     data = SimpleNamespace(vocab_size=30522, max_length=32, num_classes=2,
                            class_names=["a", "b"])
-    monkeypatch.setattr(SequenceClassificationTask, "datamodule", property(lambda self: data))
+    monkeypatch.setattr(ClassificationTask, "datamodule", property(lambda self: data))
     with pytest.raises(ValueError, match=r"tokenizer has 30522 tokens but the model's "
                                          r"embedding has 55 rows"):
         task.setup("fit")
@@ -248,7 +248,7 @@ def test_text_fine_tuning_from_a_folder_through_the_cli(tmp_path, capsys):
     config = ROOT / "configs" / "finetune_text.yaml"
     cli_main(["fit", "--config", str(config), "--model.init_args.pretrained", str(bert),
               "--data.init_args.train", str(texts), "--data.init_args.max_length", "32",
-              "--data.init_args.val_fraction", "4", "--data.init_args.test_fraction", "4",
+              "--data.init_args.val_size", "4", "--data.init_args.test_size", "4",
               "--data.init_args.batch_size", "4", "--trainer.max_epochs", "1",
               "--trainer.min_steps", "0",  # one epoch, not the config's step budget
               "--trainer.default_root_dir", str(tmp_path / "run"), "--test_after_fit",
@@ -265,7 +265,7 @@ def test_text_fine_tuning_from_a_folder_through_the_cli(tmp_path, capsys):
     lines = [ln.split("\t") for ln in capsys.readouterr().out.splitlines() if "\t" in ln]
     assert len(lines) == 2 and all(ln[1] in ("food", "sky") for ln in lines)
     # embed from the checkpoint alone: its tokenizer is the folder's the data module was given
-    from multimodal.hub import load_encoder
+    from multimodal.encoder import load_encoder
     from multimodal.tokenizers.hf_json import HFTokenizer
 
     texts = ["soup and bread", "snow and wind today"]

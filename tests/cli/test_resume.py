@@ -79,7 +79,7 @@ def test_audio_resume_mid_epoch_exactly(tmp_path):
         model = AudioClassifier(AudioClassifierConfig(num_classes=2, n_mels=16, dim=16,
                                                       depth=1, heads=2, mlp_dim=32))
         data = AudioClassificationDataModule(train=clips, n_mels=16, batch_size=4,
-                                             val_fraction=2, test_fraction=2)
+                                             val_size=2, test_size=2)
         return ClassificationTask(model=model, lr=3e-3), data
 
     whole, record = fit(make, tmp_path / "whole", epochs=2)
@@ -128,7 +128,7 @@ def test_text_resume_mid_epoch_exactly(tmp_path):
 
     def make():
         data = TextCorpusDataModule(train=str(tmp_path / "lib"), vocab_size=120, block_size=8,
-                                    batch_size=8, val_fraction=0.2, test_fraction=0.1,
+                                    batch_size=8, val_size=0.2, test_size=0.1,
                                     chunk_chars=150,
                                     tokenizer_path=str(tmp_path / "tokenizer.json"))
         model = mm.TextDecoder(mm.TextDecoderConfig(vocab_size=120, max_len=8, dim=32,

@@ -95,8 +95,12 @@ def test_ast_token_order_is_a_permutation_of_the_patch_grid():
 @pytest.mark.parametrize("kind", ["WhisperModel", "WhisperForConditionalGeneration"])
 def test_whisper_encoder_last_hidden_state_matches(kind):
     source = whisper(kind)
-    ours = convert.from_hf(source)
-    assert isinstance(ours, mm.AudioClassifier) and ours.config.mode == "conv"
+    converted = convert.from_hf(source)
+    # the bare WhisperModel gives its encoder; WhisperForConditionalGeneration comes whole
+    whole = kind == "WhisperForConditionalGeneration"
+    assert isinstance(converted, mm.Whisper if whole else mm.AudioClassifier)
+    ours = converted.encoder if whole else converted
+    assert ours.config.mode == "conv"
     encoder = source.get_encoder()
     features = torch.randn(2, 16, 60)  # (B, mel bins, 2 * max_source_positions)
     with torch.no_grad():
@@ -131,9 +135,10 @@ _BLOCKED = textwrap.dedent("""
     import multimodal as mm
     for folder in sys.argv[1:]:
         io = load_file(folder + "/io.safetensors")
-        model = mm.from_hf(folder)
+        model = mm.from_hf(folder)  # a WhisperForConditionalGeneration: the whole Whisper
         with torch.no_grad():
-            got = model(io["input"]) if "ast" in folder else model.forward_features(io["input"])
+            got = model(io["input"]) if "ast" in folder else \
+                model.encoder.forward_features(io["input"])
         torch.testing.assert_close(got, io["output"], atol=1e-4, rtol=1e-4)
         print("ok", folder, type(model).__name__)
     assert "transformers" not in sys.modules

@@ -13,7 +13,7 @@ import soundfile as sf
 import torch
 
 from multimodal.data.audio import AudioClassificationDataModule
-from multimodal.data.audio_datasets import AudioBatchCollate, list_audio_files, read_audio_folder
+from multimodal.data.audio_datasets import AudioBatchCollate, AudioFolderDataset, list_audio_files
 from multimodal.data.audio_transforms import trim_silence
 from multimodal.data.noise import NoiseMixer
 from multimodal.data.sources.sonic_pi import (
@@ -59,7 +59,7 @@ def _fake_spoken_words(root: Path, n_espeak: int = 8, n_flite: int = 3) -> list[
 
 def test_split_voices_is_disjoint_deterministic_and_stratified() -> None:
     voices = [f"espeak:en+m{i}" for i in range(40)] + [f"flite:{v}" for v in "abcd"]
-    split = split_voices(voices, val_fraction=0.1, test_fraction=0.2, seed=3)
+    split = split_voices(voices, val_size=0.1, test_size=0.2, seed=3)
     sets = {k: set(v) for k, v in split.items()}
     assert not (sets["train"] & sets["test"] or sets["train"] & sets["val"])
     assert not sets["val"] & sets["test"]
@@ -69,7 +69,7 @@ def test_split_voices_is_disjoint_deterministic_and_stratified() -> None:
     assert sum(v.startswith("flite") for v in split["train"]) == 2
     assert split == split_voices(reversed(voices), 0.1, 0.2, seed=3)  # order does not matter
     assert split != split_voices(voices, 0.1, 0.2, seed=4)
-    with pytest.raises(ValueError, match="val_fraction"):
+    with pytest.raises(ValueError, match="val_size"):
         split_voices(voices, 0.5, 0.5)
 
 
@@ -253,9 +253,10 @@ def test_predict_folder_is_sorted_and_featurised(tmp_path: Path) -> None:
         sf.write(tmp_path / name, _tone(440.0, seconds, 8000), 8000)
     (tmp_path / "notes.txt").write_text("skip me")
     assert [p.name for p in list_audio_files(tmp_path)] == ["a.flac", "b.wav", "c.ogg"]
-    out = read_audio_folder(tmp_path, AudioFrameTokenizer())
-    assert [name for _, name in out] == ["a.flac", "b.wav", "c.ogg"]
-    assert [f.shape[0] for f, _ in out] == [1 + (n - 400) // 160 for n in (4000, 8000, 4800)]
+    items, tokenizer = list(AudioFolderDataset(tmp_path)), AudioFrameTokenizer()
+    assert [item["filename"] for item in items] == ["a.flac", "b.wav", "c.ogg"]
+    frames = [int(tokenizer(item["waveform"], 16000)[1][0]) for item in items]
+    assert frames == [1 + (n - 400) // 160 for n in (4000, 8000, 4800)]
     with pytest.raises(FileNotFoundError, match="audio folder not found"):
         list_audio_files(tmp_path / "nope")
 

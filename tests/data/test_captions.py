@@ -385,7 +385,7 @@ def test_datamodule_scene_options_reach_the_scenes() -> None:
 def test_datamodule_emoji_on_fake_package(tmp_path: Path) -> None:
     _fake_package(tmp_path, n_extra=8)
     dm = CaptionDataModule(dataset="emoji", image_size=16, batch_size=4, root=str(tmp_path),
-                           val_fraction=0.2, test_fraction=0.2)
+                           val_size=0.2, test_size=0.2)
     dm.prepare_data()
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))

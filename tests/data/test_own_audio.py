@@ -48,14 +48,14 @@ def dm_of(train, **kw):
 
 def test_folder_classes_splits_and_padded_batches(tmp_path):
     root = make_folder(tmp_path / "clips")
-    dm = dm_of(str(root), features=False, val_fraction=2, test_fraction=2, seed=3)
+    dm = dm_of(str(root), features=False, val_size=2, test_size=2, seed=3)
     assert dm.class_names == ["high", "low"] and dm.num_classes == 2
     dm.setup("fit")
     splits = {k: set(v.paths.tolist()) for k, v in dm.file_splits.items()}
     assert [len(splits[k]) for k in ("train", "val", "test")] == [8, 2, 2]
     assert not (splits["train"] & splits["val"]) and not (splits["train"] & splits["test"])
     assert not (splits["val"] & splits["test"])
-    again = dm_of(str(root), features=False, val_fraction=2, test_fraction=2, seed=3)
+    again = dm_of(str(root), features=False, val_size=2, test_size=2, seed=3)
     again.setup("fit")
     assert {k: set(v.paths.tolist()) for k, v in again.file_splits.items()} == splits
 
@@ -79,7 +79,7 @@ def test_features_batches_and_fit_step(tmp_path):
     from multimodal.tasks import ClassificationTask
 
     root = make_folder(tmp_path / "clips")
-    dm = dm_of(str(root), val_fraction=0.2, test_fraction=0.2)
+    dm = dm_of(str(root), val_size=0.2, test_size=0.2)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert batch["features"].shape[-1] == 16 and batch["features"].shape[0] == 4
@@ -100,7 +100,7 @@ def test_manifests_csv_and_jsonl_with_given_splits(tmp_path):
         "path,label\n" + "".join(f"{p},{p.parent.name}\n" for p in files[:6]))
     (tmp_path / "val.jsonl").write_text(
         "".join(json.dumps({"path": str(p), "label": p.parent.name}) + "\n" for p in files[6:]))
-    dm = dm_of(str(tmp_path / "train.csv"), val=str(tmp_path / "val.jsonl"), test_fraction=0,
+    dm = dm_of(str(tmp_path / "train.csv"), val=str(tmp_path / "val.jsonl"), test_size=0,
                features=False)
     dm.setup("fit")
     assert len(dm.file_splits["train"]) == 6 and len(dm.file_splits["val"]) == 2
@@ -116,7 +116,7 @@ def test_mp3_is_read_and_resampled(tmp_path):
     for name, freq in [("a", 300.0), ("b", 2000.0)]:
         for i in range(3):
             write(root / name / f"{i}.mp3", 0.5, 48000, freq, 2, fmt="MP3")
-    dm = dm_of(str(root), features=False, val_fraction=0, test_fraction=0)
+    dm = dm_of(str(root), features=False, val_size=0, test_size=0)
     dm.setup("fit")
     item = dm.split_dataset("train")[0]
     assert abs(item["waveform"].shape[0] - 8000) < 1200  # MP3 adds encoder padding
@@ -154,8 +154,8 @@ def test_bad_file_is_an_error_naming_it_or_skipped_and_counted(tmp_path, kind):
         bad.write_bytes(b"RIFF this is not really a wave file" * 4)
         message = "not a readable audio file"
     with pytest.raises(CorruptFileError, match=rf"{re.escape(str(bad))}.*{message}.*1 of 9"):
-        dm_of(str(root), val_fraction=0, test_fraction=0).setup("fit")
-    dm = dm_of(str(root), val_fraction=0, test_fraction=0, skip_corrupt=True)
+        dm_of(str(root), val_size=0, test_size=0).setup("fit")
+    dm = dm_of(str(root), val_size=0, test_size=0, skip_corrupt=True)
     dm.setup("fit")
     assert dm.skipped_up_front == 1
     assert str(bad) not in dm.file_splits["train"].paths.tolist()
@@ -164,9 +164,9 @@ def test_bad_file_is_an_error_naming_it_or_skipped_and_counted(tmp_path, kind):
 
 def test_file_broken_after_the_check_is_skipped_per_epoch(tmp_path):
     root = make_folder(tmp_path / "clips", per_class=2)
-    dm = dm_of(str(root), val_fraction=0, test_fraction=0, skip_corrupt=True, features=False)
+    dm = dm_of(str(root), val_size=0, test_size=0, skip_corrupt=True, features=False)
     dm.setup("fit")
-    strict = dm_of(str(root), val_fraction=0, test_fraction=0, features=False)
+    strict = dm_of(str(root), val_size=0, test_size=0, features=False)
     strict.setup("fit")  # both checked every header before the file broke
     broken = dm.file_splits["train"].paths[1]
     with open(broken, "wb") as f:

@@ -42,7 +42,7 @@ def test_csv_manifest_several_captions_per_image_split_by_image(tmp_path):
     rows += [(n, f"another caption of {i}") for i, n in enumerate(names)]
     write_csv(tmp_path / "caps.csv", rows)
     dm = CaptionDataModule(train=str(tmp_path / "caps.csv"), image_size=16, batch_size=4,
-                           val_fraction=0.25, test_fraction=0.2, seed=1)
+                           val_size=0.25, test_size=0.2, seed=1)
     dm.setup("fit")
     images = {k: set(v.images.tolist()) for k, v in dm.file_splits.items()}
     assert [len(images[k]) for k in ("train", "val", "test")] == [6, 2, 2]
@@ -135,7 +135,7 @@ def test_clip_fit_step_on_a_tiny_manifest(tmp_path):
         text=mm.TextEncoderConfig(vocab_size=64, max_len=24, dim=16, depth=1, heads=2,
                                   mlp_dim=32), embed_dim=8))
     dm = CaptionDataModule(train=str(tmp_path / "caps.csv"), image_size=16, batch_size=4,
-                           val_fraction=0.25, test_fraction=0.0)
+                           val_size=0.25, test_size=0.0)
     task = ContrastiveTask(model, lr=1e-2, warmup_fraction=0.0, recall_ks=(1, 2))
     before = [p.detach().clone() for p in model.parameters()]
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,

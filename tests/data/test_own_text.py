@@ -53,7 +53,7 @@ def test_datamodule_trains_on_text_files_with_seeded_document_splits(tmp_path):
     write_book(tmp_path / "lib" / "a.txt", 40)
     write_book(tmp_path / "lib" / "b.txt", 40, start=40)
     kw = dict(train=str(tmp_path / "lib"), vocab_size=120, block_size=8, batch_size=4,
-              val_fraction=0.2, test_fraction=0.2, chunk_chars=150)
+              val_size=0.2, test_size=0.2, chunk_chars=150)
     dm = TextCorpusDataModule(**kw)
     dm.setup("fit")
     titles = {k: [d.title for d in v] for k, v in dm.splits.items()}
@@ -80,7 +80,7 @@ def test_given_val_file_is_used_whole(tmp_path):
     train = write_book(tmp_path / "train.txt", 30)
     val = tmp_path / "val.jsonl"
     val.write_text("".join(json.dumps({"text": paragraph(i)}) + "\n" for i in range(50, 53)))
-    dm = TextCorpusDataModule(train=str(train), val=str(val), test_fraction=0.0, vocab_size=100,
+    dm = TextCorpusDataModule(train=str(train), val=str(val), test_size=0.0, vocab_size=100,
                               block_size=4, chunk_chars=100)
     dm.setup("fit")
     assert [d.text for d in dm.splits["val"]] == [paragraph(i) for i in range(50, 53)]

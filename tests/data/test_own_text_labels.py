@@ -39,7 +39,7 @@ def animals_csv(tmp_path: Path, repeat: int = 1, name: str = "train.csv") -> Pat
 
 def test_csv_labels_are_sorted_names_known_right_after_construction(tmp_path):
     path = animals_csv(tmp_path)
-    dm = TextClassificationDataModule(train=str(path), val_fraction=0, test_fraction=0,
+    dm = TextClassificationDataModule(train=str(path), val_size=0, test_size=0,
                                       vocab_size=80, batch_size=6)
     assert dm.class_names == ["cat", "dog"] and dm.num_classes == 2
     assert dm.datasets == {}  # nothing encoded yet: the classes came from the labels alone
@@ -67,11 +67,11 @@ def test_integer_labels_are_class_ids_and_classes_names_them(tmp_path):
     rows = [{"text": t, "label": 1 if lab == "dog" else 0}
             for t, lab in zip(ANIMALS, LABELS, strict=True)]
     path = write_jsonl(tmp_path / "train.jsonl", [*rows, {"text": "a parrot talks", "label": 2}])
-    dm = TextClassificationDataModule(train=str(path), val_fraction=0, test_fraction=0,
+    dm = TextClassificationDataModule(train=str(path), val_size=0, test_size=0,
                                       vocab_size=80)
     assert dm.class_names == ["0", "1", "2"]
     named = TextClassificationDataModule(train=str(path), classes=["cat", "dog", "bird"],
-                                         val_fraction=0, test_fraction=0, vocab_size=80)
+                                         val_size=0, test_size=0, vocab_size=80)
     assert named.num_classes == 3
     named.setup("fit")
     assert named.datasets["train"].labels == [0, 1, 0, 1, 0, 1, 2]
@@ -79,8 +79,8 @@ def test_integer_labels_are_class_ids_and_classes_names_them(tmp_path):
     csv_path = write_csv(tmp_path / "ints.csv", [{"text": t, "label": lab} for t, lab in
                                                  [("a", "10"), ("b", "2"), ("c", "0")]],
                          ["text", "label"])
-    ints = TextClassificationDataModule(train=str(csv_path), val_fraction=0,
-                                        test_fraction=0, vocab_size=40)
+    ints = TextClassificationDataModule(train=str(csv_path), val_size=0,
+                                        test_size=0, vocab_size=40)
     assert ints.num_classes == 11
     ints.setup("fit")
     assert ints.datasets["train"].labels == [10, 2, 0]
@@ -98,14 +98,14 @@ def test_folder_of_txt_files_per_class(tmp_path):
     assert data.labels == ["neg", "neg", "pos", "pos", "pos"]
     assert sorted(data.texts) == sorted(["awful film", "too long\nand dull", "loved it",
                                          "great cast", "a joy"])
-    dm = TextClassificationDataModule(train=str(root), val_fraction=0, test_fraction=0,
+    dm = TextClassificationDataModule(train=str(root), val_size=0, test_size=0,
                                       vocab_size=60)
     assert dm.class_names == ["neg", "pos"]
 
 
 def test_held_out_splits_are_seeded_and_disjoint(tmp_path, monkeypatch):
     path = animals_csv(tmp_path, repeat=10)  # 60 texts
-    kw = dict(train=str(path), val_fraction=0.2, test_fraction=6, vocab_size=100, seed=3)
+    kw = dict(train=str(path), val_size=0.2, test_size=6, vocab_size=100, seed=3)
     dm = TextClassificationDataModule(**kw)
     splits = dm.read_splits()
     where = {k: v.where for k, v in splits.items()}
@@ -131,7 +131,7 @@ def test_held_out_splits_are_seeded_and_disjoint(tmp_path, monkeypatch):
 def test_given_val_and_test_files_are_used_whole(tmp_path):
     train = animals_csv(tmp_path)
     test = write_jsonl(tmp_path / "test.jsonl", [{"text": "a cat", "label": "cat"}])
-    dm = TextClassificationDataModule(train=str(train), test=str(test), val_fraction=0,
+    dm = TextClassificationDataModule(train=str(train), test=str(test), val_size=0,
                                       vocab_size=60)
     dm.setup("fit")
     assert len(dm.datasets["train"]) == 6 and dm.datasets["test"].labels == [0]
@@ -141,13 +141,13 @@ def test_predict_texts_are_named_by_file_and_line(tmp_path):
     train = animals_csv(tmp_path)
     lines = tmp_path / "new.txt"
     lines.write_text("a cat naps\n\nthe dog digs\n")
-    dm = TextClassificationDataModule(train=str(train), val_fraction=0, test_fraction=0,
+    dm = TextClassificationDataModule(train=str(train), val_size=0, test_size=0,
                                       vocab_size=60, predict=str(lines))
     batch = next(iter(dm.predict_dataloader()))
     assert batch["filename"] == [f"{lines}:1", f"{lines}:3"]
     assert batch["input_ids"][1, :batch["attention_mask"][1].sum()].tolist() == \
         dm.tokenizer.encode("the dog digs", add_cls=True)
-    from multimodal.data.text_classification import read_predict_texts
+    from multimodal.data.text_labelled import read_predict_texts
 
     (tmp_path / "new" / "sub").mkdir(parents=True)
     (tmp_path / "new" / "b.txt").write_text("second\n")
@@ -168,16 +168,16 @@ def test_fit_then_test_from_the_checkpoint_uses_the_trained_tokenizer(tmp_path):
     import torch
 
     from multimodal import TextEncoder, TextEncoderConfig
-    from multimodal.tasks.masked_lm import SequenceClassificationTask
+    from multimodal.tasks import ClassificationTask
     from multimodal.tokenizers.io import tokenizer_to_json
 
     train = animals_csv(tmp_path, repeat=4)
     kw = dict(train=str(train), vocab_size=64, max_length=32, batch_size=8)
 
     def task():
-        return SequenceClassificationTask(TextEncoder(TextEncoderConfig(
+        return ClassificationTask(TextEncoder(TextEncoderConfig(
             vocab_size=64, max_len=32, dim=16, depth=1, heads=2, num_classes=2,
-            mlm_head=False)))
+            mlm_head=False)), lr=5e-4, weight_decay=0.01, warmup_fraction=0.1)
 
     def trainer():
         return L.Trainer(max_epochs=1, accelerator="cpu", logger=False,
@@ -247,7 +247,7 @@ def test_a_label_never_seen_in_training_is_an_error_naming_where(tmp_path):
     train = animals_csv(tmp_path)
     test = write_jsonl(tmp_path / "test.jsonl", [{"text": "a cat", "label": "cat"},
                                                  {"text": "a bird", "label": "bird"}])
-    dm = TextClassificationDataModule(train=str(train), test=str(test), val_fraction=0,
+    dm = TextClassificationDataModule(train=str(train), test=str(test), val_size=0,
                                       vocab_size=60)
     with pytest.raises(ValueError, match=r"test\.jsonl:2: the test label 'bird' never "
                                          r"appears in the training data"):
@@ -256,14 +256,14 @@ def test_a_label_never_seen_in_training_is_an_error_naming_where(tmp_path):
     ints = write_jsonl(tmp_path / "ints.jsonl", [{"text": "a", "label": 0},
                                                  {"text": "b", "label": 2}])
     val = write_jsonl(tmp_path / "val.jsonl", [{"text": "c", "label": 1}])
-    dm = TextClassificationDataModule(train=str(ints), val=str(val), test_fraction=0,
+    dm = TextClassificationDataModule(train=str(ints), val=str(val), test_size=0,
                                       vocab_size=30)
     with pytest.raises(ValueError, match=r"val\.jsonl:1: the val label 1 never appears"):
         dm.setup("fit")
     # a class list names the label yet no training text has it: allowed (the user said so)
     val.write_text(json.dumps({"text": "c", "label": "dog"}) + "\n")
     names = write_jsonl(tmp_path / "names.jsonl", [{"text": "a", "label": "cat"}] * 3)
-    dm = TextClassificationDataModule(train=str(names), val=str(val), test_fraction=0,
+    dm = TextClassificationDataModule(train=str(names), val=str(val), test_size=0,
                                       classes=["cat", "dog"], vocab_size=30)
     dm.setup("fit")
     assert dm.datasets["val"].labels == [1]

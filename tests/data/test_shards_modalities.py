@@ -77,8 +77,8 @@ def clips(dm: AudioClassificationDataModule, split: str) -> list[tuple[int, tupl
 def test_audio_shards_give_the_folder_items(audio, source):
     root, _ = audio
     out = root / ("out" if source == "in" else "mixed_out")
-    size = dict(val_fraction=4, test_fraction=4) if source == "in" else dict(
-        val_fraction=3, test_fraction=3)
+    size = dict(val_size=4, test_size=4) if source == "in" else dict(
+        val_size=3, test_size=3)
     files = audio_module(train=str(root / source), **size)
     shards = audio_module(shards=str(out))
     files.setup("fit")
@@ -178,7 +178,7 @@ def captions(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_caption_shards_give_the_manifest_items(captions):
     manifest, out = captions
-    args = dict(image_size=8, batch_size=5, val_fraction=2, test_fraction=2)
+    args = dict(image_size=8, batch_size=5, val_size=2, test_size=2)
     files = CaptionDataModule(train=str(manifest), **args)
     shards = CaptionDataModule(shards=str(out), **args)
     files.setup("fit")
@@ -223,7 +223,7 @@ def text(tmp_path_factory) -> tuple[Path, Path]:
 def test_text_shards_give_the_files_blocks(text):
     books, out = text
     files = TextCorpusDataModule(train=str(books), block_size=16, vocab_size=120,
-                                 chunk_chars=400, val_fraction=0.1, test_fraction=0.1,
+                                 chunk_chars=400, val_size=0.1, test_size=0.1,
                                  batch_size=8)
     shards = TextCorpusDataModule(shards=str(out), block_size=16, batch_size=8)
     files.setup("fit")

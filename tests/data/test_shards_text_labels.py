@@ -62,7 +62,7 @@ def folder(tmp_path_factory) -> tuple[Path, Path]:
 def test_labelled_shards_give_the_folder_items(folder):
     src, out = folder
     files = TextClassificationDataModule(train=str(src), vocab_size=80, max_length=40,
-                                         val_fraction=4, test_fraction=5, batch_size=7)
+                                         val_size=4, test_size=5, batch_size=7)
     shards = TextClassificationDataModule(shards=str(out), max_length=40, batch_size=7)
     assert shards.class_names == files.class_names == ["alpha", "beta", "gamma"]
     assert json.loads((out / "multimodal.json").read_text())["kind"] == "labelled-text"
@@ -90,7 +90,7 @@ def test_labelled_shards_keep_a_hugging_face_tokenizers_ids(folder, tmp_path):
     prepare(["labelled-text", str(src), str(tmp_path / "out"), "--tokenizer", tok,
              "--max-length", "10", "--val-size", "3", "--test-size", "3"])
     files = TextClassificationDataModule(train=str(src), tokenizer=tok, max_length=10,
-                                         val_fraction=3, test_fraction=3, batch_size=5)
+                                         val_size=3, test_size=3, batch_size=5)
     shards = TextClassificationDataModule(shards=str(tmp_path / "out"), max_length=10,
                                           batch_size=5)
     files.setup("fit")
@@ -108,7 +108,7 @@ def test_pair_shards_give_the_file_items(tmp_path):
              "--test-size", "5", "--separate-vocabularies"])
     kw = dict(max_source_len=40, max_target_len=30, batch_size=8)
     files = TextPairsDataModule(train=str(pairs), vocab_size=80, shared_vocabulary=False,
-                                val_fraction=5, test_fraction=5, **kw)
+                                val_size=5, test_size=5, **kw)
     shards = TextPairsDataModule(shards=str(tmp_path / "out"), **kw)
     files.setup("fit")
     shards.setup("fit")

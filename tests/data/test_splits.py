@@ -48,3 +48,59 @@ def test_a_module_without_split_dataset_says_so() -> None:
 
     with pytest.raises(NotImplementedError, match="NoSplits must implement split_dataset"):
         NoSplits().train_dataloader()
+
+
+def _own_files(tmp_path):
+    """A ``text,label`` CSV and a ``source<TAB>target`` TSV of 20 rows each."""
+    texts = tmp_path / "texts.csv"
+    texts.write_text("text,label\n" + "".join(f"text number {i},{'ab'[i % 2]}\n"
+                                              for i in range(20)))
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"source {i}\ttarget {i}\n" for i in range(20)))
+    return {"TextClassificationDataModule": {"train": str(texts)},
+            "TextPairsDataModule": {"train": str(pairs)}}
+
+
+@pytest.mark.parametrize("name", ["AudioClassificationDataModule", "CaptionDataModule",
+                                  "TextCorpusDataModule", "SourceClassificationDataModule",
+                                  "TextClassificationDataModule", "TextPairsDataModule"])
+def test_the_old_held_out_names_are_read_with_a_warning_naming_the_new(name, tmp_path) -> None:
+    """``val_fraction`` / ``test_fraction`` (the names before ``val_size`` / ``test_size``)
+    still set the sizes, with a DeprecationWarning naming the new name; the hyper-parameters
+    a checkpoint stores hold only the new names."""
+    from multimodal.data.audio import AudioClassificationDataModule
+    from multimodal.data.text import SourceClassificationDataModule, TextCorpusDataModule
+    from multimodal.data.text_classification import TextClassificationDataModule
+    from multimodal.data.text_pairs import TextPairsDataModule
+
+    cls = {c.__name__: c for c in (AudioClassificationDataModule, CaptionDataModule,
+                                   TextCorpusDataModule, SourceClassificationDataModule,
+                                   TextClassificationDataModule, TextPairsDataModule)}[name]
+    args = _own_files(tmp_path).get(name, {})
+    with pytest.warns(DeprecationWarning, match="val_fraction is deprecated: use val_size"):
+        old = cls(**args, val_fraction=3, test_size=0.25)
+    assert (old.val_size, old.test_size) == (3, 0.25)
+    with pytest.warns(DeprecationWarning, match="test_fraction is deprecated: use test_size"):
+        assert cls(**args, test_fraction=0.3).test_size == 0.3
+    if old.hparams:  # the modules that save their arguments
+        assert old.hparams["val_size"] == 3 and old.hparams["test_size"] == 0.25
+        assert "val_fraction" not in old.hparams and "test_fraction" not in old.hparams
+
+
+def test_an_old_name_splits_as_the_new_one(tmp_path) -> None:
+    """Same seed, same size under either name: the same rows in every split."""
+    import warnings
+
+    from multimodal.data.text_classification import TextClassificationDataModule
+
+    train = _own_files(tmp_path)["TextClassificationDataModule"]["train"]
+    new = TextClassificationDataModule(train=train, val_size=0.2, test_size=4, seed=5,
+                                       vocab_size=40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = TextClassificationDataModule(train=train, val_fraction=0.2, test_fraction=4,
+                                           seed=5, vocab_size=40)
+    want, got = new.read_splits(), old.read_splits()
+    for split in ("train", "val", "test"):
+        assert list(want[split].texts) == list(got[split].texts), split
+    assert len(want["test"].texts) == 4 and len(want["val"].texts) == 3  # round(0.2 * 16)

@@ -75,7 +75,7 @@ def test_own_texts_validation_split_has_every_class(tmp_path):
         [{"text": f"bad film number {i}", "label": "neg"} for i in range(18)]
     path = tmp_path / "reviews.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    dm = TextClassificationDataModule(train=str(path), val_fraction=0.1, test_fraction=0.2,
+    dm = TextClassificationDataModule(train=str(path), val_size=0.1, test_size=0.2,
                                       vocab_size=60, batch_size=4)
     splits = dm.read_splits()
     # test: 7 = round(0.2 * 36) rows, 3.5 of each class: the tie to the first label (neg)

@@ -121,7 +121,7 @@ def _docs(n_per_source: int = 20) -> list[Document]:
 
 def test_split_documents_no_overlap_and_stratified():
     docs = _docs(20)
-    train, val, test = split_documents(docs, val_fraction=0.1, test_fraction=0.2, seed=3)
+    train, val, test = split_documents(docs, val_size=0.1, test_size=0.2, seed=3)
     titles = [{d.title for d in part} for part in (train, val, test)]
     assert not titles[0] & titles[1] and not titles[0] & titles[2] and not titles[1] & titles[2]
     assert set.union(*titles) == {d.title for d in docs}
@@ -171,7 +171,7 @@ def test_text_corpus_datamodule_blocks(tmp_path):
     docs = _synthetic_corpus()
     tok_path = tmp_path / "tok.json"
     dm = TextCorpusDataModule(documents=docs, vocab_size=150, block_size=16, batch_size=4,
-                              val_fraction=0.2, test_fraction=0.2, seed=0,
+                              val_size=0.2, test_size=0.2, seed=0,
                               tokenizer_path=str(tok_path))
     dm.setup("fit")
     assert tok_path.is_file()  # trained on the train split, saved for the next run
@@ -199,7 +199,7 @@ def test_text_corpus_datamodule_blocks(tmp_path):
 
 def test_text_corpus_block_too_large():
     dm = TextCorpusDataModule(documents=_synthetic_corpus(4), vocab_size=100, block_size=5000,
-                              val_fraction=0.25, test_fraction=0.25)
+                              val_size=0.25, test_size=0.25)
     with pytest.raises(ValueError, match="fewer than block_size"):
         dm.setup("fit")
 
@@ -225,7 +225,7 @@ def test_balanced_passages_labels():
 def test_source_classification_datamodule():
     docs = _synthetic_corpus()
     dm = SourceClassificationDataModule(documents=docs, vocab_size=150, max_length=12,
-                                        batch_size=8, val_fraction=0.2, test_fraction=0.2)
+                                        batch_size=8, val_size=0.2, test_size=0.2)
     dm.setup("fit")
     assert dm.num_classes == 3
     for name in ("train", "val", "test"):
@@ -282,7 +282,7 @@ def test_every_rank_joins_the_tokenizer_broadcast_even_when_it_loads_rank_zeros_
             for i in range(6) for src in ("bible", "fortunes", "shakespeare")]
     path = tmp_path / "tok.json"
     first = SourceClassificationDataModule(documents=docs, vocab_size=60, max_length=16,
-                                           val_fraction=0.0, test_fraction=0.0,
+                                           val_size=0.0, test_size=0.0,
                                            tokenizer_path=str(path))
     first.tokenizer  # trains and saves: what rank 0 does first
     assert path.is_file()
@@ -293,7 +293,7 @@ def test_every_rank_joins_the_tokenizer_broadcast_even_when_it_loads_rank_zeros_
         return obj
 
     second = SourceClassificationDataModule(documents=docs, vocab_size=60, max_length=16,
-                                            val_fraction=0.0, test_fraction=0.0,
+                                            val_size=0.0, test_size=0.0,
                                             tokenizer_path=str(path))
     second.trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(broadcast=broadcast))
     second.setup("fit")  # loads the saved file, as the late rank does

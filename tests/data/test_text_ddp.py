@@ -16,7 +16,7 @@ from multimodal.data.text import SourceClassificationDataModule
 from multimodal.data.text_classification import TextClassificationDataModule
 from multimodal.data.text_pairs import TextPairsDataModule
 from multimodal.models.seq2seq import Seq2Seq, Seq2SeqConfig
-from multimodal.tasks.masked_lm import SequenceClassificationTask
+from multimodal.tasks import ClassificationTask
 from multimodal.tasks.seq2seq import Seq2SeqTask
 from multimodal.tokenizers.io import read_tokenizer, tokenizer_to_json
 
@@ -47,28 +47,28 @@ def test_ddp_ranks_share_rank_zeros_trained_wordpiece(tmp_path, module):
         rows = [f'{line(i)},{"ab"[i % 2]}' for i in range(64)]
         (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
         dm = TextClassificationDataModule(train=str(tmp_path / "train.csv"), vocab_size=60,
-                                          max_length=16, val_fraction=0, test_fraction=0,
+                                          max_length=16, val_size=0, test_size=0,
                                           batch_size=8)
     elif module == "pairs":
         (tmp_path / "pairs.tsv").write_text("".join(f"{line(i)}\t{line(i + 5)}\n"
                                                     for i in range(64)))
         dm = TextPairsDataModule(train=str(tmp_path / "pairs.tsv"), vocab_size=60,
-                                 max_source_len=16, max_target_len=16, val_fraction=0,
-                                 test_fraction=0, batch_size=8)
+                                 max_source_len=16, max_target_len=16, val_size=0,
+                                 test_size=0, batch_size=8)
     else:
         docs = [Document(f"{line(i)}. {line(i + 3)}. {line(i + 7)}.", src, f"{src}{i}")
                 for i in range(8) for src in ("bible", "fortunes", "shakespeare")]
         dm = SourceClassificationDataModule(documents=docs, vocab_size=60, max_length=16,
-                                            val_fraction=0.0, test_fraction=0.0, batch_size=8,
+                                            val_size=0.0, test_size=0.0, batch_size=8,
                                             tokenizer_path=str(tmp_path / "tok.json"))
     if module == "pairs":
         task = Seq2SeqTask(Seq2Seq(Seq2SeqConfig(
             source_vocab_size=64, target_vocab_size=64, max_source_len=16, max_target_len=16,
             dim=16, encoder_depth=1, decoder_depth=1, heads=2, mlp_dim=32)))
     else:
-        task = SequenceClassificationTask(TextEncoder(TextEncoderConfig(
+        task = ClassificationTask(TextEncoder(TextEncoderConfig(
             vocab_size=64, max_len=16, dim=16, depth=1, heads=2, num_classes=dm.num_classes,
-            mlm_head=False)))
+            mlm_head=False)), lr=5e-4, weight_decay=0.01, warmup_fraction=0.1)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=1,
                         limit_val_batches=0, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,

@@ -48,7 +48,7 @@ def test_minilm_tokenizer_gives_autotokenizer_ids_padding_and_mask(tmp_path, spe
     path = MINILM if spec == "folder" else MINILM / "tokenizer.json"
     train = write_labelled(tmp_path / "train.jsonl", TEXTS)
     dm = TextClassificationDataModule(train=str(train), tokenizer=str(path), max_length=32,
-                                      batch_size=len(TEXTS), val_fraction=0, test_fraction=0)
+                                      batch_size=len(TEXTS), val_size=0, test_size=0)
     (batch,) = loader_batches(dm, "train")
     ref = auto(MINILM)(TEXTS, truncation=True, max_length=32, padding=True,
                        return_tensors="pt")
@@ -65,7 +65,7 @@ def test_minilm_tokenizer_in_source_classification_and_language_modelling(tmp_pa
             for k in range(6) for t, src in zip(TEXTS[:3], ("bible", "fortunes", "shakespeare"),
                                                 strict=True)]
     dm = SourceClassificationDataModule(documents=docs, tokenizer=str(MINILM), max_length=24,
-                                        val_fraction=0.0, test_fraction=0.0, batch_size=64)
+                                        val_size=0.0, test_size=0.0, batch_size=64)
     assert dm.class_names == ["bible", "fortunes", "shakespeare"]
     dm.setup("fit")
     passages = [p for p, _ in dm.passages["train"]]
@@ -76,7 +76,7 @@ def test_minilm_tokenizer_in_source_classification_and_language_modelling(tmp_pa
     book = tmp_path / "book.txt"
     book.write_text("\n\n".join(TEXTS), encoding="utf-8")
     lm = TextCorpusDataModule(train=str(book), tokenizer=str(MINILM), block_size=8,
-                              chunk_chars=1, val_fraction=0, test_fraction=0)
+                              chunk_chars=1, val_size=0, test_size=0)
     lm.setup("fit")
     backend = tokenizers.Tokenizer.from_file(str(MINILM / "tokenizer.json"))
     backend.no_padding()  # the file pads and cuts to 128: not for a stream of documents
@@ -112,8 +112,8 @@ def roberta_like(tmp_path_factory) -> Path:
 def test_special_ids_come_from_the_tokenizer_not_the_package_defaults(tmp_path, roberta_like):
     train = write_labelled(tmp_path / "train.jsonl", TEXTS)
     dm = TextClassificationDataModule(train=str(train), tokenizer=str(roberta_like),
-                                      max_length=16, batch_size=len(TEXTS), val_fraction=0,
-                                      test_fraction=0)
+                                      max_length=16, batch_size=len(TEXTS), val_size=0,
+                                      test_size=0)
     (batch,) = loader_batches(dm, "train")
     ref = auto(roberta_like)(TEXTS, truncation=True, max_length=16, padding=True,
                              return_tensors="pt")
@@ -129,8 +129,8 @@ def test_pairs_targets_are_framed_by_the_tokenizers_own_bos_and_eos(tmp_path, ro
     targets = TEXTS[1:] + TEXTS[:1]
     for folder, (bos, eos, pad) in ((roberta_like, (0, 2, 1)), (MINILM, (101, 102, 0))):
         dm = TextPairsDataModule(train=str(pairs), tokenizer=str(folder), max_source_len=20,
-                                 max_target_len=12, batch_size=8, val_fraction=0,
-                                 test_fraction=0)
+                                 max_target_len=12, batch_size=8, val_size=0,
+                                 test_size=0)
         (batch,) = loader_batches(dm, "train")
         assert (dm.bos_token_id, dm.eos_token_id, dm.pad_token_id) == (bos, eos, pad)
         hf = auto(folder)
@@ -156,7 +156,7 @@ def test_seq2seq_task_decodes_with_the_datas_special_ids(tmp_path, roberta_like)
     pairs.write_text("".join(json.dumps({"source": t, "target": t.upper()}) + "\n"
                              for t in TEXTS), encoding="utf-8")
     dm = TextPairsDataModule(train=str(pairs), tokenizer=str(roberta_like), max_source_len=16,
-                             max_target_len=8, batch_size=5, val_fraction=2, test_fraction=0)
+                             max_target_len=8, batch_size=5, val_size=2, test_size=0)
     dm.setup("fit")
     cfg = Seq2SeqConfig(source_vocab_size=dm.source_vocab_size,
                         target_vocab_size=dm.target_vocab_size, max_source_len=16,

@@ -44,7 +44,7 @@ def test_tsv_with_or_without_header_csv_and_jsonl_read_the_same_pairs(tmp_path):
 
 def test_batches_frame_targets_with_bos_and_eos(tmp_path):
     dm = TextPairsDataModule(train=str(write_tsv(tmp_path / "p.tsv", PAIRS)), vocab_size=90,
-                             val_fraction=0, test_fraction=0, batch_size=6)
+                             val_size=0, test_size=0, batch_size=6)
     dm.setup("fit")
     batch = next(iter(dm.loader(dm.split_dataset("train"), shuffle=False)))
     src, tgt = dm.source_tokenizer, dm.target_tokenizer
@@ -60,7 +60,7 @@ def test_batches_frame_targets_with_bos_and_eos(tmp_path):
     assert dm.decode_targets(batch["target_ids"]) == [tgt.decode(tgt.encode(t))
                                                       for _, t in PAIRS]
     separate = TextPairsDataModule(train=str(tmp_path / "p.tsv"), vocab_size=90,
-                                   shared_vocabulary=False, val_fraction=0, test_fraction=0)
+                                   shared_vocabulary=False, val_size=0, test_size=0)
     assert separate.source_tokenizer is not separate.target_tokenizer
     assert separate.target_tokenizer.token_to_id("morning") is None
 
@@ -69,7 +69,7 @@ def test_long_texts_are_cut_to_the_max_lengths_and_counted(tmp_path):
     long = [("one two three four five six seven", "a b c d e f g h")]
     dm = TextPairsDataModule(train=str(write_tsv(tmp_path / "p.tsv", PAIRS + long)),
                              vocab_size=90, max_source_len=4, max_target_len=5,
-                             val_fraction=0, test_fraction=0)
+                             val_size=0, test_size=0)
     dm.setup("fit")
     source, target = dm.datasets["train"][len(PAIRS)]
     tok = dm.target_tokenizer
@@ -80,7 +80,7 @@ def test_long_texts_are_cut_to_the_max_lengths_and_counted(tmp_path):
 
 def test_trained_tokenizers_travel_in_the_state_dict(tmp_path):
     kw = dict(train=str(write_tsv(tmp_path / "p.tsv", PAIRS * 3)), vocab_size=90,
-              shared_vocabulary=False, val_fraction=3, test_fraction=3)
+              shared_vocabulary=False, val_size=3, test_size=3)
     dm = TextPairsDataModule(**kw)
     dm.setup("fit")
     state = dm.state_dict()

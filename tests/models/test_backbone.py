@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import multimodal as mm
-from multimodal.hub import load_checkpoint
+from multimodal.checkpoints import load_checkpoint
 from multimodal.models.backbone import BACKBONE_FIELDS, model_config
 from multimodal.nn.block import TransformerConfig
 from multimodal.registry import MODEL_CLASSES

@@ -23,7 +23,8 @@ from multimodal.models.codec_lm import (
     CodecNARConfig,
     pack_segments,
 )
-from multimodal.synthesis import TTSBundle, split_sentences, synthesize
+from multimodal.pipelines.speak import split_sentences, synthesize
+from multimodal.synthesis import TTSBundle
 from multimodal.tasks.tts import TTSTask, crop_prompt
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 from multimodal.tokenizers.phonemes import PhonemeTokenizer
@@ -375,7 +376,7 @@ def test_long_text_is_split_into_sentences(tmp_path: Path) -> None:
     assert split_sentences("Hello world. The cat sat!  Why?\nno") == [
         "Hello world.", "The cat sat!", "Why?", "no"]
     prompt = _voice(150, seconds=1.0)
-    from multimodal.synthesis import _budget, _chunks
+    from multimodal.pipelines.speak import _budget, _chunks
 
     limit = _budget(bundle, bundle.max_prompt_frames)
     sentence = "the cat sat. "

@@ -15,10 +15,10 @@ from torch.utils.data import DataLoader
 
 from multimodal.embeddings import analogy, nearest_neighbours
 from multimodal.models.text import TextDecoder, TextDecoderConfig, TextEncoder, TextEncoderConfig
+from multimodal.tasks.classification import ClassificationTask
 from multimodal.tasks.language_model import LanguageModelTask, TokenNLL, next_token_nll
 from multimodal.tasks.masked_lm import (
     MaskedLMTask,
-    SequenceClassificationTask,
     load_encoder_weights,
     mask_tokens,
     mlm_loss,
@@ -174,7 +174,7 @@ def test_masked_lm_task_step_and_export_to_classifier(tmp_path: Path) -> None:
 
 def test_sequence_classification_uses_cls_token_only() -> None:
     clf = tiny_encoder(num_classes=3).eval()
-    task = SequenceClassificationTask(clf)
+    task = ClassificationTask(clf)
     ids = torch.randint(7, 30, (2, 8))
     ids[:, 0] = 2
     logits = task({"input_ids": ids, "attention_mask": torch.ones_like(ids)})

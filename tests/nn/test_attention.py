@@ -280,3 +280,34 @@ def test_attention_bad_inputs_raise_value_error() -> None:
         cross(x)
     with pytest.raises(ValueError, match=r"\(batch, tokens, 5\).*\(2, 3, 8\)"):
         cross(x, torch.randn(2, 3, 8))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_query_decoding_step_matches_per_head_formula(kv_heads: int) -> None:
+    """A decoding step (one query a head, keys from the cache) with grouped-query attention:
+    output and attention weights equal softmax(q_h k_{g(h)}^T / sqrt(d)) v_{g(h)} computed
+    head by head, with g(h) = h // (heads / kv_heads)."""
+    from multimodal.nn import LayerCache
+
+    torch.manual_seed(0)
+    heads, dim, b, t = 6, 24, 2, 5
+    attn = Attention(dim, heads, kv_heads=kv_heads).eval()
+    x = torch.randn(b, t, dim)
+    cache = LayerCache(t)
+    with torch.no_grad():
+        attn(x[:, :-1], cache=cache, causal=True)
+        out, weights = attn(x[:, -1:], cache=cache, need_weights=True)
+        d, kv_dim = dim // heads, kv_heads * (dim // heads)
+        q, k, v = attn.qkv(x).split([dim, kv_dim, kv_dim], dim=-1)
+        q = q[:, -1].reshape(b, heads, d)
+        k, v = k.reshape(b, t, kv_heads, d), v.reshape(b, t, kv_heads, d)
+        group = heads // kv_heads
+        rows, maps = [], []
+        for h in range(heads):
+            w = torch.softmax(torch.einsum("bd,btd->bt", q[:, h], k[:, :, h // group])
+                              / math.sqrt(d), -1)
+            maps.append(w)
+            rows.append(torch.einsum("bt,btd->bd", w, v[:, :, h // group]))
+        want = attn.proj(torch.cat(rows, -1))[:, None]
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(weights[:, :, 0], torch.stack(maps, 1), atol=1e-6, rtol=1e-5)

@@ -16,7 +16,7 @@ def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight text encoder (2 blocks, width 32, 16-token context, mean pooling) and
     its word-piece tokenizer, written by ``save_pretrained``."""
     import multimodal as mm
-    from multimodal.hub import Encoder
+    from multimodal.encoder import Encoder
 
     tok = mm.WordPieceTokenizer.train(TEXTS * 10, vocab_size=120)
     torch.manual_seed(0)
@@ -63,3 +63,32 @@ def tiny_classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ckpt["tokenizer"] = (folder / "tokenizer.json").read_text()
     torch.save(ckpt, folder / "classifier.ckpt")
     return folder / "classifier.ckpt"
+
+
+def tiny_clip_folder(folder: Path, loss: str = "softmax", preprocessor: bool = True) -> Path:
+    """A random-weight CLIP (``loss="sigmoid"``: SigLIP) of ours (two 2-block towers of
+    width 32, 16-d embeddings, 32x32 images), its word-piece tokenizer and, unless told
+    otherwise, its image preprocessing, written by ``save_pretrained``."""
+    import multimodal as mm
+    from multimodal.encoder import Encoder
+
+    tok = mm.WordPieceTokenizer.train(TEXTS * 10 + ["a photo of a cat", "a dog"] * 10,
+                                      vocab_size=120)
+    torch.manual_seed(0)
+    config = mm.CLIPConfig(
+        vision=mm.ViTConfig(image_size=32, patch_size=8, dim=32, depth=2, heads=2, mlp_dim=64,
+                            pool="mean", class_token=False),
+        text=mm.TextEncoderConfig(vocab_size=tok.vocab_size, max_len=24, dim=32, depth=2,
+                                  heads=2, mlp_dim=64),
+        embed_dim=16, loss=loss)
+    model = mm.CLIP(config)
+    with torch.no_grad():  # peaked enough that the labels differ
+        model.logit_scale.fill_(3.0)
+    pre = mm.ImagePreprocessor(size=32) if preprocessor else None
+    return Encoder(model, tok, preprocessor=pre).save_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`tiny_clip_folder` (softmax CLIP)."""
+    return tiny_clip_folder(tmp_path_factory.mktemp("serve") / "clip")

@@ -26,7 +26,7 @@ def server(tiny_classifier):
 
 def task_probabilities(path, texts) -> np.ndarray:
     """Softmax of ClassificationTask.forward, the training path, one text at a time."""
-    from multimodal.hub import checkpoint_tokenizer, read_checkpoint
+    from multimodal.checkpoints import checkpoint_tokenizer, read_checkpoint
     from multimodal.tasks.classification import ClassificationTask
 
     ckpt = read_checkpoint(path)

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import multimodal as mm
 from multimodal.tasks import ClassificationTask
-from multimodal.tasks.finetune import FinetuneConfig, param_groups
+from multimodal.tasks.optim import param_groups
 from multimodal.tasks.pretrained import HEAD_MODULES
 
 VIT = dict(image_size=16, patch_size=8, in_channels=3, num_classes=3, dim=32, depth=3, heads=2,
@@ -111,7 +111,7 @@ def test_layer_decay_scales_match_timm():
     for g in t_groups:
         t_count[(round(g["lr_scale"], 9), g["weight_decay"] > 0)] += sum(
             p.numel() for p in g["params"])
-    o_groups = param_groups(ours, 1.0, 0.05, FinetuneConfig(layer_decay=decay), HEAD_MODULES)
+    o_groups = param_groups(ours, 1.0, 0.05, layer_decay=decay, heads=HEAD_MODULES)
     o_count = Counter()
     for g in o_groups:
         o_count[(round(g["lr"], 9), g["weight_decay"] > 0)] += sum(

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 import multimodal as mm
 from multimodal.convert.hf_pooling import FolderPooling, write_folder_pooling
-from multimodal.tasks import SequenceClassificationTask
+from multimodal.tasks import ClassificationTask
 from multimodal.tasks.pretrained import folder_tokenizer, load_pretrained
 from tests.pretrained_folders import bert_folder
 
@@ -43,7 +43,7 @@ def _by_hand(model, batch):
 
 def test_task_pools_as_the_folder_says(tmp_path):
     folder = _st_folder(tmp_path)
-    task = SequenceClassificationTask(pretrained=str(folder), num_classes=2).eval()
+    task = ClassificationTask(modality="text", pretrained=str(folder), num_classes=2).eval()
     assert (task.model.config.pool, task.model.config.normalize) == ("mean", True)
     batch = _batch(folder)
     assert not bool(batch["attention_mask"].all())  # padding is there to be left out
@@ -56,10 +56,10 @@ def test_task_pools_as_the_folder_says(tmp_path):
 
 def test_a_plain_folder_keeps_cls_and_overrides_win(tmp_path):
     plain = bert_folder(tmp_path / "bert")
-    assert SequenceClassificationTask(pretrained=str(plain), num_classes=2).model.config.pool \
-        == "cls"
+    task = ClassificationTask(modality="text", pretrained=str(plain), num_classes=2)
+    assert task.model.config.pool == "cls"
     folder = _st_folder(tmp_path)
-    task = SequenceClassificationTask(pretrained=str(folder), num_classes=2,
+    task = ClassificationTask(modality="text", pretrained=str(folder), num_classes=2,
                                       overrides={"pool": "cls"})
     assert (task.model.config.pool, task.model.config.normalize) == ("cls", True)
 
@@ -67,7 +67,7 @@ def test_a_plain_folder_keeps_cls_and_overrides_win(tmp_path):
 def test_checkpoint_embeds_like_the_folder(tmp_path):
     folder = _st_folder(tmp_path)
     batch = _batch(folder)
-    task = SequenceClassificationTask(pretrained=str(folder), num_classes=2, lr=1e-3)
+    task = ClassificationTask(modality="text", pretrained=str(folder), num_classes=2, lr=1e-3)
     trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path)
@@ -95,7 +95,7 @@ def test_minilm_task_features_are_sentence_transformers_encode():
     folder = minilm.get_model_path()
     texts = ["I baked fresh bread this morning", "ok",
              "A cold wind blows from the north, bringing snow and hail over the hills tonight"]
-    task = SequenceClassificationTask(pretrained=str(folder), num_classes=3).eval()
+    task = ClassificationTask(modality="text", pretrained=str(folder), num_classes=3).eval()
     tok = folder_tokenizer(load_pretrained(folder))
     with torch.no_grad():
         ours = task.head_inputs(tok.encode_batch(texts, max_length=256))

@@ -17,7 +17,6 @@ from multimodal.tasks import (
     ContrastiveTask,
     LanguageModelTask,
     MaskedLMTask,
-    SequenceClassificationTask,
 )
 from multimodal.tasks.pretrained import data_settings, head_names
 
@@ -78,7 +77,7 @@ def test_explicit_num_classes_that_disagrees_with_the_data_is_an_error(hf):
 
 
 def test_text_classifier_from_a_bert_folder(hf):
-    task = SequenceClassificationTask(pretrained=str(hf["bert"]), class_names=CLASSES)
+    task = ClassificationTask(modality="text", pretrained=str(hf["bert"]), class_names=CLASSES)
     assert isinstance(task.model, mm.TextEncoder) and task.model.config.num_classes == 3
     _same_weights(task.model, mm.from_hf(hf["bert"]), skip=("head",))
     ids = torch.randint(5, 50, (2, 7))
@@ -93,7 +92,7 @@ def test_clip_folder_gives_its_towers(hf):
     assert isinstance(image.model, mm.ViT)
     n = _same_weights(image.model, clip.vision_model, skip=("head",))
     assert n == len(clip.vision_model.state_dict())
-    text = SequenceClassificationTask(pretrained=str(hf["clip"]), num_classes=2)
+    text = ClassificationTask(modality="text", pretrained=str(hf["clip"]), num_classes=2)
     assert isinstance(text.model, mm.TextEncoder)
     _same_weights(text.model, clip.text_model, skip=("head",))
     with pytest.raises(ValueError, match="set the task's modality"):
@@ -220,7 +219,7 @@ def test_audio_fine_tuning_feeds_waveforms_and_keeps_the_folder_normalisation(hf
             sf.write(tmp_path / "clips" / c / f"{i}.wav",
                      rng.normal(0, 0.1 * (1 + 3 * (c == "b")), 8000).astype("float32"), 16000)
     dm = AudioClassificationDataModule(train=str(tmp_path / "clips"), batch_size=2,
-                                       val_fraction=2, test_fraction=2,
+                                       val_size=2, test_size=2,
                                        **data_settings(hf["ast"]))
     task = ClassificationTask(pretrained=str(hf["ast"]), class_names=dm.class_names)
     stats = task.model.tokenizer.to_dict()
@@ -278,7 +277,7 @@ def test_captioning_and_seq2seq_tasks_start_from_save_pretrained_folders(tmp_pat
     task = Seq2SeqTask(pretrained=str(seq.save_pretrained(tmp_path / "seq")))
     _same_weights(task.model, seq)
     # the seq2seq encoder is a text part a classifier can take
-    text = SequenceClassificationTask(pretrained=str(tmp_path / "seq"), num_classes=2)
+    text = ClassificationTask(modality="text", pretrained=str(tmp_path / "seq"), num_classes=2)
     _same_weights(text.model, seq.encoder, skip=("head",))
 
 

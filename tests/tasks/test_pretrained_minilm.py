@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import multimodal as mm
-from multimodal.tasks import SequenceClassificationTask
+from multimodal.tasks import ClassificationTask
 from multimodal.tasks.pretrained import folder_tokenizer, load_pretrained
 from tests.real_weights import real_weights
 
@@ -42,10 +42,11 @@ def test_minilm_lora_fine_tuning_tells_topics_apart(tmp_path):
 
     texts, labels = FOOD + WEATHER, [0] * len(FOOD) + [1] * len(WEATHER)
     L.seed_everything(0)
-    task = SequenceClassificationTask(pretrained=str(folder), class_names=["food", "weather"],
-                                      lr=2e-3, warmup_fraction=0.0,
-                                      finetune={"regime": "lora", "lora_rank": 4,
-                                                "lora_targets": ["qkv"]})
+    task = ClassificationTask(modality="text", pretrained=str(folder),
+                              class_names=["food", "weather"], lr=2e-3, weight_decay=0.01,
+                              warmup_fraction=0.0,
+                              finetune={"regime": "lora", "lora_rank": 4,
+                                        "lora_targets": ["qkv"]})
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(0)).tolist()
     items = [batch([texts[i] for i in order[k:k + 4]], [labels[i] for i in order[k:k + 4]])
              for k in range(0, len(texts), 4)]

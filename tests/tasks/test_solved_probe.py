@@ -214,7 +214,6 @@ def test_minilm_contrastive_beats_the_untuned_probe():
     from multimodal.data.sources.corpora import load_corpus
     from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR
     from multimodal.data.sources.shakespeare import DEFAULT_ROOT
-    from multimodal.tasks import SequenceClassificationTask
     from multimodal.tasks.pretrained import folder_tokenizer, load_pretrained
 
     sources = ("bible", "fortunes", "shakespeare")
@@ -251,8 +250,9 @@ def test_minilm_contrastive_beats_the_untuned_probe():
     scores = {}
     for regime in ("linear_probe", "contrastive"):
         L.seed_everything(0)
-        task = SequenceClassificationTask(pretrained=str(folder), num_classes=3, lr=5e-5,
-                                          warmup_fraction=0.1, finetune={"regime": regime})
+        task = ClassificationTask(modality="text", pretrained=str(folder), num_classes=3,
+                                  lr=5e-5, weight_decay=0.01, warmup_fraction=0.1,
+                                  finetune={"regime": regime})
         trainer = L.Trainer(accelerator="cpu", max_epochs=5, logger=False,
                             enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False)

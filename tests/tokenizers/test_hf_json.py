@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import multimodal as mm
-from multimodal.hub import load_encoder
+from multimodal.encoder import load_encoder
 from multimodal.tokenizers.hf_json import HFTokenizer, is_hf_tokenizer_file
 from tests.real_weights import real_weights
 

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_png, read_file
 
+from multimodal.data.splits import check_sizes, split_size
+
 DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "data" / "cache" / "emoji"
 IMAGE_DIR = Path("img") / "twitter" / "64"
 GET_DATA = "bash data/get_emoji.sh"
@@ -167,18 +169,17 @@ def load_emoji_records(
     return records
 
 
-def split_emoji(records: Sequence[EmojiRecord], val_fraction: float = 0.1,
-                test_fraction: float = 0.1, seed: int = 0) -> dict[str, list[EmojiRecord]]:
+def split_emoji(records: Sequence[EmojiRecord], val_size: float = 0.1,
+                test_size: float = 0.1, seed: int = 0) -> dict[str, list[EmojiRecord]]:
     """Random split by emoji, deterministic under ``seed``; each split keeps sort order.
 
-    Sizes: n_test = round(test_fraction * N), n_val = round(val_fraction * N), the rest train.
+    Sizes (:func:`~multimodal.data.splits.split_size`): n_test = round(test_size * N) for a
+    fraction, the count itself for a whole count; n_val likewise; the rest train.
     """
-    if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise ValueError("need 0 <= val_fraction, test_fraction and their sum < 1, got "
-                         f"val_fraction={val_fraction}, test_fraction={test_fraction}")
+    check_sizes(val_size, test_size)
     n = len(records)
     order = np.random.default_rng(seed).permutation(n)
-    n_test, n_val = round(test_fraction * n), round(val_fraction * n)
+    n_test, n_val = split_size(test_size, n, "test_size"), split_size(val_size, n, "val_size")
     parts = {"test": order[:n_test], "val": order[n_test:n_test + n_val],
              "train": order[n_test + n_val:]}
     return {name: [records[i] for i in sorted(idx)] for name, idx in parts.items()}
@@ -206,10 +207,10 @@ def load_emoji_images(records: Sequence[EmojiRecord], image_size: int = 64) -> t
     return out
 
 
-def load_emoji(root: str | Path | None = None, image_size: int = 64, val_fraction: float = 0.1,
-               test_fraction: float = 0.1, seed: int = 0
+def load_emoji(root: str | Path | None = None, image_size: int = 64, val_size: float = 0.1,
+               test_size: float = 0.1, seed: int = 0
                ) -> dict[str, tuple[torch.Tensor, list[str], list[EmojiRecord]]]:
     """All splits as {split: (images uint8 (N, 3, S, S), captions, records)}."""
-    splits = split_emoji(load_emoji_records(root), val_fraction, test_fraction, seed)
+    splits = split_emoji(load_emoji_records(root), val_size, test_size, seed)
     return {name: (load_emoji_images(recs, image_size), [r.caption for r in recs], recs)
             for name, recs in splits.items()}

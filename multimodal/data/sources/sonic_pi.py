@@ -55,7 +55,7 @@ def sonic_pi_files(
 
 
 def split_sonic_pi(
-    files: dict[str, list[Path]], val_fraction: float = 0.1, test_fraction: float = 0.2,
+    files: dict[str, list[Path]], val_size: float = 0.1, test_size: float = 0.2,
     seed: int = 0,
 ) -> dict[str, list[tuple[Path, int]]]:  # fmt: skip
     """Seeded split by file, stratified by class: ``{split: [(path, label), ...]}``."""
@@ -63,7 +63,7 @@ def split_sonic_pi(
     for label, name in enumerate(sorted(files)):
         group = sorted(files[name])
         random.Random(f"{seed}:{name}").shuffle(group)
-        n_val, n_test = split_counts(len(group), val_fraction, test_fraction)
+        n_val, n_test = split_counts(len(group), val_size, test_size)
         out["test"] += [(p, label) for p in group[:n_test]]
         out["val"] += [(p, label) for p in group[n_test : n_test + n_val]]
         out["train"] += [(p, label) for p in group[n_test + n_val :]]

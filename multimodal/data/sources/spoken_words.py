@@ -32,7 +32,7 @@ from multimodal.data.audio_transforms import (
 from multimodal.data.sources import GET_AUDIO
 from multimodal.data.sources.sonic_pi import SONIC_PI_DIR, sonic_pi_files
 from multimodal.data.sources.speech import SpeechJob, Voice, available_voices, speak_all
-from multimodal.data.splits import split_counts
+from multimodal.data.splits import check_sizes, split_counts
 from multimodal.tokenizers.audio import load_audio
 
 __all__ = ["COMMANDS", "DIGITS", "SPOKEN_WORDS", "SpokenWordsDataset", "read_manifest",
@@ -134,22 +134,19 @@ def read_manifest(root: str | os.PathLike) -> list[dict[str, str]]:
 
 def split_voices(
     voices: Iterable[str],
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.2,
+    val_size: float = 0.1,
+    test_size: float = 0.2,
     seed: int = 0,
 ) -> dict[str, list[str]]:
     """Split voice ids into disjoint ``train`` / ``val`` / ``test`` lists.
 
     Stratified by engine (``espeak`` / ``flite``, the part before ``:``) so each split hears
     both synthesisers: within an engine the sorted voices are shuffled with ``seed`` and the
-    first ``round(test_fraction * n)`` (at least 1) go to test, the next ones to val.
+    first ``round(test_size * n)`` (at least 1; a whole count: that many per engine) go to
+    test, the next ones to val (:func:`~multimodal.data.splits.split_counts`).
     Deterministic: the same voices and seed give the same split.
     """
-    if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise ValueError(
-            f"need 0 <= val_fraction, test_fraction and a sum < 1, got {val_fraction}, "
-            f"{test_fraction}"
-        )
+    check_sizes(val_size, test_size)
     by_engine: dict[str, list[str]] = defaultdict(list)
     for v in sorted(set(voices)):
         by_engine[v.partition(":")[0]].append(v)
@@ -157,7 +154,7 @@ def split_voices(
     for engine in sorted(by_engine):
         group = by_engine[engine]
         random.Random(f"{seed}:{engine}").shuffle(group)
-        n_val, n_test = split_counts(len(group), val_fraction, test_fraction)
+        n_val, n_test = split_counts(len(group), val_size, test_size)
         out["test"] += group[:n_test]
         out["val"] += group[n_test : n_test + n_val]
         out["train"] += group[n_test + n_val :]

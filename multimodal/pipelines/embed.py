@@ -1,0 +1,217 @@
+"""``mm.embed`` / ``multimodal embed``: one embedding per input of a folder or manifest
+(:mod:`multimodal.pipelines.inputs`).
+
+``embed`` writes ``(N, D)`` float32 embeddings with their ids to ``.safetensors`` (tensor
+``embeddings``, the ids in the metadata) or ``.npy`` (the ids in ``<name>.ids.json``
+beside it). Work is saved batch by batch in ``<out>.parts/``; a run that is interrupted and
+started again with the same ``out`` reads what is there and embeds only the rest (an
+``out`` written by another model is refused, never mixed). Inputs are batched and each
+embedding is the same whatever it was batched with (:meth:`multimodal.encoder.Encoder.encode`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from multimodal.encoder import Encoder, load_encoder
+from multimodal.loading import load
+from multimodal.pipelines.inputs import (
+    InputItem,
+    Reader,
+    Skipped,
+    UnreadableInput,
+    collect_inputs,
+    data_image_preprocessor,
+    item_kind,
+    read_batch,
+)
+from multimodal.progress import progress
+from multimodal.weights import save_safetensors
+
+__all__ = ["embed", "encode_batch", "load_model_encoder", "read_embeddings"]
+
+PARTS_SUFFIX = ".parts"
+OUTPUT_SUFFIXES = (".safetensors", ".npy")
+
+
+def encode_batch(encoder: Encoder, kind: str, items: list[InputItem], values: list[Any],
+                  skip_corrupt: bool, skipped: Skipped) -> tuple[list[InputItem], torch.Tensor]:
+    """Embeddings of loaded values; an input the model cannot take (a clip too short for one
+    window, an image the preprocessor refuses) is named, or skipped one by one."""
+    modality = kind if encoder.modality == "image+text" else None
+    try:
+        return items, encoder.encode(values, modality=modality, batch_size=len(values)).cpu()
+    except ValueError as err:
+        if len(values) == 1:
+            if not skip_corrupt:
+                raise UnreadableInput(f"{items[0].where}: {err}") from None
+            skipped.add(items[0], f"{items[0].where}: {err}")
+            return [], torch.empty(0)
+    kept, rows = [], []  # find the input(s) at fault
+    for item, value in zip(items, values, strict=True):
+        got, emb = encode_batch(encoder, kind, [item], [value], skip_corrupt, skipped)
+        if got:
+            kept += got
+            rows.append(emb)
+    return kept, (torch.cat(rows) if rows else torch.empty(0))
+
+
+def _kinds_of(encoder: Encoder) -> tuple[str, ...]:
+    return ("image", "text") if encoder.modality == "image+text" else (encoder.modality,)
+
+
+def load_model_encoder(model: Any) -> Encoder:
+    """:func:`~multimodal.encoder.load_encoder` of ``model`` (a path is read once by
+    :func:`multimodal.load`), and for a task checkpoint that did not record its image
+    normalisation, the normalisation measured again by its data module (an
+    :class:`~multimodal.encoder.Encoder` is returned as it is)."""
+    if isinstance(model, Encoder):
+        return model
+    loaded = load(model) if isinstance(model, (str, os.PathLike)) else None
+    encoder = load_encoder(loaded if loaded is not None else model)
+    if encoder.preprocessor is None and encoder.modality in ("image", "image+text") \
+            and loaded is not None and loaded.kind == "checkpoint":
+        config = encoder.backbone.config
+        vision = getattr(config, "vision", config)
+        encoder.preprocessor = data_image_preprocessor(
+            loaded.data_class, loaded.data_arguments, loaded.path,
+            int(getattr(vision, "in_channels", 3)), getattr(vision, "image_size", None))
+    return encoder
+
+
+def _ids_file(out: Path) -> Path:
+    return out.with_name(out.stem + ".ids.json")
+
+
+def read_embeddings(path: str | Path) -> tuple[list[str], torch.Tensor, dict[str, Any]]:
+    """``(ids, embeddings (N, D), metadata)`` of a file written by :func:`embed`."""
+    path = Path(path)
+    if path.suffix == ".npy":
+        import numpy as np
+
+        emb = torch.from_numpy(np.load(path))
+        meta = json.loads(_ids_file(path).read_text(encoding="utf-8"))
+        return list(meta.pop("ids")), emb, meta
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        header = dict(f.metadata() or {})
+        emb = f.get_tensor("embeddings")
+    meta = {k: json.loads(v) for k, v in header.items()}
+    return list(meta.pop("ids")), emb, meta
+
+
+def _write(path: Path, ids: list[str], emb: torch.Tensor, meta: dict[str, Any]) -> None:
+    """Write atomically: a half-written file never has the final name."""
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".npy":
+        import numpy as np
+
+        with open(tmp, "wb") as f:
+            np.save(f, emb.numpy())
+        ids_tmp = _ids_file(path).with_suffix(".tmp")
+        ids_tmp.write_text(json.dumps({"ids": ids, **meta}), encoding="utf-8")
+        os.replace(ids_tmp, _ids_file(path))
+    else:
+        save_safetensors({"embeddings": emb.contiguous()}, tmp,
+                         metadata={"ids": json.dumps(ids),
+                                   **{k: json.dumps(v) for k, v in meta.items()}})
+    os.replace(tmp, path)
+
+
+def _done_so_far(out: Path, parts: Path, model_name: str) -> dict[str, torch.Tensor]:
+    """Embeddings already written by an earlier run into ``out`` or its parts folder."""
+    done: dict[str, torch.Tensor] = {}
+    files = [out] if out.is_file() else []
+    if parts.is_dir():
+        files += sorted(parts.glob("part-*" + out.suffix))
+    for file in files:
+        try:
+            ids, emb, meta = read_embeddings(file)
+        except Exception as err:  # a damaged part is recomputed, never trusted
+            if file == out:
+                raise ValueError(f"{out} exists but is not a readable embeddings file "
+                                 f"({err}); remove it or choose another --out") from None
+            continue
+        if meta.get("model") != model_name:
+            raise ValueError(f"{file} was written with model {meta.get('model')!r}, not "
+                             f"{model_name!r}: remove it or choose another --out")
+        done.update(zip(ids, emb, strict=True))
+    return done
+
+
+def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size: int = 32,
+          skip_corrupt: bool = False, stream: IO[str] | None = None,
+          model_name: str | None = None, on_batch: Callable[[int], None] | None = None
+          ) -> tuple[list[str], torch.Tensor]:
+    """Embed every input (see the module docstring): ``(ids, embeddings (N, D))`` in input
+    order, skipped inputs left out. ``model`` is an :class:`~multimodal.encoder.Encoder` or
+    anything :func:`~multimodal.encoder.load_encoder` reads. With ``out`` (``.safetensors`` or
+    ``.npy``) the result is also written, batch by batch, and an interrupted run resumes;
+    ``model_name`` (default: the model's path, else its class) is recorded with them and
+    must match on resume. ``on_batch(n)`` is called after each batch."""
+    encoder = load_model_encoder(model)
+    if model_name is None:
+        model_name = str(model) if isinstance(model, (str, os.PathLike)) \
+            else type(encoder.backbone).__name__
+    if Path(model_name).exists():
+        model_name = str(Path(model_name).resolve())
+    items = collect_inputs(inputs, _kinds_of(encoder))
+    kind = item_kind(items[0])
+    if kind not in _kinds_of(encoder):
+        raise ValueError(f"{items[0].where} is {'a text' if kind == 'text' else kind} but the "
+                         f"model ({type(encoder.backbone).__name__}) reads "
+                         f"{' and '.join(_kinds_of(encoder))}")
+    stream = stream if stream is not None else sys.stderr
+    done: dict[str, torch.Tensor] = {}
+    out_path = parts = None
+    if out is not None:
+        out_path = Path(out)
+        if out_path.suffix not in OUTPUT_SUFFIXES:
+            raise ValueError(f"--out {out_path}: write .safetensors or .npy")
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        parts = out_path.with_name(out_path.name + PARTS_SUFFIX)
+        done = _done_so_far(out_path, parts, model_name)
+        if done:
+            print(f"resuming: {sum(i.id in done for i in items)} of {len(items)} inputs "
+                  f"already embedded in {out_path}", file=stream)
+    todo = [item for item in items if item.id not in done]
+    skipped, reader = Skipped(), Reader.of(encoder)
+    if todo and parts is not None:
+        parts.mkdir(exist_ok=True)
+    next_part = len(list(parts.glob("part-*"))) if parts is not None and parts.is_dir() else 0
+    with progress(total=len(todo), desc="embed", unit="inputs", stream=stream) as bar:
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start:start + batch_size]
+            kept, values = read_batch(chunk, kind, reader, skip_corrupt, skipped)
+            if values:
+                kept, emb = encode_batch(encoder, kind, kept, values, skip_corrupt, skipped)
+                emb = emb.float()
+                done.update(zip([i.id for i in kept], emb, strict=True))
+                if parts is not None and kept:
+                    _write(parts / f"part-{next_part:06d}{out_path.suffix}",
+                           [i.id for i in kept], emb, {"model": model_name})
+                    next_part += 1
+            bar.update(len(chunk))
+            if on_batch is not None:
+                on_batch(start // batch_size)
+    skipped.report(stream)
+    ids = [item.id for item in items if item.id in done]
+    if not ids:
+        raise ValueError("no input could be embedded")
+    emb = torch.stack([done[i] for i in ids])
+    if out_path is not None:
+        _write(out_path, ids, emb, {"model": model_name,
+                                    "skipped": [i for i, _ in skipped.items]})
+        if parts is not None and parts.is_dir():
+            for file in parts.iterdir():
+                file.unlink()
+            parts.rmdir()
+    return ids, emb
