@@ -110,30 +110,39 @@ class DraftLength:
     If each guess is right with probability ``a`` (given the ones before it were) and a
     pass over ``1 + k`` rows costs ``1 + b k`` one-row passes, a pass with ``k`` guesses
     yields ``E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)`` tokens, and the best
-    ``k`` maximises ``E(k) / (1 + b k)`` (``k = 0``: a plain step, ratio 1; so a guess
-    is verified only when ``a > b`` at least). ``a`` is estimated from every step's
-    proposal against the tokens that came out, verified or not (a proposal not sent to
-    the model is still compared with the model's next token: free evidence), with older
-    steps' counts decayed by ``decay``; ``b`` from the measured times of one-row and
-    several-row passes (about 0.1 for SmolLM2 in fp32 at one thread, 0.2 in packed int4,
-    whose kernel's time grows with the rows; ``cost`` until measured).
+    ``k`` maximises ``E(k) / (1 + b k)``; guesses are verified only where that ratio
+    beats a plain step's (``k = 0``: 1) by ``margin`` (the estimates are noisy, and a gain
+    of a few percent is not worth the risk of a loss; so ``a > b`` at least). ``a`` is
+    estimated from every step's proposal against the tokens that came out, verified or
+    not (a proposal not sent to the model is still compared with the model's next token:
+    free evidence), with older
+    steps' counts decayed by ``decay`` (a memory of ~10 judged guesses) and a prior of
+    ``prior`` worth ``prior_weight`` guesses that does not decay, so one lucky guess
+    among failures does not switch verification on:
+    ``a = (hits + prior * prior_weight) / (trials + prior_weight)``. ``b`` comes from the
+    measured times of one-row and several-row passes (``cost`` until measured; about 0.1
+    for SmolLM2 in fp32 at one thread, 0.2-0.45 in packed int4, whose kernel time grows
+    with the rows).
     """
 
-    def __init__(self, max_tokens: int, decay: float = 0.7, cost: float = 0.15) -> None:
+    def __init__(self, max_tokens: int, decay: float = 0.9, cost: float = 0.15,
+                 prior: float = 0.3, prior_weight: float = 2.0, margin: float = 0.1) -> None:
         self.max_tokens = max_tokens
+        self.margin = margin
         self.decay = decay
         self.cost = cost
-        self.hits, self.trials = 1.0, 2.0  # prior: a = 0.5, weight of two guesses
+        self.prior, self.prior_weight = prior, prior_weight
+        self.hits, self.trials = 0.0, 0.0  # decayed counts of right / judged guesses
         self.one_row: float | None = None  # seconds of a one-row pass (moving average)
 
     @property
     def acceptance(self) -> float:
-        return self.hits / self.trials
+        return (self.hits + self.prior * self.prior_weight) / (self.trials + self.prior_weight)
 
     def choose(self, available: int) -> int:
         """The number of guesses to verify, of ``available`` proposed."""
         a, b = min(self.acceptance, 0.99), self.cost
-        best_k, best = 0, 1.0
+        best_k, best = 0, 1.0 + self.margin
         for k in range(1, min(available, self.max_tokens) + 1):
             ratio = (1 - a ** (k + 1)) / (1 - a) / (1 + b * k)
             if ratio > best:

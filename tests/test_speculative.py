@@ -62,23 +62,35 @@ def test_prompt_lookup_equals_brute_force_definition() -> None:
 
 def test_draft_length_maximises_expected_tokens_per_cost() -> None:
     policy = DraftLength(max_tokens=16)
-    for a, b in [(0.9, 0.2), (0.5, 0.1), (0.3, 0.15), (0.1, 0.15), (0.97, 0.05)]:
+    policy.prior_weight = 0.0  # acceptance = hits / trials
+    for a, b in [(0.9, 0.2), (0.5, 0.1), (0.3, 0.15), (0.1, 0.15), (0.97, 0.05), (0.25, 0.2)]:
         policy.hits, policy.trials, policy.cost = a, 1.0, b
-        # brute force over k of sum_{i<=k} a^i / (1 + b k)
+        # brute force over k of sum_{i<=k} a^i / (1 + b k); k = 0 must be beaten by 10 %
         ratios = [sum(a ** i for i in range(k + 1)) / (1 + b * k) for k in range(17)]
+        ratios[0] = 1.1
         best = max(range(17), key=lambda k: (ratios[k], -k))
         assert policy.choose(16) == best
         assert policy.choose(2) == max(range(3), key=lambda k: (ratios[k], -k))
+    policy.hits, policy.cost = 0.25, 0.2  # 1.25 / 1.2: a 4 % expected gain, not taken
+    assert policy.choose(16) == 0
     policy.hits, policy.trials, policy.cost = 0.1, 1.0, 0.15  # a < b: never worth a guess
     assert policy.choose(16) == 0
 
 
 def test_draft_length_estimates() -> None:
-    policy = DraftLength(max_tokens=8, decay=0.5)
+    policy = DraftLength(max_tokens=8, decay=0.5, prior=0.3, prior_weight=2.0)
+    assert policy.acceptance == pytest.approx(0.3)  # the prior alone
     policy.observe([1, 2, 3], [1, 2, 9])  # two right, then a wrong one
-    assert (policy.hits, policy.trials) == (0.5 * 1 + 2, 0.5 * 2 + 3)
+    assert (policy.hits, policy.trials) == (2, 3)
     policy.observe([4], [4, 5])  # one right, nothing more to judge
-    assert (policy.hits, policy.trials) == (0.5 * 2.5 + 1, 0.5 * 4 + 1)
+    assert (policy.hits, policy.trials) == (0.5 * 2 + 1, 0.5 * 3 + 1)
+    assert policy.acceptance == pytest.approx((2 + 0.6) / (2.5 + 2))
+    # one lucky guess after a run of failures does not make a guess worth verifying
+    policy = DraftLength(max_tokens=8)
+    for _ in range(20):
+        policy.observe([7], [8])
+    policy.observe([7], [7])
+    assert policy.choose(8) == 0
     policy.timed(1, 0.010)
     policy.timed(5, 0.014)  # 4 extra rows cost 0.4 of a row: 0.1 each
     assert policy.cost == pytest.approx(0.7 * 0.15 + 0.3 * 0.1)
