@@ -230,6 +230,16 @@ class Attention(nn.Module):
         return self._norm_k(self._split_heads(k, self.kv_heads)), \
             self._split_heads(v, self.kv_heads)
 
+    def _one_query(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """One query a head (B, heads, 1, d) over every key (B, kv_heads, M, d), no mask:
+        the attention of a one-token step in :meth:`forward` (grouped heads folded the
+        same way), called per row by a ``rowwise`` cache."""
+        b, group = q.shape[0], self.heads // self.kv_heads
+        if group > 1:
+            q = q.reshape(b, self.kv_heads, group, self.head_dim)
+        out = scaled_dot_product_attention(q, k, v)[0]
+        return out.reshape(b, self.heads, 1, self.head_dim)
+
     def forward(
         self,
         x: Tensor,
@@ -282,6 +292,14 @@ class Attention(nn.Module):
                 q, k = apply_rotary(q, rope), apply_rotary(k, rope)
             if cache is not None:
                 k, v = cache.append(k, v)
+        if n > 1 and cache is not None and cache.rowwise and causal and not need_weights \
+                and not self.training and key_padding_mask is None and attn_mask is None:
+            # each new query exactly as a one-token step computes it (speculative verify)
+            past = k.shape[-2] - n
+            out = torch.cat([self._one_query(q[:, :, i : i + 1], k[:, :, : past + i + 1],
+                                             v[:, :, : past + i + 1]) for i in range(n)],
+                            dim=2)
+            return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, self.dim))), None
         group = self.heads // self.kv_heads
         folded = group > 1 and n == 1  # one query a head: fold each group into "queries"
         if folded:  # (B, H, 1, d) -> (B, kv_heads, group, d): head h = kv * group + g

@@ -13,7 +13,16 @@ from torch import Tensor
 
 
 class LayerCache:
-    """Cached keys/values of one Block, (B, H, T, d) each."""
+    """Cached keys/values of one Block, (B, H, T, d) each.
+
+    ``rowwise`` (False by default): several new causal queries attend one at a time, each
+    with the same call a one-token step makes (no mask, its own key prefix), so every row
+    of a multi-token pass is bitwise what token-by-token decoding gives wherever the rest
+    of the model is row-independent (the packed int4 / int8 kernels are): speculative
+    decoding's verify pass, whose tokens must be greedy's.
+    """
+
+    rowwise = False
 
     def __init__(self, max_len: int) -> None:
         self.max_len = max_len
@@ -91,6 +100,20 @@ class KVCache:
     def reorder(self, index: Tensor) -> None:
         for layer in self.layers:
             layer.reorder(index)
+
+    def set_rowwise(self, rowwise: bool) -> None:
+        """Set :attr:`LayerCache.rowwise` on every layer."""
+        for layer in self.layers:
+            layer.rowwise = rowwise
+
+    def crop(self, length: int) -> None:
+        """Forget every cached token after the first ``length`` (speculative decoding:
+        the keys / values of rejected draft tokens). The buffers keep their size; the next
+        append overwrites the forgotten positions."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop length must be in [0, {self.length}], got {length}")
+        for layer in self.layers:
+            layer.length = length
 
 
 class StaticLayerCache(LayerCache):
@@ -177,6 +200,11 @@ class StaticKVCache(KVCache):
         """After a one-token step: every layer holds one more token."""
         for layer in self.layers:
             layer.length += 1
+
+    def crop(self, length: int) -> None:
+        super().crop(length)
+        if self.valid is not None:
+            self.valid[:, length:] = False
 
     def reorder(self, index: Tensor) -> None:
         super().reorder(index)
