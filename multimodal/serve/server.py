@@ -106,15 +106,26 @@ def _apis(config: ServeConfig, kind: str) -> Any:
     raise ValueError(f"no endpoint for a {kind!r} model")
 
 
-def _models_route(config: ServeConfig, kind: str) -> Any:
+def _models_route(config: ServeConfig, kind: str, endpoints: list[str]) -> Any:
+    """``GET /v1/models``: the one model, its kind and the endpoints that serve it."""
     created = int(time.time())
 
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": config.name, "object": "model",
                                             "created": created, "owned_by": "multimodal",
-                                            "kind": kind}]}
+                                            "kind": kind, "endpoints": endpoints}]}
 
     return models
+
+
+def _endpoints(api: Any) -> list[str]:
+    """The POST paths ``api`` answers: its spec's path (CLIP / SigLIP: and zero-shot)."""
+    from multimodal.serve.zero_shot import ZERO_SHOT_PATH, ClipAPI
+
+    paths = [getattr(getattr(api, "spec", None), "api_path", None)]
+    if isinstance(api, ClipAPI):
+        paths.append(ZERO_SHOT_PATH)
+    return [p for p in paths if p]
 
 
 def build_server(config: ServeConfig) -> Built:
@@ -139,7 +150,8 @@ def build_server(config: ServeConfig) -> Built:
                                                                "kind": kind})
     server.app.add_exception_handler(HTTPException, http_exception_handler)
     server.app.add_exception_handler(RequestValidationError, validation_exception_handler)
-    server.app.add_api_route("/v1/models", _models_route(config, kind), methods=["GET"])
+    server.app.add_api_route("/v1/models", _models_route(config, kind, _endpoints(api)),
+                             methods=["GET"])
     if not isinstance(api, ClipAPI):  # a 404 that says why
         rules = getattr(getattr(api, "spec", None), "rules", None)
         clip = getattr(rules, "modality", None) == "image+text"

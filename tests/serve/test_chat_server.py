@@ -36,6 +36,7 @@ def test_chat_completion_equals_mm_chat(server, want):
     assert body["choices"][0]["message"]["content"] == want
     assert body["object"] == "chat.completion"
     assert body["usage"]["completion_tokens"] <= 12
+    assert server.get("/v1/models").json()["data"][0]["endpoints"] == ["/v1/chat/completions"]
 
 
 def test_streamed_chunks_add_up_to_the_same_reply(server, want):

@@ -53,6 +53,7 @@ def test_health_and_models_are_open_and_name_the_model(server):
     assert server.get("/health").status == 200  # no key needed for a load balancer
     models = server.get("/v1/models", headers=AUTH).json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
+    assert models["data"][0]["endpoints"] == ["/v1/embeddings"]  # a text encoder: no zero-shot
     assert models["object"] == "list"
 
 

@@ -155,6 +155,8 @@ def test_bad_zero_shot_request_is_400_naming_the_field(server, body, param):
 def test_malformed_json_is_400_and_embeddings_are_served_beside(server, tiny_clip):
     import multimodal as mm
 
+    served = server.get("/v1/models").json()["data"][0]
+    assert served["endpoints"] == ["/v1/embeddings", "/v1/zero-shot"]
     assert server.post("/v1/zero-shot", "{not json").status == 400
     reply = server.post("/v1/embeddings", {"input": ["a cat", url(IMAGES[1])]})
     assert reply.status == 200, reply.body
