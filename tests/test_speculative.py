@@ -334,7 +334,11 @@ REAL_PROMPTS = {  # (chat turn?, text)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["fp32", "int4 packed", "fp32 quantize=int4"])
-def test_smollm2_prompt_lookup_gives_greedy_tokens(smollm2, weights: str) -> None:
+def test_smollm2_prompt_lookup_gives_greedy_tokens(smollm2, weights: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # the draft length follows measured pass times; pinned to its prior cost here so the
+    # guesses verified (and the acceptance checked below) do not depend on the machine's load
+    monkeypatch.setattr(DraftLength, "timed", lambda self, rows, seconds: None)
     fp32, packed = smollm2
     tok = fp32.tokenizer
     model = packed.backbone if weights == "int4 packed" else fp32.backbone
