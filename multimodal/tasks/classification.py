@@ -234,15 +234,9 @@ class ClassificationTask(ModelTask):
             examples = len(loader.dataset)  # type: ignore[union-attr, arg-type]
         except TypeError:
             examples = None
-        if examples is None:
-            self.finetune = dataclasses.replace(self.finetune,
-                                                regime=self.finetune.many_labels_regime)
-            rank_zero_info(f"finetune: regime auto -> {self.finetune.regime} (the training "
-                           "data has no length to count)")
-        else:
-            self.finetune, why = choose_regime(self.finetune, examples, self.num_classes,
-                                               solvable=self._solvable_head() is None)
-            rank_zero_info(why)
+        self.finetune, why = choose_regime(self.finetune, examples, self.num_classes,
+                                           solvable=self._solvable_head() is None)
+        rank_zero_info(why)
         apply_regime(self.model, self.finetune, self.head_modules)
 
     def _solvable_head(self) -> str | None:

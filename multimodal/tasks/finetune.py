@@ -162,7 +162,7 @@ def layer_ids(model: nn.Module, heads: tuple[str, ...]) -> dict[str, tuple[int, 
     return out
 
 
-def choose_regime(config: FinetuneConfig, examples: int, classes: int,
+def choose_regime(config: FinetuneConfig, examples: int | None, classes: int,
                   solvable: bool = True) -> tuple[FinetuneConfig, str]:
     """The regime ``auto`` stands for, from the labelled training set's size, and why.
 
@@ -170,10 +170,15 @@ def choose_regime(config: FinetuneConfig, examples: int, classes: int,
     examples tune the body, then the solved probe; BENCHMARKS.md "Few labels": above full
     fine-tuning and level with SetFit at 8 labelled a class). More: ``many_labels_regime``.
     A model whose head cannot be solved (not one ``nn.Linear`` with a bias) takes
-    ``many_labels_regime`` whatever the count. A config that is not ``auto`` is returned as
-    it is, with an empty reason."""
+    ``many_labels_regime`` whatever the count, as does data whose size is unknown
+    (``examples`` None: a loader without a length). A config that is not ``auto`` is
+    returned as it is, with an empty reason."""
     if config.regime != "auto":
         return config, ""
+    if examples is None:
+        regime = config.many_labels_regime
+        return (replace(config, regime=regime),
+                f"finetune: regime auto -> {regime} (the training data has no length to count)")
     per_class = examples / max(classes, 1)
     few = per_class <= config.few_labels
     regime = "contrastive" if few and solvable else config.many_labels_regime

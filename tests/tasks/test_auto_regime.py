@@ -40,6 +40,8 @@ def test_choose_regime_many_labels_can_be_lora_and_other_regimes_pass_through():
     config, _ = choose_regime(FinetuneConfig(regime="auto", many_labels_regime="lora",
                                              few_labels=4), 100, 2)
     assert config.regime == "lora"
+    unknown, why = choose_regime(FinetuneConfig(regime="auto"), None, 3)
+    assert unknown.regime == "full" and "no length to count" in why
     given = FinetuneConfig(regime="full")
     assert choose_regime(given, 6, 3) == (given, "")
     with pytest.raises(ValueError, match="many_labels_regime"):
