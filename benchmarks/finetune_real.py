@@ -76,16 +76,19 @@ import time
 from pathlib import Path
 
 SOURCES = ("bible", "fortunes", "shakespeare")
+# the second task (``data --task fortune_topics``): what a fortune is about, by the file of
+# the Debian ``fortunes`` package it comes from (bash data/get_text.sh)
+FORTUNE_TOPICS = ("computers", "politics", "science", "art")
+TASKS = {"passages": SOURCES, "fortune_topics": FORTUNE_TOPICS}
 REGIMES = ("default", "full", "lora", "lora_head", "linear_probe", "contrastive", "scratch",
            "own_mlm", "st_sklearn", "setfit")
 PEERS = ("st_sklearn", "setfit")  # run in this process on the same files, not by the CLI
-KS = ("8", "32", "128", "all")
+KS = ("8", "16", "32", "64", "128", "all")
 
 
 # ----------------------------------------------------------------------------------- data
-def make_data(out: Path, val_per_class: int, test_per_class: int, ks: list[str],
-              seeds: list[int], split_seed: int = 0) -> dict[str, int]:
-    """Write val / test / train_k*_seed* / train_all JSONL files; returns their sizes."""
+def passage_pools(split_seed: int = 0) -> dict[str, list[tuple[str, int]]]:
+    """The three-corpus task: (passage, label) pools of the train / val / test documents."""
     from multimodal.data.documents import balanced_passages, split_documents
     from multimodal.data.sources.corpora import load_corpus
     from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR
@@ -93,25 +96,67 @@ def make_data(out: Path, val_per_class: int, test_per_class: int, ks: list[str],
 
     docs = load_corpus(SOURCES, DEFAULT_ROOT, str(DEFAULT_FORTUNES_DIR), "bible")
     train, val, test = split_documents(docs, 0.1, 0.1, split_seed)
-    pools = {name: balanced_passages(split, SOURCES, split_seed + i)
-             for i, (name, split) in enumerate((("train", train), ("val", val),
-                                                ("test", test)))}
+    return {name: balanced_passages(split, SOURCES, split_seed + i)
+            for i, (name, split) in enumerate((("train", train), ("val", val),
+                                               ("test", test)))}
+
+
+def fortune_topic_pools(val_per_class: int, test_per_class: int,
+                        split_seed: int = 0) -> dict[str, list[tuple[str, int]]]:
+    """The fortune-topic task: every entry of the ``computers``, ``politics``, ``science``
+    and ``art`` files of the Debian ``fortunes`` package, labelled by its file. An entry found
+    in more than one of them (or twice) is dropped; per class ``test_per_class`` entries go
+    to test, ``val_per_class`` to val (seeded), the rest -- unbalanced, as the files are --
+    to train."""
+    from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR, split_fortunes
+
+    entries: dict[str, set[int]] = {}
+    for label, topic in enumerate(FORTUNE_TOPICS):
+        path = DEFAULT_FORTUNES_DIR / topic
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: run `bash data/get_text.sh`")
+        for text in split_fortunes(path.read_text(encoding="utf-8", errors="replace")):
+            entries.setdefault(" ".join(text.split()), set()).add(label)
+    by_class: list[list[str]] = [[] for _ in FORTUNE_TOPICS]
+    for text, labels in sorted(entries.items()):
+        if len(labels) == 1:
+            by_class[labels.pop()].append(text)
+    rng = random.Random(split_seed)
+    pools: dict[str, list[tuple[str, int]]] = {"train": [], "val": [], "test": []}
+    for label, texts in enumerate(by_class):
+        rng.shuffle(texts)
+        cut = test_per_class + val_per_class
+        pools["test"] += [(t, label) for t in texts[:test_per_class]]
+        pools["val"] += [(t, label) for t in texts[test_per_class:cut]]
+        pools["train"] += [(t, label) for t in texts[cut:]]
+    for pairs in pools.values():
+        rng.shuffle(pairs)
+    return pools
+
+
+def make_data(out: Path, val_per_class: int, test_per_class: int, ks: list[str],
+              seeds: list[int], split_seed: int = 0, task: str = "passages") -> dict[str, int]:
+    """Write val / test / train_k*_seed* / train_all JSONL files and ``classes.json``;
+    returns their sizes."""
+    classes = TASKS[task]
+    pools = (passage_pools(split_seed) if task == "passages" else
+             fortune_topic_pools(val_per_class, test_per_class, split_seed))
     out.mkdir(parents=True, exist_ok=True)
     sizes = {}
 
     def write(name: str, pairs: list[tuple[str, int]]) -> None:
         with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
             for text, label in pairs:
-                f.write(json.dumps({"text": text, "label": SOURCES[label]}) + "\n")
+                f.write(json.dumps({"text": text, "label": classes[label]}) + "\n")
         sizes[name] = len(pairs)
 
     def per_class(pairs: list[tuple[str, int]], k: int, seed: int) -> list[tuple[str, int]]:
         rng = random.Random(seed)
         chosen = []
-        for c in range(len(SOURCES)):
+        for c in range(len(classes)):
             of_class = [p for p in pairs if p[1] == c]
             if len(of_class) < k:
-                raise ValueError(f"only {len(of_class)} passages of {SOURCES[c]}, need {k}")
+                raise ValueError(f"only {len(of_class)} texts of {classes[c]}, need {k}")
             chosen += rng.sample(of_class, k)
         rng.shuffle(chosen)
         return chosen
@@ -125,7 +170,18 @@ def make_data(out: Path, val_per_class: int, test_per_class: int, ks: list[str],
         for seed in seeds:
             write(f"train_k{k}_seed{seed}", per_class(pools["train"], int(k), seed))
     (out / "sizes.json").write_text(json.dumps(sizes, indent=1))
+    (out / "classes.json").write_text(json.dumps({"task": task, "classes": list(classes)}))
     return sizes
+
+
+def task_of(data: Path) -> tuple[str, tuple[str, ...]]:
+    """The task and classes a data folder was written for (``passages`` before
+    ``classes.json`` existed)."""
+    path = data / "classes.json"
+    if not path.is_file():
+        return "passages", SOURCES
+    meta = json.loads(path.read_text())
+    return meta["task"], tuple(meta["classes"])
 
 
 # ----------------------------------------------------------------------------------- runs
@@ -197,7 +253,7 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
                 "--model.init_args.pretrained", str(minilm_folder()),
                 "--data.init_args.train", str(train),
                 "--data.init_args.test", str(data / "test.jsonl"),
-                "--data.init_args.classes", json.dumps(list(SOURCES)),
+                "--data.init_args.classes", json.dumps(list(task_of(data)[1])),
                 "--data.init_args.max_length", str(opts.max_length),
                 "--seed_everything", str(seed), "--trainer.accelerator", opts.accelerator,
                 "--trainer.default_root_dir", str(run),
@@ -229,7 +285,7 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
         "--model.init_args.lr", str(lr),
         "--data.init_args.train", str(train), "--data.init_args.val", str(data / "val.jsonl"),
         "--data.init_args.test", str(data / "test.jsonl"),
-        "--data.init_args.classes", json.dumps(list(SOURCES)),
+        "--data.init_args.classes", json.dumps(list(task_of(data)[1])),
         "--data.init_args.max_length", str(min(max_length, opts.max_length)),
         "--data.init_args.batch_size", str(opts.batch_size),
         "--seed_everything", str(seed), "--trainer.accelerator", opts.accelerator,
@@ -289,6 +345,8 @@ def run_all(opts) -> None:
     results = opts.out / "results.jsonl"
     opts.out.mkdir(parents=True, exist_ok=True)
     done = {(r["regime"], r["k"], r["seed"]) for r in read_results(results)}
+    task, classes = task_of(opts.data)  # the report reads it beside the results
+    (opts.out / "classes.json").write_text(json.dumps({"task": task, "classes": classes}))
     cli = [sys.executable, "-m", "multimodal.cli"]
     order = [(k, regime, seed) for k in opts.k for seed in opts.seeds
              for regime in opts.regimes]  # the cheap k first, so a cut grid has whole rows
@@ -391,11 +449,12 @@ def report(out: Path, figure: Path | None = None) -> str:
         hi = [max(cell[(g, k)]) - m if (g, k) in cell else 0 for m, k in zip(means, ks,
                                                                              strict=True)]
         ax.errorbar(list(x), means, yerr=[lo, hi], marker="o", capsize=3, label=g)
-    ax.axhline(100 / len(SOURCES), color="grey", linestyle=":", label="chance")
+    _, classes = task_of(out)
+    ax.axhline(100 / len(classes), color="grey", linestyle=":", label="chance")
     ax.set_xticks(list(x), [f"{k}" for k in ks])
-    ax.set_xlabel("labelled passages per class")
+    ax.set_xlabel("labelled texts per class")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("bible / fortunes / shakespeare, all-MiniLM-L6-v2")
+    ax.set_title(f"{' / '.join(classes)}, all-MiniLM-L6-v2", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(figure or out / "learning_curves.png", dpi=120)
@@ -412,6 +471,9 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--test-per-class", type=int, default=500)
     d.add_argument("--k", nargs="+", default=list(KS), choices=KS)
     d.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    d.add_argument("--task", choices=sorted(TASKS), default="passages",
+                   help="passages: bible / fortunes / shakespeare; fortune_topics: "
+                        "computers / politics / science / art fortunes")
     r = sub.add_parser("run", help="fit + test every (regime, k, seed) through the CLI")
     r.add_argument("--data", type=Path, default=Path("runs/finetune_real/data"))
     r.add_argument("--out", type=Path, default=Path("runs/finetune_real/runs"))
@@ -445,7 +507,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     if opts.step == "data":
         sizes = make_data(opts.out, opts.val_per_class, opts.test_per_class, opts.k,
-                          opts.seeds)
+                          opts.seeds, task=opts.task)
         print(json.dumps(sizes))
     elif opts.step == "run":
         run_all(opts)
