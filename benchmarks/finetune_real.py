@@ -79,10 +79,15 @@ SOURCES = ("bible", "fortunes", "shakespeare")
 # the second task (``data --task fortune_topics``): what a fortune is about, by the file of
 # the Debian ``fortunes`` package it comes from (bash data/get_text.sh)
 FORTUNE_TOPICS = ("computers", "politics", "science", "art")
-TASKS = {"passages": SOURCES, "fortune_topics": FORTUNE_TOPICS}
+TASKS = {"passages": SOURCES, "fortune_topics": FORTUNE_TOPICS,
+         "klettres": ()}  # klettres: the language tree's folders (bash data/get_klettres.sh)
+AUDIO_TASKS = ("klettres",)
+KLETTRES = Path("data/cache/klettres/language")
 REGIMES = ("default", "full", "lora", "lora_head", "linear_probe", "contrastive", "scratch",
-           "own_mlm", "st_sklearn", "setfit")
-PEERS = ("st_sklearn", "setfit")  # run in this process on the same files, not by the CLI
+           "own_mlm", "st_sklearn", "setfit", "sk_probe")
+# run in this process on the same files, not by the CLI; sk_probe: scikit-learn on the
+# folder's frozen embeddings (`mm.embed`) for a model sentence-transformers cannot read
+PEERS = ("st_sklearn", "setfit", "sk_probe")
 KS = ("8", "16", "32", "64", "128", "all")
 
 
@@ -134,20 +139,48 @@ def fortune_topic_pools(val_per_class: int, test_per_class: int,
     return pools
 
 
+def klettres_pools(val_per_class: int, test_per_class: int, root: Path = KLETTRES,
+                   split_seed: int = 0) -> tuple[dict[str, list[tuple[str, int]]],
+                                                 tuple[str, ...]]:
+    """The audio task: which language a klettres recording speaks (17 classes), one
+    ``path`` per row; per language ``test_per_class`` recordings to test and
+    ``val_per_class`` to val (seeded), the rest (27 to 85 a language) to train."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} not found: run `bash data/get_klettres.sh`")
+    classes = tuple(sorted(d.name for d in root.iterdir() if d.is_dir()))
+    rng = random.Random(split_seed)
+    pools: dict[str, list[tuple[str, int]]] = {"train": [], "val": [], "test": []}
+    for label, name in enumerate(classes):
+        files = sorted(str(f.resolve()) for f in (root / name).iterdir() if f.is_file())
+        rng.shuffle(files)
+        cut = test_per_class + val_per_class
+        pools["test"] += [(f, label) for f in files[:test_per_class]]
+        pools["val"] += [(f, label) for f in files[test_per_class:cut]]
+        pools["train"] += [(f, label) for f in files[cut:]]
+    for pairs in pools.values():
+        rng.shuffle(pairs)
+    return pools, classes
+
+
 def make_data(out: Path, val_per_class: int, test_per_class: int, ks: list[str],
               seeds: list[int], split_seed: int = 0, task: str = "passages") -> dict[str, int]:
     """Write val / test / train_k*_seed* / train_all JSONL files and ``classes.json``;
     returns their sizes."""
     classes = TASKS[task]
-    pools = (passage_pools(split_seed) if task == "passages" else
-             fortune_topic_pools(val_per_class, test_per_class, split_seed))
+    if task == "klettres":
+        pools, classes = klettres_pools(val_per_class, test_per_class, split_seed=split_seed)
+    elif task == "fortune_topics":
+        pools = fortune_topic_pools(val_per_class, test_per_class, split_seed)
+    else:
+        pools = passage_pools(split_seed)
+    field = "path" if task in AUDIO_TASKS else "text"
     out.mkdir(parents=True, exist_ok=True)
     sizes = {}
 
     def write(name: str, pairs: list[tuple[str, int]]) -> None:
         with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
             for text, label in pairs:
-                f.write(json.dumps({"text": text, "label": classes[label]}) + "\n")
+                f.write(json.dumps({field: text, "label": classes[label]}) + "\n")
         sizes[name] = len(pairs)
 
     def per_class(pairs: list[tuple[str, int]], k: int, seed: int) -> list[tuple[str, int]]:
@@ -191,29 +224,42 @@ def minilm_folder() -> Path:
     return weights_path("all-MiniLM-L6-v2")
 
 
-def scratch_folder(out: Path, seed: int) -> Path:
-    """MiniLM's architecture with fresh random weights, as a ``save_pretrained`` folder, and
-    its tokenizer files beside (so the same tokenizer is used)."""
+def pretrained_folder(task: str) -> Path:
+    """The real weights of a task: all-MiniLM-L6-v2 for text, Whisper tiny.en for audio."""
+    if task in AUDIO_TASKS:
+        from multimodal.installed import weights_path
+
+        return weights_path("whisper-tiny.en")
+    return minilm_folder()
+
+
+def scratch_folder(out: Path, seed: int, task: str = "passages") -> Path:
+    """The pretrained model's architecture with fresh random weights, as a
+    ``save_pretrained`` folder (text: with MiniLM's tokenizer files beside, so the same
+    tokenizer is used; audio: Whisper tiny.en's encoder and front end)."""
     import shutil
 
     import torch
 
     import multimodal as mm
 
-    folder = out / f"scratch_minilm_seed{seed}"
+    folder = out / f"scratch_{task}_seed{seed}"
     if (folder / "config.json").is_file():
         return folder
-    pretrained = mm.from_hf(str(minilm_folder()))
+    pretrained = mm.from_hf(str(pretrained_folder(task)))
+    if task in AUDIO_TASKS:  # a CTranslate2 Whisper folder converts whole: its encoder
+        pretrained = pretrained.encoder
     torch.manual_seed(seed)
     fresh = type(pretrained)(pretrained.config)
     fresh.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(minilm_folder() / name, folder / name)
+    if task not in AUDIO_TASKS:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copy(minilm_folder() / name, folder / name)
     return folder
 
 
 def regime_args(regime: str, out: Path, seed: int, own: Path, own_tokenizer: Path,
-                lora_rank: int, head_lr: float) -> tuple[list[str], int]:
+                lora_rank: int, head_lr: float, task: str = "passages") -> tuple[list[str], int]:
     """CLI overrides of a regime (the pretrained folder, the tokenizer where the folder has
     none, the ``finetune`` keys) and its max_length."""
     m = "--model.init_args."
@@ -226,7 +272,8 @@ def regime_args(regime: str, out: Path, seed: int, own: Path, own_tokenizer: Pat
         finetune = {"regime": "full", "layer_decay": None, "head_lr": None}
         return ([m + "pretrained", str(own), m + "finetune", json.dumps(finetune),
                  "--data.init_args.tokenizer", str(own_tokenizer)], 64)
-    folder = scratch_folder(out, seed) if regime == "scratch" else minilm_folder()
+    folder = (scratch_folder(out, seed, task) if regime == "scratch"
+              else pretrained_folder(task))
     # the tokenizer follows the folder (its tokenizer.json): no data tokenizer argument
     args = [m + "pretrained", str(folder)]
     # the whole finetune block (a config's layer_decay / head_lr do not leak in)
@@ -248,19 +295,28 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
     train = data / ("train_all.jsonl" if k == "all" else f"train_k{k}_seed{seed}.jsonl")
     n = len(train.read_text(encoding="utf-8").splitlines())
     run = out / regime / f"k{k}" / f"seed{seed}"
+    task, classes = task_of(data)
+    config = opts.config or Path("configs/finetune_audio.yaml" if task in AUDIO_TASKS
+                                 else "configs/finetune_text.yaml")
+
+    def data_args(max_length: int) -> list[str]:  # text: ids per text; audio: seconds
+        if task in AUDIO_TASKS:
+            return ["--data.init_args.clip_seconds", str(opts.clip_seconds)]
+        return ["--data.init_args.max_length", str(min(max_length, opts.max_length))]
+
     if regime == "default":  # the shipped config, as a user runs it (module docstring)
-        return ["fit", "--config", str(opts.config),
-                "--model.init_args.pretrained", str(minilm_folder()),
+        return ["fit", "--config", str(config),
+                "--model.init_args.pretrained", str(pretrained_folder(task)),
                 "--data.init_args.train", str(train),
                 "--data.init_args.test", str(data / "test.jsonl"),
-                "--data.init_args.classes", json.dumps(list(task_of(data)[1])),
-                "--data.init_args.max_length", str(opts.max_length),
+                "--data.init_args.classes", json.dumps(list(classes)),
+                *data_args(opts.max_length),
                 "--seed_everything", str(seed), "--trainer.accelerator", opts.accelerator,
                 "--trainer.default_root_dir", str(run),
                 "--trainer.enable_progress_bar", "false",
                 "--trainer.enable_model_summary", "false"], run
     model, max_length = regime_args(regime, out, seed, opts.own_encoder, opts.own_tokenizer,
-                                    opts.lora_rank, opts.lr_probe)
+                                    opts.lora_rank, opts.lr_probe, task)
     lr = {"linear_probe": opts.lr_probe, "scratch": opts.lr_scratch, "own_mlm": opts.lr_own,
           "lora": opts.lr_lora, "lora_head": opts.lr_lora,
           "contrastive": opts.lr_contrastive}.get(regime, opts.lr)
@@ -278,15 +334,15 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
         length = ["--trainer.max_epochs", str(epochs),
                   "--trainer.check_val_every_n_epoch", str(epochs)]
     fit = [
-        "fit", "--config", str(opts.config),
+        "fit", "--config", str(config),
         # the measured settings, whatever the config's defaults: one learning rate for
         # every trained weight (no layer decay, no head rate), the folder's own dropout
         "--model.init_args.overrides", "null", *model,
         "--model.init_args.lr", str(lr),
         "--data.init_args.train", str(train), "--data.init_args.val", str(data / "val.jsonl"),
         "--data.init_args.test", str(data / "test.jsonl"),
-        "--data.init_args.classes", json.dumps(list(task_of(data)[1])),
-        "--data.init_args.max_length", str(min(max_length, opts.max_length)),
+        "--data.init_args.classes", json.dumps(list(classes)),
+        *data_args(max_length),
         "--data.init_args.batch_size", str(opts.batch_size),
         "--seed_everything", str(seed), "--trainer.accelerator", opts.accelerator,
         "--trainer.default_root_dir", str(run), "--trainer.enable_progress_bar", "false",
@@ -308,16 +364,28 @@ def test_accuracy(run: Path) -> float | None:
 def _jsonl(path: Path) -> tuple[list[str], list[str]]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
             if line.strip()]
-    return [r["text"] for r in rows], [r["label"] for r in rows]
+    return [r.get("text", r.get("path")) for r in rows], [r["label"] for r in rows]
 
 
 def peer_accuracy(regime: str, data: Path, k: str, seed: int) -> float:
     """Test accuracy of a peer (``st_sklearn`` or ``setfit``) trained on the same file as
     the CLI runs of ``(k, seed)`` and scored on the same ``test.jsonl``."""
     train = data / ("train_all.jsonl" if k == "all" else f"train_k{k}_seed{seed}.jsonl")
+    task, _ = task_of(data)
     texts, labels = _jsonl(train)
     test_texts, test_labels = _jsonl(data / "test.jsonl")
-    if regime == "st_sklearn":
+    if regime == "sk_probe":
+        from sklearn.linear_model import LogisticRegression
+
+        import multimodal as mm
+
+        folder = pretrained_folder(task)
+        clf = LogisticRegression(max_iter=1000)
+        clf.fit(mm.embed(folder, texts)[1].numpy(), labels)
+        pred = clf.predict(mm.embed(folder, test_texts)[1].numpy())
+    elif task in AUDIO_TASKS:
+        raise ValueError(f"{regime} reads text; the audio peer is sk_probe")
+    elif regime == "st_sklearn":
         from sentence_transformers import SentenceTransformer
         from sklearn.linear_model import LogisticRegression
 
@@ -449,12 +517,14 @@ def report(out: Path, figure: Path | None = None) -> str:
         hi = [max(cell[(g, k)]) - m if (g, k) in cell else 0 for m, k in zip(means, ks,
                                                                              strict=True)]
         ax.errorbar(list(x), means, yerr=[lo, hi], marker="o", capsize=3, label=g)
-    _, classes = task_of(out)
+    task, classes = task_of(out)
     ax.axhline(100 / len(classes), color="grey", linestyle=":", label="chance")
     ax.set_xticks(list(x), [f"{k}" for k in ks])
-    ax.set_xlabel("labelled texts per class")
+    ax.set_xlabel("labelled recordings per class" if task in AUDIO_TASKS
+                  else "labelled texts per class")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{' / '.join(classes)}, all-MiniLM-L6-v2", fontsize=10)
+    ax.set_title(f"klettres: {len(classes)} languages, Whisper tiny.en" if task in AUDIO_TASKS
+                 else f"{' / '.join(classes)}, all-MiniLM-L6-v2", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(figure or out / "learning_curves.png", dpi=120)
@@ -473,7 +543,8 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     d.add_argument("--task", choices=sorted(TASKS), default="passages",
                    help="passages: bible / fortunes / shakespeare; fortune_topics: "
-                        "computers / politics / science / art fortunes")
+                        "computers / politics / science / art fortunes; klettres: the "
+                        "language of a recording (audio, 17 classes)")
     r = sub.add_parser("run", help="fit + test every (regime, k, seed) through the CLI")
     r.add_argument("--data", type=Path, default=Path("runs/finetune_real/data"))
     r.add_argument("--out", type=Path, default=Path("runs/finetune_real/runs"))
@@ -486,7 +557,10 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--batch-size", type=int, default=16)
     r.add_argument("--max-length", type=int, default=128,
                    help="ids per passage at most (own_mlm: 64, its positions)")
-    r.add_argument("--config", type=Path, default=Path("configs/finetune_text.yaml"))
+    r.add_argument("--config", type=Path, default=None,
+                   help="default: configs/finetune_text.yaml (audio: finetune_audio.yaml)")
+    r.add_argument("--clip-seconds", type=float, default=2.0, help="audio clips (the "
+                   "config's crop)")
     r.add_argument("--lr", type=float, default=1e-4, help="full fine-tuning")
     r.add_argument("--lr-own", type=float, default=5e-4, help="own_mlm (bert_source_cls's)")
     r.add_argument("--lr-lora", type=float, default=1e-3)
