@@ -74,6 +74,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 SOURCES = ("bible", "fortunes", "shakespeare")
 # the second task (``data --task fortune_topics``): what a fortune is about, by the file of
@@ -367,6 +371,23 @@ def _jsonl(path: Path) -> tuple[list[str], list[str]]:
     return [r.get("text", r.get("path")) for r in rows], [r["label"] for r in rows]
 
 
+def _embedded(data: Path, task: str, items: list[str]) -> torch.Tensor:
+    """``mm.embed`` of ``items`` by the task's folder, each item embedded once per data
+    folder (kept in ``DATA/sk_probe_embeddings.pt``: the k-shot files share their items)."""
+    import torch
+
+    import multimodal as mm
+
+    path = data / "sk_probe_embeddings.pt"
+    cache: dict[str, torch.Tensor] = torch.load(path) if path.is_file() else {}
+    missing = sorted(set(items) - set(cache))
+    if missing:
+        _, emb = mm.embed(pretrained_folder(task), missing)
+        cache.update(zip(missing, emb, strict=True))
+        torch.save(cache, path)
+    return torch.stack([cache[i] for i in items])
+
+
 def peer_accuracy(regime: str, data: Path, k: str, seed: int) -> float:
     """Test accuracy of a peer (``st_sklearn`` or ``setfit``) trained on the same file as
     the CLI runs of ``(k, seed)`` and scored on the same ``test.jsonl``."""
@@ -377,12 +398,10 @@ def peer_accuracy(regime: str, data: Path, k: str, seed: int) -> float:
     if regime == "sk_probe":
         from sklearn.linear_model import LogisticRegression
 
-        import multimodal as mm
 
-        folder = pretrained_folder(task)
         clf = LogisticRegression(max_iter=1000)
-        clf.fit(mm.embed(folder, texts)[1].numpy(), labels)
-        pred = clf.predict(mm.embed(folder, test_texts)[1].numpy())
+        clf.fit(_embedded(data, task, texts).numpy(), labels)
+        pred = clf.predict(_embedded(data, task, test_texts).numpy())
     elif task in AUDIO_TASKS:
         raise ValueError(f"{regime} reads text; the audio peer is sk_probe")
     elif regime == "st_sklearn":
