@@ -493,7 +493,9 @@ def read_results(path: Path) -> list[dict]:
             if line.strip()]
 
 
-def report(out: Path, figure: Path | None = None) -> str:
+def result_cells(out: Path) -> tuple[list[str], list[str],
+                                    dict[tuple[str, str], dict[int, float]]]:
+    """The label budgets, regimes and test accuracies (%, by seed) of a run folder."""
     rows = read_results(out / "results.jsonl")
     for r in rows:  # a run whose accuracy was not read then: from its test metrics now
         if r["test_acc"] is None:
@@ -507,47 +509,86 @@ def report(out: Path, figure: Path | None = None) -> str:
         raise SystemExit(f"no results in {out / 'results.jsonl'}: run the `run` step first")
     ks = [k for k in KS if any(r["k"] == k for r in rows)]
     regimes = [g for g in REGIMES if any(r["regime"] == g for r in rows)]
-    cell: dict[tuple[str, str], list[float]] = {}
+    cell: dict[tuple[str, str], dict[int, float]] = {}
     for r in rows:
-        cell.setdefault((r["regime"], r["k"]), []).append(100 * r["test_acc"])
+        cell.setdefault((r["regime"], r["k"]), {})[r["seed"]] = 100 * r["test_acc"]
+    return ks, regimes, cell
+
+
+def table(out: Path) -> str:
+    """Markdown: mean (range, n) per regime and budget, and the default's margin over the
+    best peer at each budget, on the seeds both have (paired: the same k-shot draws)."""
+    ks, regimes, cell = result_cells(out)
     lines = ["| regime | " + " | ".join(f"k = {k}" for k in ks) + " |",
              "| --- |" + " --- |" * len(ks)]
     for g in regimes:
         cells = []
         for k in ks:
-            v = cell.get((g, k))
+            v = list(cell.get((g, k), {}).values())
             cells.append("—" if not v else f"{statistics.mean(v):.1f} "
                          f"({min(v):.1f}–{max(v):.1f}, n={len(v)})")
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines)
-    (out / "table.md").write_text(table + "\n")
+    if "default" in regimes and any(p in regimes for p in PEERS):
+        margins = []
+        for k in ks:
+            mine = cell.get(("default", k), {})
+            peers = {}
+            for p in PEERS:
+                seeds = sorted(set(mine) & set(cell.get((p, k), {})))
+                if seeds:
+                    peers[p] = (statistics.mean(mine[s] - cell[(p, k)][s] for s in seeds),
+                                len(seeds))
+            if not peers:
+                margins.append("—")
+                continue
+            best = min(peers, key=lambda p: peers[p][0])  # the smallest margin: the best peer
+            margins.append(f"{peers[best][0]:+.1f} (vs {best}, n={peers[best][1]})")
+        lines.append("| default − best peer | " + " | ".join(margins) + " |")
+    text = "\n".join(lines)
+    (out / "table.md").write_text(text + "\n")
+    return text
 
+
+def plot_curves(ax, out: Path) -> None:
+    """One panel: mean test accuracy against the label budget, the range of the seeds as
+    error bars; the peers dashed, the default thick."""
+    ks, regimes, cell = result_cells(out)
+    x = list(range(len(ks)))
+    for g in regimes:
+        v = {k: list(cell[(g, k)].values()) for k in ks if (g, k) in cell}
+        means = [statistics.mean(v[k]) if k in v else float("nan") for k in ks]
+        lo = [m - min(v[k]) if k in v else 0 for m, k in zip(means, ks, strict=True)]
+        hi = [max(v[k]) - m if k in v else 0 for m, k in zip(means, ks, strict=True)]
+        ax.errorbar(x, means, yerr=[lo, hi], marker="o", markersize=3, capsize=2, label=g,
+                    linestyle="--" if g in PEERS else "-",
+                    linewidth=2.5 if g == "default" else 1.2)
+    task, classes = task_of(out)
+    ax.axhline(100 / len(classes), color="grey", linestyle=":", label="chance")
+    ax.set_xticks(x, ks)
+    ax.set_xlabel("labelled recordings per class" if task in AUDIO_TASKS
+                  else "labelled texts per class")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"klettres: {len(classes)} languages, Whisper tiny.en" if task in AUDIO_TASKS
+                 else f"{' / '.join(classes)}\nall-MiniLM-L6-v2", fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def report(outs: list[Path] | Path, figure: Path | None = None) -> str:
+    """The tables of every run folder and one figure with a panel each."""
+    outs = [outs] if isinstance(outs, Path) else list(outs)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    x = range(len(ks))
-    for g in regimes:
-        means = [statistics.mean(cell[(g, k)]) if (g, k) in cell else float("nan") for k in ks]
-        lo = [m - min(cell[(g, k)]) if (g, k) in cell else 0 for m, k in zip(means, ks,
-                                                                              strict=True)]
-        hi = [max(cell[(g, k)]) - m if (g, k) in cell else 0 for m, k in zip(means, ks,
-                                                                             strict=True)]
-        ax.errorbar(list(x), means, yerr=[lo, hi], marker="o", capsize=3, label=g)
-    task, classes = task_of(out)
-    ax.axhline(100 / len(classes), color="grey", linestyle=":", label="chance")
-    ax.set_xticks(list(x), [f"{k}" for k in ks])
-    ax.set_xlabel("labelled recordings per class" if task in AUDIO_TASKS
-                  else "labelled texts per class")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"klettres: {len(classes)} languages, Whisper tiny.en" if task in AUDIO_TASKS
-                 else f"{' / '.join(classes)}, all-MiniLM-L6-v2", fontsize=10)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, len(outs), figsize=(5.2 * len(outs), 4.2), squeeze=False)
+    texts = []
+    for ax, out in zip(axes[0], outs, strict=True):
+        texts.append(f"{out}:\n\n{table(out)}")
+        plot_curves(ax, out)
     fig.tight_layout()
-    fig.savefig(figure or out / "learning_curves.png", dpi=120)
-    return table
+    fig.savefig(figure or outs[0] / "learning_curves.png", dpi=120)
+    return "\n\n".join(texts)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -594,7 +635,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--dry-run", action="store_true", help="print the commands only")
     r.add_argument("--keep-checkpoints", action="store_true")
     p = sub.add_parser("report", help="table and figure of the results")
-    p.add_argument("--out", type=Path, default=Path("runs/finetune_real/runs"))
+    p.add_argument("--out", type=Path, nargs="+", default=[Path("runs/finetune_real/runs")],
+                   help="run folders: one table and one figure panel each")
     p.add_argument("--figure", type=Path, default=None,
                    help="where the learning-curve PNG goes (default: OUT/learning_curves.png)")
     opts = parser.parse_args(argv)
