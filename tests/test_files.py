@@ -222,14 +222,13 @@ def test_the_scan_catches_a_second_classifier(tmp_path):
 
 
 # Who may ask files.py what a path is. Everyone else takes the parts of multimodal.load(path)
-# (load_encoder, load_transcriber, load_tts, chat, load_captioner are pickers of it).
+# (load_encoder, load_transcriber, load_tts, chat, load_captioner are pickers of it), or asks
+# multimodal.loading.model_kind(path) what load would read it as (tasks/pretrained.py,
+# serve/models.py).
 CLASSIFIER_CALLERS = {
     "path_kind": {
         "loading.py",  # the one dispatch over model paths
         "convert/hf_folder.py",  # mm.from_hf(path) reads a GGUF file and a CTranslate2 folder
-        # still classifying on their own; each becomes a picker of load() (issue 40)
-        "tasks/pretrained.py",
-        "serve/models.py",
     },
     "sniff_torch_file": {
         "checkpoints.py",  # a file read as a checkpoint says what it is instead
