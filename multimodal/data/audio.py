@@ -398,3 +398,6 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         if "tokenizer" in state_dict:
             self.tokenizer = AudioFrameTokenizer.from_dict(state_dict["tokenizer"])
 
+
+if __name__ == "__main__":  # the recipe's options are parsed in cli/ now
+    raise SystemExit("this recipe moved: python -m multimodal.cli.datasets spoken-words [--help]")

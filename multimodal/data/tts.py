@@ -434,3 +434,7 @@ def make_tts_data(root: str | Path = TTS_ROOT.parent, *, fit_clips: int = 800,
               f"min, {min(secs):.2f}-{max(secs):.2f} s each")
     print("recipe:", json.dumps(asdict(TTSRecipe())))
     return tts
+
+
+if __name__ == "__main__":  # the recipe's options are parsed in cli/ now
+    raise SystemExit("this recipe moved: python -m multimodal.cli.datasets tts [--help]")

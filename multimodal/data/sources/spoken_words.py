@@ -216,3 +216,7 @@ def make_spoken_words(root: str | Path = DEFAULT_ROOT / "spoken_words", *,
     except FileNotFoundError as err:
         print(f"sonic pi: {err}")
     return manifest
+
+
+if __name__ == "__main__":  # the recipe's options are parsed in cli/ now
+    raise SystemExit("this recipe moved: python -m multimodal.cli.datasets spoken-words [--help]")
