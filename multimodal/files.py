@@ -213,9 +213,10 @@ def _delimited_rows(lines: Iterable[str], path: Path, delimiter: str, columns: S
                     header: str) -> Iterator[tuple[int, dict[str, str]]]:
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     reader = csv.reader(lines, delimiter=delimiter, quoting=quoting)
+    records = _csv_records(reader, path)
     sep = "a tab" if delimiter == "\t" else repr(delimiter)
     line, first = 0, None
-    for row in reader:  # the first non-blank line
+    for row in records:  # the first non-blank line
         if row and not (len(row) == 1 and not row[0].strip()):
             first = row
             break
@@ -238,7 +239,7 @@ def _delimited_rows(lines: Iterable[str], path: Path, delimiter: str, columns: S
     else:
         names, width, pending = list(columns), None, [first]
         line = start - 1
-    for row in _chain(pending, reader):
+    for row in _chain(pending, records):
         start = line + 1
         line = reader.line_num
         if not row or (len(row) == 1 and not row[0].strip()):
@@ -249,6 +250,19 @@ def _delimited_rows(lines: Iterable[str], path: Path, delimiter: str, columns: S
             raise ValueError(f"{path}:{start}: {len(row)} field(s), expected {len(names)} "
                              f"({', '.join(names)}) separated by {sep}")
         yield start, dict(zip(names, row, strict=False))
+
+
+def _csv_records(reader: Any, path: Path) -> Iterator[list[str]]:
+    """``reader``'s records, its errors (a field over ``csv.field_size_limit()``) named by
+    the line where they stop."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise ValueError(f"{path}:{reader.line_num}: not a valid CSV row ({err})") from None
+        yield row
 
 
 def _chain(first: list[list[str]], rest: Iterable[list[str]]) -> Iterator[list[str]]:

@@ -153,6 +153,8 @@ def test_a_jsonl_gives_each_object_as_it_is(tmp_path):
     ("my.csv", b"text,label\nok,a\ncaf\xe9,b\n", r"my\.csv:3: not UTF-8 text \(invalid "
                                                    r"continuation byte: byte b'\\xe9' at column 4"),
     ("my.tsv", b"text\tlabel\nonly one\n", r"my\.tsv:2: 1 fields, the header has 2"),
+    ("my.csv", b"text,label\nok,a\n" + b"x" * 140_000 + b",b\n",
+     r"my\.csv:3: not a valid CSV row \(field larger than field limit"),
     ("my.jsonl", b'{"text": "a", "label": 1}\n\n{"text": "b",\n', r"my\.jsonl:3: not valid "
                                                                   r"JSON"),
     ("my.jsonl", b'["text", "label"]\n', r"my\.jsonl:1: expected a JSON object, got list"),
