@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import multimodal as mm
-from multimodal.nn.embed import _pair
+from multimodal.nn.embed import as_pair
 
 VIT_B16 = dict(image_size=224, patch_size=16, in_channels=3, num_classes=1000, dim=768,
                depth=12, heads=12, mlp_dim=3072)
@@ -44,7 +44,7 @@ VIT_B16 = dict(image_size=224, patch_size=16, in_channels=3, num_classes=1000, d
 def vit_forward_macs(cfg: mm.ViTConfig) -> int:
     """Multiply-accumulates of one image's forward pass (module docstring)."""
     gh, gw = cfg.grid_size
-    ph, pw = _pair(cfg.patch_size)
+    ph, pw = as_pair(cfg.patch_size)
     patches = gh * gw
     t = patches + (1 if cfg.class_token else 0)
     d, f = cfg.dim, cfg.mlp_dim or 4 * cfg.dim
@@ -60,7 +60,7 @@ def counted_forward_flops(cfg: mm.ViTConfig) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     model = mm.ViT(cfg).to("meta")
-    h, w = _pair(cfg.image_size)
+    h, w = as_pair(cfg.image_size)
     x = torch.empty(1, cfg.in_channels, h, w, device="meta")
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():

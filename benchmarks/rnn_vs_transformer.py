@@ -70,7 +70,7 @@ from multimodal.data.numbers import (
 from multimodal.models.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
 from multimodal.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from multimodal.models.text import TextDecoderConfig, TextEncoderConfig
-from multimodal.plots.figures import _pyplot, save_figure
+from multimodal.plots.figures import pyplot, save_figure
 from multimodal.tasks.seq2seq import Seq2SeqTask, exact_match
 from multimodal.tokenizers.text import PAD_ID
 
@@ -268,7 +268,7 @@ def length_throughput(names: list[str], lengths: list[int], batch_size: int, tar
 
 def plot_length_throughput(rows: list[dict], path: Path) -> None:
     """Tokens per CPU second against source length, median over rounds with min-max bars."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for name in dict.fromkeys(r["model"] for r in rows):
         rs = sorted((r for r in rows if r["model"] == name), key=lambda r: r["source_len"])
@@ -398,7 +398,7 @@ def spread(values: list[float], scale: float = 1.0, fmt: str = ".1f") -> str:
 def plot_buckets(runs: dict[str, list[dict]], path: Path, title: str) -> None:
     """Exact match by source-length bucket, one curve per model: the median over seeds,
     with the min-max band."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.6 + 0.15 * len(runs)), dpi=110)
     first = next(iter(runs.values()))[0]["buckets"]
     keep = [i for i, b in enumerate(first) if b[3] > 0]
@@ -510,7 +510,7 @@ def plot_alignment(model: RNNSeq2Seq, numbers: tuple[int, ...], path: Path) -> s
     weights = maps.cross_attn[0][:, 0]  # the one layer, one head: (B, T, S)
     digits = tgt_tok.decode(out[0, 1:].tolist())
     steps = len(digits) + 1  # the digits and [EOS]
-    plt = _pyplot()
+    plt = pyplot()
     words = [src_tok.decode([i]) for i in src[0].tolist()]
     fig, ax = plt.subplots(figsize=(0.55 * len(words) + 1.5, 0.4 * steps + 1.5), dpi=120)
     ax.imshow(weights[0, :steps].numpy(), cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
@@ -541,7 +541,7 @@ def plot_cross_attention(model: Seq2Seq, numbers: tuple[int, ...], path: Path) -
     panels += [(f"layer {len(cross)}, head {h + 1}", cross[-1][h])
                for h in range(cross[-1].shape[0])]
     words = [src_tok.decode([i]) for i in src[0].tolist()]
-    plt = _pyplot()
+    plt = pyplot()
     ncols = 2
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(0.2 * len(words) * ncols + 2,

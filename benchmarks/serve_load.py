@@ -400,7 +400,7 @@ def run_one_model(args: argparse.Namespace, task: str) -> None:
     print(f"{task}: {model}, {args.requests} requests per level, at most "
           f"{args.seconds:.0f} s of sending per level")
     port = free_port()
-    proc = start([sys.executable, "-m", "multimodal.serve.cli", "--model", model, "--port",
+    proc = start([sys.executable, "-m", "multimodal.cli.serve", "--model", model, "--port",
                   str(port), "--max_queue", "1024", "--timeout_s", "600", *extra], port)
     results: dict[int, dict[str, Any]] = {}
     try:
@@ -475,7 +475,7 @@ def main() -> None:
         if "ours" not in skip:
             port = free_port()
             servers["ours"] = (port, start(
-                [sys.executable, "-m", "multimodal.serve.cli", "--model", model, "--port",
+                [sys.executable, "-m", "multimodal.cli.serve", "--model", model, "--port",
                  str(port), "--max_batch_size", "32", "--batch_timeout_ms", "10",
                  "--max_queue", "1024", "--timeout_s", "600"], port))
         if "plain" not in skip:

@@ -3,12 +3,12 @@
 #
 #   spoken_words  Debian packages espeak-ng + flite (speech synthesisers)
 #                 -> data/cache/spoken_words/{manifest.csv,wav/<voice>/<word>_s<speed>_p<pitch>.wav}
-#                    (20 words x ~100 voices x 3 takes, made by `python -m multimodal.data.sources.spoken_words`)
+#                    (20 words x ~100 voices x 3 takes, made by `python -m multimodal.cli.datasets spoken-words`)
 #   sonic_pi      Debian package sonic-pi-samples -> /usr/share/sonic-pi/samples/*.flac
 #
 # Idempotent: installs only missing packages (apt-get update runs only if a plain install
 # fails) and synthesises only missing clips.
-# Usage: bash data/get_audio.sh [extra args for python -m multimodal.data.sources.spoken_words]
+# Usage: bash data/get_audio.sh [extra args for python -m multimodal.cli.datasets spoken-words]
 #        (PYTHON=path/to/python picks the interpreter; default: the repository's .venv, else python3)
 set -euo pipefail
 
@@ -41,4 +41,4 @@ else
 fi
 
 cd "$repo"
-PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m multimodal.data.sources.spoken_words "$@"
+PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m multimodal.cli.datasets spoken-words "$@"

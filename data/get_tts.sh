@@ -26,4 +26,4 @@ command -v espeak-ng >/dev/null 2>&1 && command -v flite >/dev/null 2>&1 \
     || PYTHON="$PYTHON" bash "$here/get_audio.sh"
 
 cd "$repo"
-PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m multimodal.data.tts "$@"
+PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m multimodal.cli.datasets tts "$@"

@@ -9,15 +9,19 @@ magic bytes itself:
 * :func:`path_kind`: what a model path holds (:data:`PathKind`), with an error that says
   what the path is instead when it holds no model;
 * :func:`sniff_torch_file`: whether a file starts like one ``torch.save`` writes, or what it
-  looks like instead (a Git LFS pointer, an HTML page, a text file).
+  looks like instead (a Git LFS pointer, an HTML page, a text file);
+* :func:`read_rows`: the rows of a ``.csv`` / ``.tsv`` / ``.jsonl`` table (manifests,
+  labelled texts, text pairs, captions), every error naming ``path:line``.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "AUDIO_EXTENSIONS",
@@ -31,6 +35,7 @@ __all__ = [
     "ZIP_MAGIC",
     "PathKind",
     "path_kind",
+    "read_rows",
     "sniff_torch_file",
     "starts_with",
 ]
@@ -38,7 +43,9 @@ __all__ = [
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3")
 SPEECH_EXTENSIONS = (*AUDIO_EXTENSIONS, ".raw")
-"""What ``transcribe`` reads: audio files, and headerless 16 kHz 16-bit mono PCM (``.raw``)."""
+"""What the pipelines (``embed``, ``transcribe``, ...) read as audio: audio files, and headerless
+16 kHz 16-bit mono PCM (``.raw``, read by :func:`multimodal.tokenizers.audio.load_audio`;
+training folders take :data:`AUDIO_EXTENSIONS`, whose headers are checked before a run)."""
 TEXT_EXTENSIONS = (".txt",)
 TABLE_EXTENSIONS = (".csv", ".tsv", ".jsonl")
 
@@ -129,3 +136,135 @@ def path_kind(path: str | os.PathLike[str]) -> PathKind:
     if "model_type" in meta and not isinstance(meta.get("config"), dict):
         return "hf"
     return "save_pretrained"
+
+
+# ------------------------------------------------------------------------------ tables
+
+TABLE_DELIMITERS = {".csv": ",", ".tsv": "\t"}
+
+
+def read_rows(path: str | os.PathLike[str], columns: Sequence[str] = (), *,
+              header: Literal["required", "optional"] = "required",
+              what: str = "table") -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, row)`` for each row of a table, by its suffix: ``.csv`` (comma, quoted
+    fields may span lines), ``.tsv`` (tab, no quoting: a ``"`` is a character) or
+    ``.jsonl`` (one JSON object per line). ``line`` is the 1-based line the row starts on.
+
+    A CSV / TSV row is ``{column: str}`` over the header's columns. ``header="required"``:
+    the first non-blank line names the columns; ``"optional"``: it is a header only when it
+    names every one of ``columns``, else every line is a row whose first ``len(columns)``
+    fields are ``columns`` in order (further fields are ignored). A JSONL row is the object
+    as it is. Blank lines are skipped; a UTF-8 byte-order mark (a spreadsheet's) is dropped.
+
+    Every row holds every one of ``columns`` with a value that is not an empty or blank
+    string. Each error is one ``ValueError`` naming ``path:line``: text that is not UTF-8,
+    a header without a column of ``columns``, a row with another number of fields than the
+    header, a line that is not a JSON object, a missing field, an empty value. ``what``
+    names the file in the ``FileNotFoundError`` of a missing one (``"manifest not found:
+    PATH"``).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in TABLE_EXTENSIONS:
+        raise ValueError(f"{path}: expected a {', '.join(TABLE_EXTENSIONS[:-1])} or "
+                         f"{TABLE_EXTENSIONS[-1]} file")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    with path.open("rb") as f:
+        lines = _utf8_lines(f, path)
+        rows = _json_rows(lines, path) if suffix == ".jsonl" else \
+            _delimited_rows(lines, path, TABLE_DELIMITERS[suffix], columns, header)
+        for line, row in rows:
+            for c in columns:
+                if c not in row:
+                    raise ValueError(f"{path}:{line}: no {c!r} field (fields: "
+                                     f"{sorted(row)[:10]})")
+                if isinstance(row[c], str) and not row[c].strip():
+                    raise ValueError(f"{path}:{line}: empty {c!r}")
+            yield line, row
+
+
+def _utf8_lines(f: Iterable[bytes], path: Path) -> Iterator[str]:
+    """The lines of a binary file as text (line endings kept, as ``csv`` wants them)."""
+    for n, raw in enumerate(f, start=1):
+        try:
+            yield raw.decode("utf-8-sig" if n == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}:{n}: not UTF-8 text ({err.reason}: byte "
+                             f"{raw[err.start:err.start + 1]!r} at column {err.start + 1})"
+                             ) from None
+
+
+def _json_rows(lines: Iterable[str], path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    for n, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg} at column {err.colno})"
+                             ) from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
+        yield n, row
+
+
+def _delimited_rows(lines: Iterable[str], path: Path, delimiter: str, columns: Sequence[str],
+                    header: str) -> Iterator[tuple[int, dict[str, str]]]:
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.reader(lines, delimiter=delimiter, quoting=quoting)
+    records = _csv_records(reader, path)
+    sep = "a tab" if delimiter == "\t" else repr(delimiter)
+    line, first = 0, None
+    for row in records:  # the first non-blank line
+        if row and not (len(row) == 1 and not row[0].strip()):
+            first = row
+            break
+        line = reader.line_num
+    if first is None:
+        if header == "required":
+            raise ValueError(f"{path}:1: empty file, expected a header row naming the columns "
+                             f"{list(columns)}")
+        return
+    start, line = line + 1, reader.line_num
+    names = [c.strip() for c in first]
+    if header == "required" or all(c in names for c in columns):
+        missing = [c for c in columns if c not in names]
+        if missing:
+            what = " and ".join(repr(c) for c in missing)
+            raise ValueError(f"{path}:{start}: no {what} column in the header {first} "
+                             f"(expected columns {list(columns)})")
+        width: int | None = len(names)
+        pending: list[list[str]] = []
+    else:
+        names, width, pending = list(columns), None, [first]
+        line = start - 1
+    for row in _chain(pending, records):
+        start = line + 1
+        line = reader.line_num
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # a blank line
+        if width is not None and len(row) != width:
+            raise ValueError(f"{path}:{start}: {len(row)} fields, the header has {width}")
+        if width is None and len(row) < len(names):
+            raise ValueError(f"{path}:{start}: {len(row)} field(s), expected {len(names)} "
+                             f"({', '.join(names)}) separated by {sep}")
+        yield start, dict(zip(names, row, strict=False))
+
+
+def _csv_records(reader: Any, path: Path) -> Iterator[list[str]]:
+    """``reader``'s records, its errors (a field over ``csv.field_size_limit()``) named by
+    the line where they stop."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise ValueError(f"{path}:{reader.line_num}: not a valid CSV row ({err})") from None
+        yield row
+
+
+def _chain(first: list[list[str]], rest: Iterable[list[str]]) -> Iterator[list[str]]:
+    yield from first
+    yield from rest

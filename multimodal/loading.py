@@ -53,7 +53,8 @@ from multimodal.hub import from_pretrained
 from multimodal.installed import resolve_weights
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
 
-__all__ = ["Loaded", "folder_preprocessor", "is_whisper", "load", "model_parts", "select_part"]
+__all__ = ["Loaded", "folder_preprocessor", "is_whisper", "load", "model_kind", "model_parts",
+           "select_part"]
 
 WHISPER_ARCHITECTURE = "WhisperForConditionalGeneration"
 
@@ -91,6 +92,14 @@ class Loaded:
         """The part of :attr:`model` of ``modality`` that is one of ``accept``
         (:func:`select_part`)."""
         return select_part(self.model, modality, accept, self.path, task)
+
+
+def model_kind(path: str | Path) -> PathKind:
+    """What :func:`load` reads ``path`` as (:data:`Loaded.kind`), without reading weights:
+    the question callers ask before deciding what to load (an installed model's name is its
+    path). ``FileNotFoundError`` / ``ValueError`` naming the path and what it is instead
+    when it holds no model."""
+    return path_kind(Path(resolve_weights(path)).expanduser())
 
 
 def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = None) -> Loaded:
@@ -175,7 +184,7 @@ def is_whisper(path: str | Path) -> bool:
     written by ``save_pretrained``. ``FileNotFoundError`` / ``ValueError`` as
     :func:`multimodal.files.path_kind` for a path that holds no model."""
     path = Path(resolve_weights(path)).expanduser()
-    kind = path_kind(path)
+    kind = model_kind(path)
     if kind == "ctranslate2":
         return True
     if kind not in ("hf", "save_pretrained"):

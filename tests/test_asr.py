@@ -174,3 +174,38 @@ def test_a_transformers_whisper_folder_transcribes_like_its_ctranslate2_copy(mod
     ids = model.generate(waveform=read_speech(tmp_path / "a.wav"))
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert ours.text == tok.decode(model.text_tokens(ids)[0]).strip()
+
+
+def test_transcribe_and_embed_collect_the_same_inputs(model_dir, tmp_path):
+    """One collector: a folder gives the same audio files (``.raw`` included, other kinds
+    left out) to ``transcribe`` as to ``embed``; a manifest works for both; an empty folder
+    is the same error."""
+    from multimodal.pipelines.inputs import collect_inputs
+
+    clips = tmp_path / "clips"
+    (clips / "sub").mkdir(parents=True)
+    sf.write(clips / "a.wav", _tone(0.6), 16000)
+    pcm = np.round(_tone(0.6, seed=3) * 32767).astype("<i2")
+    pcm.tofile(clips / "sub" / "b.raw")  # headerless 16 kHz 16-bit mono
+    (clips / "notes.txt").write_text("not audio")
+    (clips / "c.png").write_bytes(b"\x89PNG")
+    results = mm.transcribe(str(model_dir), clips, show_progress=False)
+    collected = collect_inputs(clips, ("audio",))
+    assert [r.file for r in results] == [str(i.path) for i in collected] == [
+        str(clips / "a.wav"), str(clips / "sub" / "b.raw")]
+    assert results[1].seconds == pytest.approx(0.6)
+    torch.testing.assert_close(read_speech(clips / "sub" / "b.raw"),
+                               torch.from_numpy(pcm.astype(np.float32) / 32768))
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path\nclips/sub/b.raw\nclips/a.wav\n")
+    by_manifest = mm.transcribe(str(model_dir), manifest, show_progress=False)
+    assert [r.text for r in by_manifest] == [results[1].text, results[0].text]
+    (tmp_path / "empty").mkdir()
+    for collect in (lambda p: mm.transcribe(str(model_dir), p, show_progress=False),
+                    lambda p: collect_inputs(p, ("audio",))):
+        with pytest.raises(ValueError, match=r"empty holds no audio \(\.wav .* \.raw\)"):
+            collect(tmp_path / "empty")
+    texts = tmp_path / "t.csv"
+    texts.write_text("text\nhello\n")
+    with pytest.raises(ValueError, match=r"t\.csv:2 is a text but transcribe reads audio"):
+        mm.transcribe(str(model_dir), texts, show_progress=False)

@@ -21,6 +21,7 @@ from multimodal.files import (
     AUDIO_EXTENSIONS,
     IMAGE_EXTENSIONS,
     path_kind,
+    read_rows,
     sniff_torch_file,
 )
 
@@ -105,6 +106,81 @@ def test_one_extension_list_per_modality():
     assert all(e.startswith(".") and e == e.lower() for e in IMAGE_EXTENSIONS + AUDIO_EXTENSIONS)
 
 
+# ------------------------------------------------------------------------- read_rows
+def test_a_csv_is_read_with_lines_quotes_blank_lines_and_a_bom(tmp_path):
+    path = tmp_path / "my.csv"
+    # a BOM (a spreadsheet's export), a quoted field over two lines, a blank line, CRLF
+    path.write_bytes("\ufefftext,label\r\n\"a, b\",x\r\n\"two\nlines\",y\r\n\r\ncafé,z\r\n"
+                     .encode("utf-8"))
+    assert list(read_rows(path, ("text", "label"))) == [
+        (2, {"text": "a, b", "label": "x"}),
+        (3, {"text": "two\nlines", "label": "y"}),
+        (6, {"text": "café", "label": "z"}),
+    ]
+
+
+def test_a_tsv_splits_on_tabs_without_quoting_and_may_have_no_header(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text('source\ttarget\textra\n"hi"\tsalut\t1\n\nbye\tau revoir\t2\n')
+    assert list(read_rows(path, ("source", "target"))) == [
+        (2, {"source": '"hi"', "target": "salut", "extra": "1"}),  # a quote is a character
+        (4, {"source": "bye", "target": "au revoir", "extra": "2"}),
+    ]
+    path.write_text("hello\tbonjour\tCC-BY\n\nyes\toui\n")  # Tatoeba's layout: no header
+    assert list(read_rows(path, ("source", "target"), header="optional")) == [
+        (1, {"source": "hello", "target": "bonjour"}),
+        (3, {"source": "yes", "target": "oui"}),
+    ]
+
+
+def test_a_jsonl_gives_each_object_as_it_is(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"image": "a.png", "caption": ["x", "y"], "n": 3}\n\n'
+                    '{"image": "b.png", "caption": "z"}\n')
+    assert list(read_rows(path, ("image", "caption"))) == [
+        (1, {"image": "a.png", "caption": ["x", "y"], "n": 3}),
+        (3, {"image": "b.png", "caption": "z"}),
+    ]
+    assert list(read_rows(path)) == list(read_rows(path, ("image",)))
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("my.csv", b"text\nhello\n", r"my\.csv:1: no 'label' column in the header \['text'\]"),
+    ("my.csv", b"\n\ntext,lab\nx,y\n", r"my\.csv:3: no 'label' column in the header"),
+    ("my.csv", b"text,label\na,b\n\nc,d,e\n", r"my\.csv:4: 3 fields, the header has 2"),
+    ("my.csv", b"text,label\na,b\n  ,c\n", r"my\.csv:3: empty 'text'"),
+    ("my.csv", b"", r"my\.csv:1: empty file, expected a header row"),
+    ("my.csv", b"text,label\nok,a\ncaf\xe9,b\n", r"my\.csv:3: not UTF-8 text \(invalid "
+                                                   r"continuation byte: byte b'\\xe9' at column 4"),
+    ("my.tsv", b"text\tlabel\nonly one\n", r"my\.tsv:2: 1 fields, the header has 2"),
+    ("my.csv", b"text,label\nok,a\n" + b"x" * 140_000 + b",b\n",
+     r"my\.csv:3: not a valid CSV row \(field larger than field limit"),
+    ("my.jsonl", b'{"text": "a", "label": 1}\n\n{"text": "b",\n', r"my\.jsonl:3: not valid "
+                                                                  r"JSON"),
+    ("my.jsonl", b'["text", "label"]\n', r"my\.jsonl:1: expected a JSON object, got list"),
+    ("my.jsonl", b'{"text": "a", "label": 1}\n{"text": "b"}\n',
+     r"my\.jsonl:2: no 'label' field \(fields: \['text'\]\)"),
+    ("my.jsonl", b'{"text": "", "label": 1}\n', r"my\.jsonl:1: empty 'text'"),
+])
+def test_every_table_error_names_the_file_and_line(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        list(read_rows(path, ("text", "label")))
+
+
+def test_a_headerless_tsv_row_too_short_and_files_that_are_no_table(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("hello\tbonjour\nno tab here\n")
+    with pytest.raises(ValueError, match=r"pairs\.tsv:2: 1 field\(s\), expected 2 \(source, "
+                                         r"target\) separated by a tab"):
+        list(read_rows(path, ("source", "target"), header="optional"))
+    with pytest.raises(FileNotFoundError, match=r"manifest not found: .*absent\.csv"):
+        list(read_rows(tmp_path / "absent.csv", what="manifest"))
+    with pytest.raises(ValueError, match=r"notes\.txt: expected a \.csv, \.tsv or \.jsonl"):
+        list(read_rows(tmp_path / "notes.txt"))
+
+
 # What classifying a path looks like in source: a magic-byte literal, a layout test, a suffix
 # list. Outside files.py each would be a second answer to "what is at PATH".
 SECOND_CLASSIFIERS = {
@@ -148,14 +224,13 @@ def test_the_scan_catches_a_second_classifier(tmp_path):
 
 
 # Who may ask files.py what a path is. Everyone else takes the parts of multimodal.load(path)
-# (load_encoder, load_transcriber, load_tts, chat, load_captioner are pickers of it).
+# (load_encoder, load_transcriber, load_tts, chat, load_captioner are pickers of it), or asks
+# multimodal.loading.model_kind(path) what load would read it as (tasks/pretrained.py,
+# serve/models.py).
 CLASSIFIER_CALLERS = {
     "path_kind": {
         "loading.py",  # the one dispatch over model paths
         "convert/hf_folder.py",  # mm.from_hf(path) reads a GGUF file and a CTranslate2 folder
-        # still classifying on their own; each becomes a picker of load() (issue 40)
-        "tasks/pretrained.py",
-        "serve/models.py",
     },
     "sniff_torch_file": {
         "checkpoints.py",  # a file read as a checkpoint says what it is instead

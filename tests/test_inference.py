@@ -222,7 +222,7 @@ def test_embed_clips_of_different_lengths(tmp_path):
 def test_manifest_errors_name_the_line(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("path,label\nimg0.png,cat\n,dog\n")
-    with pytest.raises(ValueError, match=r"m\.csv line 3: a row needs a 'path'"):
+    with pytest.raises(ValueError, match=r"m\.csv:3: a row needs a 'path'"):
         collect_inputs(manifest)
     manifest.write_text("path\na.png\na.png\n")
     with pytest.raises(ValueError, match="appears twice"):
@@ -236,7 +236,7 @@ def test_manifest_errors_name_the_line(tmp_path):
 
 def test_inputs_of_another_modality_are_named(tmp_path, vit_folder):
     (tmp_path / "texts.txt").write_text("a cat\na dog\n")
-    with pytest.raises(ValueError, match=r"texts\.txt line 1 is a text but the model \(ViT\) "
+    with pytest.raises(ValueError, match=r"texts\.txt:1 is a text but the model \(ViT\) "
                                          "reads image"):
         embed(str(vit_folder), tmp_path / "texts.txt")
 

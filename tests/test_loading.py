@@ -12,7 +12,7 @@ import torch
 
 import multimodal as mm
 from multimodal.convert.hf_pooling import FolderPooling
-from multimodal.loading import Loaded, load, select_part
+from multimodal.loading import Loaded, load, model_kind, select_part
 
 
 def _tiny_vit(num_classes: int = 3) -> mm.ViT:
@@ -33,6 +33,7 @@ def test_save_pretrained_folder(tmp_path):
     folder = vit.save_pretrained(tmp_path / "vit")
     loaded = load(folder)
     assert isinstance(loaded, Loaded) and loaded.kind == "save_pretrained"
+    assert model_kind(folder) == loaded.kind  # the same answer, no weights read
     assert isinstance(loaded.model, mm.ViT) and not loaded.model.training
     _same(loaded.model, vit)
     assert loaded.tokenizer is None and loaded.class_names is None
@@ -73,6 +74,7 @@ def test_task_checkpoint_brings_class_names_task_and_data(tmp_path):
     trainer.save_checkpoint(ckpt)
     loaded = load(ckpt)
     assert loaded.kind == "checkpoint" and isinstance(loaded.model, mm.ViT)
+    assert model_kind(ckpt) == "checkpoint"
     _same(loaded.model, task.model)
     assert loaded.class_names == ["cat", "dog", "owl"]
     assert loaded.task_class is None or loaded.task_class.endswith("ClassificationTask")
@@ -122,8 +124,11 @@ def test_real_ctranslate2_whisper_is_whole_with_its_tokenizer():
      r"photos has no config\.json"),
 ])
 def test_paths_without_a_model_are_named(tmp_path, make, error, match):
+    path = make(tmp_path)
     with pytest.raises(error, match=match):
-        load(make(tmp_path))
+        load(path)
+    with pytest.raises(error, match=match):
+        model_kind(path)
 
 
 def test_public_name():

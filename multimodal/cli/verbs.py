@@ -45,7 +45,7 @@ VERBS: dict[str, tuple[str, str]] = {
              "figures of a checkpoint: captions and attention, generated pixels"),
     "models": ("multimodal.cli.models:main",
                "the pretrained weights installed on this machine, with their paths"),
-    "serve": ("multimodal.serve.cli:main",
+    "serve": ("multimodal.cli.serve:main",
               "serve a model over HTTP (OpenAI-compatible endpoints)"),
 }
 """verb -> (``module:function``, one line of help)."""

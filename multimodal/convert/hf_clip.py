@@ -25,8 +25,12 @@ from multimodal.models.text import TextEncoderConfig
 from multimodal.models.vit import ViTConfig
 
 
-def _clip_layers(out: dict[str, Tensor], src: StateReader, depth: int,
-                 ours: str = "transformer") -> None:
+def clip_layers(out: dict[str, Tensor], src: StateReader, depth: int,
+                ours: str = "transformer") -> None:
+    """Move ``depth`` transformers CLIP encoder layers (``encoder.layers.i``: q/k/v/out
+    projections, two layer norms, ``mlp.fc1`` / ``fc2``) from ``src`` into ``out`` as our
+    blocks ``{ours}.blocks.i`` (q, k, v stacked into one ``qkv``). SigLIP's towers share
+    the layout."""
     for i in range(depth):
         t, o = f"encoder.layers.{i}", f"{ours}.blocks.{i}"
         a = f"{t}.self_attn"
@@ -93,14 +97,14 @@ def _hf_clip(model: nn.Module) -> CLIP:
     out[f"{v}pos_embed"] = src.take("embeddings.position_embedding.weight")[None]
     out[f"{v}patch_embed.proj.weight"] = src.take("embeddings.patch_embedding.weight")
     put_norm(out, f"{v}norm_pre", src, "pre_layrnorm")
-    _clip_layers(out, src, vision.depth, f"{v}transformer")
+    clip_layers(out, src, vision.depth, f"{v}transformer")
     put_norm(out, f"{v}transformer.norm", src, "post_layernorm")
     src.skip("embeddings.position_ids")
     src.prefix = "text_model."
     t = "text_model."
     out[f"{t}tok_embed.weight"] = src.take("embeddings.token_embedding.weight")
     out[f"{t}pos_embed.weight"] = src.take("embeddings.position_embedding.weight")
-    _clip_layers(out, src, text.depth, f"{t}transformer")
+    clip_layers(out, src, text.depth, f"{t}transformer")
     put_norm(out, f"{t}transformer.norm", src, "final_layer_norm")
     src.skip("embeddings.position_ids")
     src.prefix = ""

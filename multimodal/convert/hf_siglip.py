@@ -37,7 +37,7 @@ from multimodal.convert.common import (
     register_hf_model_type,
     sub_config,
 )
-from multimodal.convert.hf_clip import _clip_layers
+from multimodal.convert.hf_clip import clip_layers
 from multimodal.models.clip import CLIP, CLIPConfig
 from multimodal.models.text import TextEncoderConfig
 from multimodal.models.vit import ViTConfig
@@ -74,7 +74,7 @@ def _hf_siglip(model: nn.Module) -> CLIP:
     out[f"{v}pos_embed"] = src.take("embeddings.position_embedding.weight")[None]
     put_linear(out, f"{v}patch_embed.proj", src.take("embeddings.patch_embedding.weight"),
                src.take("embeddings.patch_embedding.bias"))
-    _clip_layers(out, src, vision.depth, f"{v}transformer")
+    clip_layers(out, src, vision.depth, f"{v}transformer")
     put_norm(out, f"{v}transformer.norm", src, "post_layernorm")
     # the MAP head: nn.MultiheadAttention's in_proj rows are [W_q; W_k; W_v]
     p, d = f"{v}attn_pool", vision.dim
@@ -93,7 +93,7 @@ def _hf_siglip(model: nn.Module) -> CLIP:
     t = "text_model."
     out[f"{t}tok_embed.weight"] = src.take("embeddings.token_embedding.weight")
     out[f"{t}pos_embed.weight"] = src.take("embeddings.position_embedding.weight")
-    _clip_layers(out, src, text.depth, f"{t}transformer")
+    clip_layers(out, src, text.depth, f"{t}transformer")
     put_norm(out, f"{t}transformer.norm", src, "final_layer_norm")
     put_linear(out, "text_projection", src.take("head.weight"), src.take("head.bias"))
     src.skip("embeddings.position_ids")

@@ -15,7 +15,7 @@ from multimodal.convert.common import (
     put_norm,
 )
 from multimodal.models.vit import ViT, ViTConfig
-from multimodal.nn.embed import _pair
+from multimodal.nn.embed import as_pair
 from multimodal.nn.position import resample_grid
 
 
@@ -35,9 +35,9 @@ def from_timm(model: nn.Module, img_size: int | tuple[int, int] | None = None) -
         raise ValueError(f"from_timm expects a {SUPPORTED['timm']}, got {type(model).__name__}")
     _check_timm_features(model)
     block0 = model.blocks[0]
-    src_size = _pair(model.patch_embed.img_size)
-    patch = _pair(model.patch_embed.patch_size)
-    new_size = _pair(img_size) if img_size is not None else src_size
+    src_size = as_pair(model.patch_embed.img_size)
+    patch = as_pair(model.patch_embed.patch_size)
+    new_size = as_pair(img_size) if img_size is not None else src_size
     pool = "cls" if model.global_pool == "token" else "mean"
     config = ViTConfig(
         image_size=new_size, patch_size=patch, in_channels=model.patch_embed.proj.in_channels,

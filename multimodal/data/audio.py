@@ -11,8 +11,8 @@ frames from :class:`~multimodal.tokenizers.audio.AudioFrameTokenizer`, its norma
 fitted on the training split) or, with ``features=False``, ``{"waveform": (B, T), ...}``
 (16 kHz mono, zero padded; ``lengths`` in samples).
 
-``python -m multimodal.data.audio`` synthesises the spoken words (cached) and checks the
-Sonic Pi samples (:func:`multimodal.data.sources.spoken_words.main`).
+``python -m multimodal.cli.datasets spoken-words`` synthesises the spoken words (cached) and
+checks the Sonic Pi samples (:func:`multimodal.data.sources.spoken_words.make_spoken_words`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ from multimodal.data.sources.spoken_words import (
     DEFAULT_ROOT,
     SPOKEN_WORDS,
     SpokenWordsDataset,
-    main,
     read_manifest,
     split_voices,
     synthesize_spoken_words,
@@ -400,5 +399,5 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
             self.tokenizer = AudioFrameTokenizer.from_dict(state_dict["tokenizer"])
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the recipe's options are parsed in cli/ now
+    raise SystemExit("this recipe moved: python -m multimodal.cli.datasets spoken-words [--help]")

@@ -32,9 +32,9 @@ from multimodal.data.readers import (
     check_files_exist,
     decode_image_bytes,
     decode_image_file,
-    read_manifest_rows,
 )
 from multimodal.data.splits import held_out
+from multimodal.files import read_rows
 
 __all__ = [
     "CaptionFiles",
@@ -106,7 +106,7 @@ def _coco_rows(path: Path) -> list[tuple[str, str]]:
 def read_caption_files(
     path: str | os.PathLike, image_root: str | os.PathLike | None = None
 ) -> CaptionFiles:
-    """Read a caption manifest (``.csv``, ``.jsonl``) or COCO-captions ``.json``."""
+    """Read a caption manifest (``.csv``, ``.tsv``, ``.jsonl``) or COCO-captions ``.json``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"caption manifest not found: {path}")
@@ -115,8 +115,8 @@ def read_caption_files(
     if path.suffix.lower() == ".json":
         rows = _coco_rows(path)
     else:
-        for n, row in enumerate(read_manifest_rows(path, ("image", "caption")), start=1):
-            where = f"{path}: row {n}"
+        for line, row in read_rows(path, ("image", "caption"), what="caption manifest"):
+            where = f"{path}:{line}"
             texts = row["caption"] if isinstance(row["caption"], list) else [row["caption"]]
             if not texts:
                 raise ValueError(f"{where}: an empty list of captions")

@@ -9,8 +9,6 @@ Python objects; manifests are parsed row by row without keeping each row's strin
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -19,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from multimodal.files import TABLE_EXTENSIONS, read_rows
 
 __all__ = [
     "CorruptFileError",
@@ -30,11 +30,8 @@ __all__ = [
     "image_to_channels",
     "is_manifest",
     "read_labelled_manifest",
-    "read_manifest_rows",
     "scan_class_folders",
 ]
-
-MANIFEST_EXTENSIONS = (".csv", ".jsonl")
 
 
 class CorruptFileError(ValueError):
@@ -189,44 +186,9 @@ def scan_class_folders(
 
 
 def is_manifest(path: str | os.PathLike) -> bool:
-    return Path(path).suffix.lower() in MANIFEST_EXTENSIONS
-
-
-def read_manifest_rows(path: str | os.PathLike, columns: Sequence[str]) -> Iterator[dict]:
-    """Rows of a CSV (with a header) or JSONL manifest, each checked to hold ``columns``.
-
-    Errors name the file and the line.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"manifest not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in columns if c not in (reader.fieldnames or ())]
-            if missing:
-                raise ValueError(
-                    f"{path}: header {reader.fieldnames} lacks column(s) {missing}"
-                )
-            for line, row in enumerate(reader, start=2):
-                if any(row[c] is None or row[c] == "" for c in columns):
-                    raise ValueError(f"{path}:{line}: empty value in {list(columns)}")
-                yield row
-    elif suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            for line, text in enumerate(f, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{line}: not JSON ({err})") from err
-                if not isinstance(row, dict) or any(c not in row for c in columns):
-                    raise ValueError(f"{path}:{line}: expected an object with keys {columns}")
-                yield row
-    else:
-        raise ValueError(f"{path}: a manifest must end in .csv or .jsonl")
+    """A ``.csv`` / ``.tsv`` / ``.jsonl`` manifest (read by :func:`multimodal.files.read_rows`),
+    not a folder."""
+    return Path(path).suffix.lower() in TABLE_EXTENSIONS
 
 
 def read_labelled_manifest(
@@ -236,35 +198,37 @@ def read_labelled_manifest(
     label_key: str = "label",
     check_files: bool = True,
 ) -> FileList:
-    """A ``path,label`` manifest; paths relative to the manifest's folder.
+    """A ``path,label`` manifest (``.csv`` / ``.tsv`` with a header, or ``.jsonl``); paths
+    relative to the manifest's folder.
 
     Without ``class_names`` the classes are the sorted distinct labels. Every file must
     exist: the error names the first missing one and how many are missing. A label not in
-    ``class_names`` is an error naming it and the line.
+    ``class_names`` is an error naming it and the line of its first row.
     """
     path = Path(path)
     root = "" if str(path.parent) == "." else str(path.parent) + os.sep
     paths = PathArrayBuilder(root)
     seen: dict[str, int] = {}  # label -> order of first appearance
+    first_line: dict[str, int] = {}  # label -> line of its first row
     label_ids = array("q")
-    for row in read_manifest_rows(path, (path_key, label_key)):
+    for line, row in read_rows(path, (path_key, label_key), what="manifest"):
         rel = os.path.normpath(str(row[path_key]))
         paths.append(rel)
-        label_ids.append(seen.setdefault(str(row[label_key]), len(seen)))
+        label = str(row[label_key])
+        if label not in seen:
+            seen[label], first_line[label] = len(seen), line
+        label_ids.append(seen[label])
     if not len(paths):
         raise ValueError(f"{path}: manifest has no rows")
     names = tuple(class_names) if class_names is not None else tuple(sorted(seen))
     index = {c: i for i, c in enumerate(names)}
     bad = next((lab for lab in seen if lab not in index), None)
+    if bad is not None:
+        raise ValueError(f"{path}:{first_line[bad]}: label {bad!r} is not in the class list "
+                         f"{list(names)[:20]}")
     array_ = paths.build()
     ids = torch.frombuffer(label_ids, dtype=torch.int64).clone()
     del label_ids
-    if bad is not None:
-        row = int((ids == seen[bad]).nonzero()[0])
-        raise ValueError(
-            f"{path}: label {bad!r} (row {row + 1}) is not in the class list "
-            f"{list(names)[:20]}"
-        )
     remap = torch.tensor([index[lab] for lab in seen], dtype=torch.int64)
     if check_files:
         check_files_exist(array_, str(path))

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from multimodal.data.documents import Document
-from multimodal.data.readers import read_manifest_rows
+from multimodal.files import read_rows
 
 __all__ = ["FILES_SOURCE", "read_text_documents", "text_files"]
 
@@ -73,11 +73,12 @@ def read_text_documents(
     for spec in specs:
         for path in text_files(spec):
             if path.suffix.lower() == ".jsonl":
-                for n, row in enumerate(read_manifest_rows(path, ("text",)), start=1):
+                for line, row in read_rows(path, ("text",)):
                     text = row["text"]
-                    if not isinstance(text, str) or not text.strip():
-                        raise ValueError(f"{path}: row {n}: 'text' must be a non-empty string")
-                    docs.append(Document(text, FILES_SOURCE, f"{path}:{n}"))
+                    if not isinstance(text, str):
+                        raise ValueError(f"{path}:{line}: 'text' must be a string, got "
+                                         f"{type(text).__name__}")
+                    docs.append(Document(text, FILES_SOURCE, f"{path}:{line}"))
                 continue
             try:
                 text = path.read_text(encoding="utf-8")

@@ -28,15 +28,15 @@ folder, an empty file.
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from multimodal.data.readers import scan_class_folders
+from multimodal.files import TABLE_EXTENSIONS, read_rows
 
 __all__ = [
     "LabelledTexts",
@@ -48,7 +48,6 @@ __all__ = [
     "resolve_classes",
 ]
 
-TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}
 _INTEGER = re.compile(r"[+-]?\d+")
 
 
@@ -92,102 +91,13 @@ class TextPairs:
 # --------------------------------------------------------------------------- row readers
 
 
-def _open_text(path: Path):
-    if not path.is_file():
-        raise FileNotFoundError(f"text data not found: {path}")
-    return open(path, newline="", encoding="utf-8-sig")  # a spreadsheet's BOM is dropped
-
-
-def _utf8(path: Path, read):
-    try:
-        yield from read()
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not UTF-8 text: {err}") from err
-
-
-def _table_rows(path: Path, columns: Sequence[str], header: str = "required"
-                ) -> Iterator[tuple[int, dict[str, str]]]:  # fmt: skip
-    """``(line, {column: value})`` of a CSV / TSV. ``header``: ``"required"`` (the first
-    row names the columns), or ``"optional"`` (a header only when it names every column;
-    else the columns are the first ``len(columns)`` fields, in order)."""
-    delimiter = TABLE_SUFFIXES[path.suffix.lower()]
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-
-    def read() -> Iterator[tuple[int, dict[str, str]]]:
-        with _open_text(path) as f:
-            reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
-            first = next(reader, None)
-            if first is None:
-                raise ValueError(f"{path} is empty")
-            has_header = header == "required" or all(c in first for c in columns)
-            if header == "required":
-                missing = [c for c in columns if c not in first]
-                if missing:
-                    what = " and ".join(repr(c) for c in missing)
-                    raise ValueError(f"{path}: no {what} column in the header {first} "
-                                     f"(expected columns {list(columns)})")
-            if has_header:
-                index = {c: first.index(c) for c in columns}
-                width = len(first)
-                rows: Iterator[list[str]] = reader
-            else:
-                index = {c: i for i, c in enumerate(columns)}
-                width = None
-                rows = _chain_first(first, reader)
-            line = reader.line_num if has_header else 0
-            for row in rows:
-                start = line + 1
-                line = reader.line_num
-                if not row or (len(row) == 1 and not row[0].strip()):
-                    continue  # a blank line
-                if width is not None and len(row) != width:
-                    raise ValueError(f"{path}:{start}: {len(row)} fields, the header has "
-                                     f"{width}")
-                if width is None and len(row) < len(columns):
-                    raise ValueError(f"{path}:{start}: {len(row)} field(s), expected "
-                                     f"{len(columns)} ({', '.join(columns)}) separated by "
-                                     f"{'a tab' if delimiter == chr(9) else repr(delimiter)}")
-                yield start, {c: row[i] for c, i in index.items()}
-
-    yield from _utf8(path, read)
-
-
-def _chain_first(first: list[str], rest: Iterator[list[str]]) -> Iterator[list[str]]:
-    yield first
-    yield from rest
-
-
-def _jsonl_rows(path: Path, columns: Sequence[str]) -> Iterator[tuple[int, dict]]:
-    def read() -> Iterator[tuple[int, dict]]:
-        with _open_text(path) as f:
-            for line, text in enumerate(f, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{line}: not valid JSON ({err.msg})") from err
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path}:{line}: expected a JSON object, got "
-                                     f"{type(row).__name__}")
-                missing = [c for c in columns if c not in row]
-                if missing:
-                    what = " and ".join(repr(c) for c in missing)
-                    raise ValueError(f"{path}:{line}: no {what} field (fields: "
-                                     f"{sorted(row)[:10]})")
-                yield line, row
-
-    yield from _utf8(path, read)
-
-
-def _rows(path: Path, columns: Sequence[str], header: str = "required"
+def _rows(path: Path, columns: Sequence[str],
+          header: Literal["required", "optional"] = "required"
           ) -> Iterator[tuple[int, dict]]:  # fmt: skip
-    suffix = path.suffix.lower()
-    if suffix in TABLE_SUFFIXES:
-        return _table_rows(path, columns, header)
-    if suffix == ".jsonl":
-        return _jsonl_rows(path, columns)
-    raise ValueError(f"{path}: expected a .csv, .tsv or .jsonl file or a folder")
+    """The rows of a ``.csv`` / ``.tsv`` / ``.jsonl`` file (:func:`multimodal.files.read_rows`)."""
+    if path.suffix.lower() not in TABLE_EXTENSIONS:
+        raise ValueError(f"{path}: expected a .csv, .tsv or .jsonl file or a folder")
+    return read_rows(path, columns, header=header, what="text data")
 
 
 def _text(value: object, where: str, key: str) -> str:

@@ -28,7 +28,6 @@ other phrase in training, a fixed one (seeded by the item) in validation and tes
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import json
@@ -415,16 +414,13 @@ class TTSDataModule(SplitDataModule):
         return collate_tts
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m multimodal.data.tts",
-        description="Make the TTS voices set, its phoneme tokenizer, codec and token cache.",
-    )
-    parser.add_argument("--root", default=str(TTS_ROOT.parent))
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--fit-clips", type=int, default=800)
-    args = parser.parse_args(argv)
-    tts = prepare_tts(args.root, fit_clips=args.fit_clips, workers=args.workers)
+def make_tts_data(root: str | Path = TTS_ROOT.parent, *, fit_clips: int = 800,
+                  workers: int | None = None) -> Path:
+    """Make the TTS voices set under ``root`` (:func:`prepare_tts`: the utterances, the
+    phoneme tokenizer, the codec fitted on ``fit_clips`` training clips, the token cache),
+    print what it holds per split and the recipe, and return its folder. Run by
+    ``python -m multimodal.cli.datasets tts`` (``bash data/get_tts.sh``)."""
+    tts = prepare_tts(root, fit_clips=fit_clips, workers=workers)
     items = TTSItems(tts)
     by_split: dict[str, list[float]] = defaultdict(list)
     for r in items.rows:
@@ -437,7 +433,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"  {split}: {len(secs)} utterances, {len(voices)} voices, {sum(secs) / 60:.1f} "
               f"min, {min(secs):.2f}-{max(secs):.2f} s each")
     print("recipe:", json.dumps(asdict(TTSRecipe())))
+    return tts
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the recipe's options are parsed in cli/ now
+    raise SystemExit("this recipe moved: python -m multimodal.cli.datasets tts [--help]")

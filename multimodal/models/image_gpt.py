@@ -29,7 +29,7 @@ from multimodal.models.backbone import model_config
 from multimodal.models.text import NextTokenHead, embed_tokens
 from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
-from multimodal.nn.embed import _pair
+from multimodal.nn.embed import as_pair
 from multimodal.nn.init import init_weights
 from multimodal.nn.position import LearnedPositions
 from multimodal.registry import register_model, register_preset
@@ -52,7 +52,7 @@ class ImageGPTConfig:
     num_classes: int = 0
 
     def __post_init__(self) -> None:
-        h, w = _pair(self.image_size)
+        h, w = as_pair(self.image_size)
         if h < 1 or w < 1:
             raise ValueError(f"image_size must be positive, got {self.image_size}")
         if self.vocab_size < 2:
@@ -63,7 +63,7 @@ class ImageGPTConfig:
 
     @property
     def grid(self) -> tuple[int, int]:
-        return _pair(self.image_size)
+        return as_pair(self.image_size)
 
     @property
     def num_pixels(self) -> int:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from multimodal.models.api import AttentionMaps, ClassifierHeadMixin
 from multimodal.models.backbone import model_config
 from multimodal.nn.block import ACTIVATIONS, NORM_LAYERS, Transformer
-from multimodal.nn.embed import ConvPatchEmbed, PatchEmbed, _pair, check_images
+from multimodal.nn.embed import ConvPatchEmbed, PatchEmbed, as_pair, check_images
 from multimodal.nn.init import init_weights
 from multimodal.nn.pool import AttentionPool, mean_pool
 from multimodal.nn.position import grid_positions, resample_grid, sincos_2d_positions
@@ -55,15 +55,15 @@ class ViTConfig:
             raise ValueError("distill_token=True needs class_token=True")
         if self.registers < 0:
             raise ValueError(f"registers must be >= 0, got {self.registers}")
-        h, w = _pair(self.image_size)
-        ph, pw = _pair(self.patch_size)
+        h, w = as_pair(self.image_size)
+        ph, pw = as_pair(self.patch_size)
         if h % ph or w % pw:
             raise ValueError(f"image_size {h}x{w} is not a multiple of patch_size {ph}x{pw}")
 
     @property
     def grid_size(self) -> tuple[int, int]:
-        h, w = _pair(self.image_size)
-        ph, pw = _pair(self.patch_size)
+        h, w = as_pair(self.image_size)
+        ph, pw = as_pair(self.patch_size)
         return h // ph, w // pw
 
 
@@ -130,7 +130,7 @@ class ViT(ClassifierHeadMixin, PretrainedMixin, nn.Module):
 
     def example_inputs(self, batch_size: int = 2) -> tuple[Tensor, ...]:
         """Random images at the config's size: ``(B, in_channels, H, W)``."""
-        return (torch.randn(batch_size, self.config.in_channels, *_pair(self.config.image_size)),)
+        return (torch.randn(batch_size, self.config.in_channels, *as_pair(self.config.image_size)),)
 
     # -- positions ---------------------------------------------------------------------
     def _positions(self, grid: tuple[int, int], x: Tensor) -> Tensor:

@@ -22,11 +22,12 @@ from torch import Tensor, nn
 
 __all__ = [
     "ConvPatchEmbed", "FrameEmbed", "PatchEmbed", "SpecAugment", "SpectrogramPatchEmbed",
-    "WhisperConvStem", "audio_embed", "check_images",
+    "WhisperConvStem", "as_pair", "audio_embed", "check_images",
 ]
 
 
-def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
+def as_pair(x: int | tuple[int, int]) -> tuple[int, int]:
+    """A size as ``(height, width)``: an int is a square."""
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
 
 
@@ -44,7 +45,7 @@ def check_images(images: Tensor, in_channels: int, patch_size: int | tuple[int, 
     if not images.is_floating_point():
         raise ValueError(f"expected floating-point images (normalised), got {images.dtype}; "
                          "convert uint8 images with .float() / 255 and normalise")
-    ph, pw = _pair(patch_size)
+    ph, pw = as_pair(patch_size)
     h, w = images.shape[-2:]
     if h % ph or w % pw:
         raise ValueError(f"image size {h}x{w} is not a multiple of the patch size {ph}x{pw}")
@@ -73,7 +74,7 @@ class PatchEmbed(_GridEmbed):
     def __init__(self, patch_size: int | tuple[int, int] = 16, in_channels: int = 3,
                  dim: int = 768, bias: bool = True) -> None:
         super().__init__()
-        self.patch_size = _pair(patch_size)
+        self.patch_size = as_pair(patch_size)
         self.in_channels = in_channels
         self.proj = nn.Conv2d(in_channels, dim, kernel_size=self.patch_size,
                               stride=self.patch_size, bias=bias)
@@ -90,7 +91,7 @@ class ConvPatchEmbed(_GridEmbed):
     def __init__(self, patch_size: int | tuple[int, int] = 16, in_channels: int = 3,
                  dim: int = 768) -> None:
         super().__init__()
-        ph, pw = _pair(patch_size)
+        ph, pw = as_pair(patch_size)
         if ph != pw or ph < 2 or ph & (ph - 1):
             raise ValueError(f"ConvPatchEmbed needs a square power-of-two patch size >= 2, got "
                              f"{ph}x{pw}")

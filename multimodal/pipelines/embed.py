@@ -27,9 +27,9 @@ from multimodal.pipelines.inputs import (
     Reader,
     Skipped,
     UnreadableInput,
+    check_kind,
     collect_inputs,
     data_image_preprocessor,
-    item_kind,
     read_batch,
 )
 from multimodal.progress import progress
@@ -164,11 +164,8 @@ def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size:
     if Path(model_name).exists():
         model_name = str(Path(model_name).resolve())
     items = collect_inputs(inputs, _kinds_of(encoder))
-    kind = item_kind(items[0])
-    if kind not in _kinds_of(encoder):
-        raise ValueError(f"{items[0].where} is {'a text' if kind == 'text' else kind} but the "
-                         f"model ({type(encoder.backbone).__name__}) reads "
-                         f"{' and '.join(_kinds_of(encoder))}")
+    kind = check_kind(items, _kinds_of(encoder),
+                      f"the model ({type(encoder.backbone).__name__})")
     stream = stream if stream is not None else sys.stderr
     done: dict[str, torch.Tensor] = {}
     out_path = parts = None

@@ -1,20 +1,22 @@
-"""The inputs of the pipelines: what ``embed`` / ``zero-shot`` / ``caption`` read.
+"""The inputs of the pipelines: what ``embed`` / ``zero-shot`` / ``caption`` / ``transcribe``
+read.
 
 Inputs (:func:`collect_inputs`) are a folder, searched recursively in sorted order (images
-``.png .jpg .jpeg .webp .bmp .gif .tif .tiff``, audio ``.wav .flac .ogg .mp3``, texts
-``.txt``: one text per file; :mod:`multimodal.files`' lists), a manifest (``.csv`` /
-``.jsonl`` with a ``path`` column, relative to the manifest's folder, or a ``text`` column;
-an optional ``id`` column), a ``.txt`` manifest of one text per line, or a Python list of
-paths / strings. Every input has an id (its path relative to the folder, the manifest's
-``id``, or ``line N``) that travels with its result. An input that cannot be read is an
-error naming it (:class:`UnreadableInput`), or, with ``skip_corrupt``, is left out
-(:class:`Skipped`), reported at the end and recorded in the output.
+``.png .jpg .jpeg .webp .bmp .gif .tif .tiff``, audio ``.wav .flac .ogg .mp3 .raw`` (``.raw``:
+headerless 16 kHz 16-bit mono PCM), texts ``.txt``: one text per file; :mod:`multimodal.files`'
+lists), a manifest (``.csv`` / ``.tsv`` / ``.jsonl`` with a ``path`` column, relative to the
+manifest's folder, or a ``text`` column; an optional ``id`` column; read by
+:func:`multimodal.files.read_rows`), a ``.txt`` manifest of one text per line, or a Python
+list of paths (a folder among them gives its files) / strings. Every input has an id (its
+path relative to the folder, the manifest's ``id``, or ``line N``) that travels with its
+result, and a place (``file`` or ``manifest:line``) that every error about it names. An input
+that cannot be read is an error naming it (:class:`UnreadableInput`), or, with
+``skip_corrupt``, is left out (:class:`Skipped`), reported at the end and recorded in the
+output.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,13 +24,19 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from multimodal.convert.hf_preprocess import ImagePreprocessor
-from multimodal.files import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, TEXT_EXTENSIONS
+from multimodal.files import (
+    IMAGE_EXTENSIONS,
+    SPEECH_EXTENSIONS,
+    TABLE_EXTENSIONS,
+    TEXT_EXTENSIONS,
+    read_rows,
+)
 from multimodal.tokenizers.audio import load_audio
 
 if TYPE_CHECKING:
     from multimodal.encoder import Encoder
 
-__all__ = ["InputItem", "Reader", "Skipped", "UnreadableInput", "collect_inputs",
+__all__ = ["InputItem", "Reader", "Skipped", "UnreadableInput", "check_kind", "collect_inputs",
            "data_image_preprocessor", "item_kind", "read_batch"]
 
 
@@ -55,60 +63,39 @@ def _kind_of_file(path: Path) -> str | None:
     suffix = path.suffix.lower()
     if suffix in IMAGE_EXTENSIONS:
         return "image"
-    if suffix in AUDIO_EXTENSIONS:
+    if suffix in SPEECH_EXTENSIONS:
         return "audio"
     if suffix in TEXT_EXTENSIONS:
         return "text"
     return None
 
 
-def _folder_items(folder: Path, kinds: Sequence[str]) -> list[InputItem]:
+def _folder_items(folder: Path, kinds: Sequence[str], relative: bool = True
+                  ) -> list[InputItem]:
+    """The files of the first of ``kinds`` that ``folder`` holds; ids relative to the folder
+    (else the paths as they are: a folder among a list of inputs)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
                    and _kind_of_file(p) is not None)
     found = {_kind_of_file(p) for p in files}
     for kind in kinds:  # the first kind the model reads that the folder holds
         if kind in found:
-            return [InputItem(p.relative_to(folder).as_posix(), str(p), path=p)
+            return [InputItem(p.relative_to(folder).as_posix() if relative else str(p),
+                              str(p), path=p)
                     for p in files if _kind_of_file(p) == kind]
     wanted = " or ".join({"image": "images (" + " ".join(IMAGE_EXTENSIONS) + ")",
-                          "audio": "audio (" + " ".join(AUDIO_EXTENSIONS) + ")",
+                          "audio": "audio (" + " ".join(SPEECH_EXTENSIONS) + ")",
                           "text": "texts (.txt)"}[k] for k in kinds)
     raise ValueError(f"{folder} holds no {wanted}")
-
-
-def _manifest_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """``(line number, row)`` of a CSV (header row) or JSON-lines manifest."""
-    rows: list[tuple[int, dict[str, Any]]] = []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: cannot read the manifest ({err})") from None
-    if path.suffix.lower() == ".jsonl":
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {n}: not valid JSON ({err})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path} line {n}: expected a JSON object")
-            rows.append((n, row))
-        return rows
-    reader = csv.DictReader(text.splitlines())
-    for row in reader:
-        rows.append((reader.line_num, dict(row)))
-    return rows
 
 
 def _manifest_items(path: Path) -> list[InputItem]:
     if path.suffix.lower() == ".txt":  # one text per line
         lines = path.read_text(encoding="utf-8").splitlines()
-        return [InputItem(f"line {n}", f"{path} line {n}", text=line)
+        return [InputItem(f"line {n}", f"{path}:{n}", text=line)
                 for n, line in enumerate(lines, 1) if line.strip()]
     items = []
-    for n, row in _manifest_rows(path):
-        where = f"{path} line {n}"
+    for n, row in read_rows(path, what="manifest"):
+        where = f"{path}:{n}"
         if isinstance(row.get("text"), str) and row.get("path") in (None, ""):
             items.append(InputItem(str(row.get("id") or f"line {n}"), where, text=row["text"]))
         elif isinstance(row.get("path"), str) and row["path"]:
@@ -123,25 +110,33 @@ def _manifest_items(path: Path) -> list[InputItem]:
 
 def collect_inputs(inputs: Any, kinds: Sequence[str] = ("image", "audio", "text")
                    ) -> list[InputItem]:
-    """The inputs of a folder, a manifest (``.csv`` / ``.jsonl`` / ``.txt``) or a list of
-    paths / texts (see the module docstring); ``kinds`` are what the model reads, in order
-    of preference (a folder holding several kinds gives the first one it holds)."""
+    """The inputs of a folder, a manifest (``.csv`` / ``.tsv`` / ``.jsonl`` / ``.txt``), one
+    image or audio file, or a list of paths / texts (see the module docstring); ``kinds``
+    are what the model reads, in order of preference (a folder holding several kinds gives
+    the first one it holds)."""
     if isinstance(inputs, (str, os.PathLike)):
         path = Path(inputs)
         if path.is_dir():
             items = _folder_items(path, kinds)
         elif path.is_file():
-            if path.suffix.lower() not in (".csv", ".jsonl", ".txt"):
-                raise ValueError(f"{path}: a manifest is .csv, .jsonl or .txt (one text per "
-                                 "line); give a folder for a set of files")
-            items = _manifest_items(path)
+            if _kind_of_file(path) in ("image", "audio"):  # one file
+                items = [InputItem(str(path), str(path), path=path)]
+            elif path.suffix.lower() in (*TABLE_EXTENSIONS, *TEXT_EXTENSIONS):
+                items = _manifest_items(path)
+            else:
+                raise ValueError(f"{path}: neither a manifest (.csv, .tsv, .jsonl, or .txt: one "
+                                 "text per line) nor an image or audio file; give a folder "
+                                 "for a set of files")
         else:
             raise FileNotFoundError(f"inputs {path} do not exist")
     elif isinstance(inputs, Sequence):
         items = []
         for i, x in enumerate(inputs):
             if isinstance(x, Path) or (isinstance(x, str) and "text" not in kinds):
-                items.append(InputItem(str(x), str(x), path=Path(x)))
+                if Path(x).is_dir():
+                    items.extend(_folder_items(Path(x), kinds, relative=False))
+                else:  # a file that is missing or unreadable is named when it is read
+                    items.append(InputItem(str(x), str(x), path=Path(x)))
             elif isinstance(x, str):
                 items.append(InputItem(str(i), f"text {i}", text=x))
             else:
@@ -163,6 +158,16 @@ def collect_inputs(inputs: Any, kinds: Sequence[str] = ("image", "audio", "text"
 
 def item_kind(item: InputItem) -> str:
     return "text" if item.text is not None else (_kind_of_file(item.path) or "?")
+
+
+def check_kind(items: Sequence[InputItem], kinds: Sequence[str], reader: str) -> str:
+    """The kind of the inputs (that of the first), when ``reader`` (``"the model (ViT)"``)
+    reads it; else an error naming the first input."""
+    kind = item_kind(items[0])
+    if kind not in kinds:
+        raise ValueError(f"{items[0].where} is {'a text' if kind == 'text' else kind} but "
+                         f"{reader} reads {' and '.join(kinds)}")
+    return kind
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from multimodal.asr import load_transcriber
-from multimodal.files import SPEECH_EXTENSIONS
+from multimodal.pipelines.inputs import check_kind, collect_inputs
 from multimodal.progress import progress
 
 __all__ = ["Transcript", "prompt_languages", "read_speech", "transcribe", "write_transcripts"]
@@ -57,19 +57,12 @@ def read_speech(path: str | Path, *, resample: bool = False, mix: bool = False,
                 min_seconds: float = 0.1) -> Tensor:
     """A file as a 16 kHz mono waveform ``(T,)``, checked (module docstring). ``.raw``
     files are headerless 16-bit little-endian 16 kHz mono PCM (pocketsphinx's)."""
-    import numpy as np
     import torchaudio
 
     from multimodal.tokenizers.audio import load_audio
 
     path = Path(path)
-    if path.suffix.lower() == ".raw":
-        if not path.is_file():
-            raise FileNotFoundError(f"audio file not found: {path}")
-        raw = np.fromfile(path, dtype="<i2")
-        wave, rate = torch.from_numpy(raw.astype(np.float32) / 32768.0)[None], SAMPLE_RATE
-    else:
-        wave, rate = load_audio(path)
+    wave, rate = load_audio(path)
     if wave.shape[0] > 1:
         if not mix:
             raise ValueError(f"{path} has {wave.shape[0]} channels; Whisper reads mono speech: "
@@ -96,26 +89,6 @@ def read_speech(path: str | Path, *, resample: bool = False, mix: bool = False,
     return wave
 
 
-def _files(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
-    items = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    if not items:
-        raise ValueError("no inputs given: pass audio files or a folder of them")
-    files: list[Path] = []
-    for item in items:
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.suffix.lower() in SPEECH_EXTENSIONS)
-            if not found:
-                raise ValueError(f"folder {p} holds no audio files "
-                                 f"({', '.join(SPEECH_EXTENSIONS)})")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"input {p} does not exist")
-    return files
-
-
 @torch.no_grad()
 def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
                tokenizer: Any = None, language: str | None = None, task: str = "transcribe",
@@ -123,7 +96,8 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
                mix: bool = False, show_progress: bool = True,
                compute_dtype: torch.dtype | None = None,
                compile: bool = False, quantize: str | None = None) -> list[Transcript]:
-    """Transcripts of audio files (paths, or folders searched for audio files).
+    """Transcripts of audio files: a folder, a manifest or a list of paths, collected as
+    ``embed`` collects them (:func:`multimodal.pipelines.inputs.collect_inputs`).
 
     ``model``: a model directory (see :func:`load_transcriber`) or a Whisper (then pass its
     ``tokenizer``). Greedy decoding by default (``num_beams`` for beam search); a
@@ -145,7 +119,9 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
         quantize_(model.decoder, quantize)
     if tokenizer is None:
         raise ValueError("give the tokenizer of the Whisper model (or a model directory)")
-    files = _files(inputs)
+    items = collect_inputs(inputs, ("audio",))
+    check_kind(items, ("audio",), "transcribe")
+    files = [item.path for item in items]
     waves = [read_speech(f, resample=resample, mix=mix) for f in files]  # all checked first
     enc = model.config.encoder
     window = int(enc.max_frames) * round(enc.sample_rate * enc.hop_ms / 1000)  # 30 s

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch.nn.functional as F
 from torch import Tensor
 
-from multimodal.plots.figures import _pyplot, save_figure
+from multimodal.plots.figures import pyplot, save_figure
 
 
 def _to_hwc(image: Tensor) -> Tensor:
@@ -37,7 +37,7 @@ def plot_captions(images: Tensor, captions: Sequence[str], path: str | Path,
                          f"{len(images)} images and {len(captions)} captions")
     if references is not None and len(references) != len(captions):
         raise ValueError(f"{len(captions)} captions but {len(references)} references")
-    plt = _pyplot()
+    plt = pyplot()
     import textwrap
 
     n = len(images)
@@ -70,7 +70,7 @@ def plot_cross_attention(image: Tensor, words: Sequence[str], maps: Tensor,
                          f"({len(words)}), got shape {tuple(maps.shape)}")
     if len(words) == 0:
         raise ValueError("no words to plot")
-    plt = _pyplot()
+    plt = pyplot()
     picture = _to_hwc(image)
     h, w = picture.shape[:2]
     heat = F.interpolate(maps[:, None].float().cpu(), size=(h, w), mode="nearest")[:, 0]

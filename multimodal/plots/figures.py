@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 
 
-def _pyplot():
-    # lazy: matplotlib costs ~0.5 s to import and only figure-writing code needs it
+def pyplot():
+    """``matplotlib.pyplot`` with the Agg backend (files, no display); imported on first use:
+    matplotlib costs ~0.5 s to import and only figure-writing code needs it."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -24,7 +25,7 @@ def save_figure(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -32,7 +33,7 @@ def plot_confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str],
                           path: str | Path) -> Path:
     """Row-normalised confusion matrix (rows: true class, columns: predicted), with
     per-class recall on the diagonal, saved as a PNG."""
-    plt = _pyplot()
+    plt = pyplot()
     counts = matrix.double()
     rates = counts / counts.sum(dim=1, keepdim=True).clamp(min=1)
     n = len(class_names)

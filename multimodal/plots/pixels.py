@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from multimodal.plots.figures import _pyplot, save_figure
+from multimodal.plots.figures import pyplot, save_figure
 
 
 def _show(ax, image: Tensor) -> None:
@@ -33,7 +33,7 @@ def plot_samples(images: Tensor, path: str | Path, row_labels: Sequence[str] | N
     """uint8 images (rows, cols, 1, H, W) as a grid, one label per row, saved as a PNG."""
     if images.dim() != 5:
         raise ValueError(f"expected images (rows, cols, 1, H, W), got {tuple(images.shape)}")
-    plt = _pyplot()
+    plt = pyplot()
     rows, cols = images.shape[:2]
     fig, axes = plt.subplots(rows, cols, figsize=(0.8 * cols + 0.6, 0.8 * rows + 0.4),
                              dpi=110, squeeze=False)

@@ -38,13 +38,12 @@ class Served:
 def kind_of(path: str | Path) -> str:
     """The kind of model at ``path`` (module docstring), without loading weights: what the
     path holds is :mod:`multimodal.loading`'s answer (:func:`~multimodal.loading.is_whisper`,
-    :func:`multimodal.files.path_kind`)."""
-    from multimodal.files import path_kind
+    :func:`~multimodal.loading.model_kind`)."""
     from multimodal.installed import resolve_weights
-    from multimodal.loading import is_whisper
+    from multimodal.loading import is_whisper, model_kind
 
     path = Path(resolve_weights(path))  # an installed model's name: its path
-    files_kind = path_kind(path)  # FileNotFoundError / ValueError naming what path is
+    files_kind = model_kind(path)  # FileNotFoundError / ValueError naming what path is
     if is_whisper(path):
         return "transcribe"
     if files_kind == "gguf":

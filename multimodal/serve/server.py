@@ -30,7 +30,7 @@ log = logging.getLogger("multimodal.serve")
 
 @dataclass
 class ServeConfig:
-    """Everything ``multimodal serve`` takes (see :mod:`multimodal.serve.cli`)."""
+    """Everything ``multimodal serve`` takes (see :mod:`multimodal.cli.serve`)."""
 
     model: str
     kind: str | None = None

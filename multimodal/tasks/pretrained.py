@@ -32,9 +32,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from multimodal.checkpoints import read_checkpoint
-from multimodal.files import path_kind
 from multimodal.installed import resolve_weights
-from multimodal.loading import Loaded, load, select_part
+from multimodal.loading import Loaded, load, model_kind, select_part
 from multimodal.tasks.presets import preset_model, with_fields
 
 __all__ = ["head_names", "load_pretrained", "rebuild_with", "task_model"]
@@ -289,9 +288,10 @@ def data_image_preprocessor(datamodule: Any) -> Any:
 
 
 def _kind(path: Path) -> str | None:
-    """``path_kind`` of ``path``, None where it holds no model (load_pretrained says why)."""
+    """What :func:`~multimodal.loading.load` reads ``path`` as, None where it holds no model
+    (load_pretrained says why)."""
     try:
-        return path_kind(path)
+        return model_kind(path)
     except (FileNotFoundError, ValueError):
         return None
 

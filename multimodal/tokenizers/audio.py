@@ -53,7 +53,8 @@ __all__ = [
 
 
 def load_audio(path: str | Path) -> tuple[Tensor, int]:
-    """Read a WAV / FLAC / OGG / MP3 file with ``soundfile``.
+    """Read a WAV / FLAC / OGG / MP3 file with ``soundfile``, or a ``.raw`` file as
+    headerless 16 kHz 16-bit little-endian mono PCM (pocketsphinx's test files).
 
     Returns ``(waveform, sample_rate)`` with ``waveform`` float32 shaped
     ``(channels, samples)`` in [-1, 1]. A missing file raises FileNotFoundError, a file
@@ -62,8 +63,10 @@ def load_audio(path: str | Path) -> tuple[Tensor, int]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"audio file not found: {path}")
+    raw = {"format": "RAW", "samplerate": 16000, "channels": 1, "subtype": "PCM_16",
+           "endian": "LITTLE"} if path.suffix.lower() == ".raw" else {}
     try:
-        data, sample_rate = sf.read(str(path), dtype="float32", always_2d=True)
+        data, sample_rate = sf.read(str(path), dtype="float32", always_2d=True, **raw)
     except (sf.LibsndfileError, RuntimeError, TypeError) as err:
         raise ValueError(
             f"{path} is not a readable audio file (expected WAV, FLAC, OGG or MP3): {err}"

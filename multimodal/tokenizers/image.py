@@ -15,20 +15,20 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from multimodal.nn.embed import _pair
+from multimodal.nn.embed import as_pair
 from multimodal.tokenizers.kmeans import kmeans, nearest_centre
 
 
 def patchify(images: Tensor, patch_size: int | tuple[int, int]) -> Tensor:
     """(B, C, H, W) -> (B, N, ph*pw*C), patches in raster order, channels last in a patch."""
-    ph, pw = _pair(patch_size)
+    ph, pw = as_pair(patch_size)
     return rearrange(images, "b c (h ph) (w pw) -> b (h w) (ph pw c)", ph=ph, pw=pw)
 
 
 def unpatchify(patches: Tensor, patch_size: int | tuple[int, int],
                grid: tuple[int, int], channels: int) -> Tensor:
     """Inverse of :func:`patchify` for a ``grid`` = (H/p, W/p) of patches."""
-    ph, pw = _pair(patch_size)
+    ph, pw = as_pair(patch_size)
     return rearrange(patches, "b (h w) (ph pw c) -> b c (h ph) (w pw)",
                      h=grid[0], w=grid[1], ph=ph, pw=pw, c=channels)
 
@@ -158,7 +158,7 @@ class PixelTokenizer:
                 raise ValueError(f"tokens must lie in [0, {self.vocab_size}), "
                                  f"got min {lo}, max {hi}")
         if image_size is not None:
-            h, w = _pair(image_size)
+            h, w = as_pair(image_size)
             if tokens.shape[-1] != h * w:
                 raise ValueError(f"{tokens.shape[-1]} tokens per image do not fill {h}x{w}")
             tokens = tokens.reshape(*tokens.shape[:-1], h, w)

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from multimodal.tokenizers.text import SPECIAL_TOKENS, _iter_training_texts, _VocabTokenizer
+from multimodal.tokenizers.text import SPECIAL_TOKENS, VocabTokenizer, iter_training_texts
 
 __all__ = [
     "CLAUSE_BREAK",
@@ -226,7 +226,7 @@ def _characters(text: str) -> list[str]:
     return list(_SPACES.sub(" ", text.strip().lower()))
 
 
-class PhonemeTokenizer(_VocabTokenizer):
+class PhonemeTokenizer(VocabTokenizer):
     """Phonemes (espeak-ng) or characters as integer tokens; see the module doc.
 
     ``vocab`` starts with the seven special tokens; ``backend`` is ``"espeak"`` or
@@ -299,14 +299,14 @@ class PhonemeTokenizer(_VocabTokenizer):
         probe = cls(list(SPECIAL_TOKENS), backend=backend, voice=voice)
         counts: Counter = Counter()
         n_used = 0
-        for text in _iter_training_texts(texts_or_files):
+        for text in iter_training_texts(texts_or_files):
             if not text.strip() or not _PRONOUNCEABLE.search(text):
                 continue
             counts.update(probe._split(text))
             n_used += 1
         if n_used == 0:
             raise ValueError("train() got no pronounceable training text")
-        base = _VocabTokenizer._from_counts(counts, vocab_size, min_frequency, False)
+        base = VocabTokenizer._from_counts(counts, vocab_size, min_frequency, False)
         return cls(base.vocab, backend=probe.backend, voice=voice)
 
     # --- persistence ----------------------------------------------------------------------

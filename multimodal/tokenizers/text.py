@@ -64,7 +64,7 @@ def _check_text(text: Any, what: str = "text") -> str:
     return text
 
 
-def _iter_training_texts(texts_or_files: Iterable[str] | Iterable[Path]) -> Iterator[str]:
+def iter_training_texts(texts_or_files: Iterable[str] | Iterable[Path]) -> Iterator[str]:
     """Yield training texts from an iterable of strings or of ``pathlib.Path`` files.
 
     A ``str`` item is text; a ``pathlib.Path`` item is a UTF-8 file whose content is text.
@@ -512,7 +512,7 @@ class WordPieceTokenizer(TextTokenizer):
 
         def counted() -> Iterator[str]:
             nonlocal n_seen
-            for text in _iter_training_texts(texts_or_files):
+            for text in iter_training_texts(texts_or_files):
                 n_seen += 1
                 yield text
 
@@ -574,7 +574,7 @@ class WordPieceTokenizer(TextTokenizer):
 # ======================================================================================
 
 
-class _VocabTokenizer(TextTokenizer):
+class VocabTokenizer(TextTokenizer):
     """A tokenizer defined by a list of token strings (id = position) and a splitter."""
 
     def __init__(self, vocab: Sequence[str], lowercase: bool = False) -> None:
@@ -603,7 +603,7 @@ class _VocabTokenizer(TextTokenizer):
         probe.lowercase = lowercase
         counts: Counter = Counter()
         n_seen = 0
-        for text in _iter_training_texts(texts_or_files):
+        for text in iter_training_texts(texts_or_files):
             counts.update(probe._split(probe._prepare(text)))
             n_seen += 1
         if n_seen == 0:
@@ -613,7 +613,7 @@ class _VocabTokenizer(TextTokenizer):
     @classmethod
     def _from_counts(
         cls, counts: Counter, vocab_size: int | None, min_frequency: int, lowercase: bool
-    ) -> _VocabTokenizer:
+    ) -> VocabTokenizer:
         if vocab_size is not None and vocab_size <= len(SPECIAL_TOKENS):
             raise ValueError(f"vocab_size must exceed {len(SPECIAL_TOKENS)}, got {vocab_size}")
         if min_frequency < 1:
@@ -659,11 +659,11 @@ class _VocabTokenizer(TextTokenizer):
         return {"lowercase": self.lowercase, "vocab": self.vocab}
 
     @classmethod
-    def _from_dict(cls, payload: dict[str, Any]) -> _VocabTokenizer:
+    def _from_dict(cls, payload: dict[str, Any]) -> VocabTokenizer:
         return cls(payload["vocab"], lowercase=bool(payload.get("lowercase", False)))
 
 
-class WordTokenizer(_VocabTokenizer):
+class WordTokenizer(VocabTokenizer):
     """Whole words: split on whitespace and punctuation, keep the ``N`` most frequent words.
 
     A word outside the vocabulary becomes ``[UNK]`` -- the OOV problem of a fixed dictionary.
@@ -695,7 +695,7 @@ class WordTokenizer(_VocabTokenizer):
         return cls._from_counts(counts, vocab_size, min_frequency, lowercase)  # type: ignore[return-value]
 
 
-class CharTokenizer(_VocabTokenizer):
+class CharTokenizer(VocabTokenizer):
     """Single characters (whitespace included): every character seen in training.
 
     Unseen words never become ``[UNK]``; only characters never seen in training do.
@@ -730,8 +730,10 @@ __all__ = [
     "SPECIAL_TOKENS",
     "CharTokenizer",
     "TextTokenizer",
+    "VocabTokenizer",
     "WordPieceTokenizer",
     "WordTokenizer",
     "clean_up_spaces",
+    "iter_training_texts",
     "load_tokenizer",
 ]

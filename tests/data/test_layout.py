@@ -74,18 +74,35 @@ def test_pixel_statistics_by_hand() -> None:
         pixel_statistics([None], channels=2)
 
 
-@pytest.mark.parametrize("module", ["multimodal.data.sources.spoken_words",
-                                    "multimodal.data.audio"])
-def test_the_synthesis_recipe_runs_from_both_module_paths(module, monkeypatch, capsys) -> None:
-    """data/get_audio.sh runs the spoken-words source as a module; the old path still works."""
+@pytest.mark.parametrize("argv,says", [
+    (["spoken-words", "--help"], ["--takes-per-word", "--samples-dir"]),
+    (["tts", "--help"], ["--fit-clips"]),
+])
+def test_the_synthesis_recipes_run_as_a_module(argv, says, monkeypatch, capsys) -> None:
+    """data/get_audio.sh and data/get_tts.sh run the recipes as ``python -m
+    multimodal.cli.datasets KIND``."""
+    _run_module("multimodal.cli.datasets", argv, monkeypatch, code=0)
+    out = capsys.readouterr().out
+    assert all(option in out for option in says)
+
+
+@pytest.mark.parametrize("module,kind", [("multimodal.data.sources.spoken_words", "spoken-words"),
+                                         ("multimodal.data.audio", "spoken-words"),
+                                         ("multimodal.data.tts", "tts")])
+def test_the_old_recipe_paths_name_the_new_one(module, kind, monkeypatch) -> None:
+    message = _run_module(module, ["--help"], monkeypatch)
+    assert message == f"this recipe moved: python -m multimodal.cli.datasets {kind} [--help]"
+
+
+def _run_module(module: str, argv: list[str], monkeypatch, code: int | None = None):
     import runpy
     import warnings
 
-    monkeypatch.setattr("sys.argv", [module, "--help"])
+    monkeypatch.setattr("sys.argv", [module, *argv])
     with warnings.catch_warnings():  # runpy warns that the module is already imported
         warnings.simplefilter("ignore", RuntimeWarning)
         with pytest.raises(SystemExit) as exit_info:
             runpy.run_module(module, run_name="__main__")
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    assert "--takes-per-word" in out and "Synthesise the spoken-words dataset" in out
+    if code is not None:
+        assert exit_info.value.code == code
+    return exit_info.value.code

@@ -103,11 +103,11 @@ def test_missing_images_name_the_first_and_count(tmp_path):
 def test_a_caption_that_tokenises_to_nothing_is_named(tmp_path):
     names = make_images(tmp_path, n=3)
     write_csv(tmp_path / "caps.csv", [(names[0], "a cat"), (names[1], "   ")])
-    with pytest.raises(ValueError, match=r"caps\.csv: row 2: empty caption"):
+    with pytest.raises(ValueError, match=r"caps\.csv:3: empty 'caption'"):
         CaptionDataModule(train=str(tmp_path / "caps.csv")).setup("fit")
     with open(tmp_path / "caps.jsonl", "w") as f:
         f.write(json.dumps({"image": names[0], "caption": ["fine", ""]}) + "\n")
-    with pytest.raises(ValueError, match=r"caps\.jsonl: row 1: empty caption"):
+    with pytest.raises(ValueError, match=r"caps\.jsonl:1: empty caption"):
         CaptionDataModule(train=str(tmp_path / "caps.jsonl")).setup("fit")
 
 

@@ -196,13 +196,14 @@ def test_manifest_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"2 of 3 files are missing.*b\.png"):
         read_labelled_manifest(tmp_path / "m.csv")
     (tmp_path / "v.csv").write_text("path,label\na.png,cat\na.png,bird\n")
-    with pytest.raises(ValueError, match=r"'bird' \(row 2\) is not in the class list"):
+    with pytest.raises(ValueError, match=r"v\.csv:3: label 'bird' is not in the class list"):
         read_labelled_manifest(tmp_path / "v.csv", ["cat", "dog"])
     (tmp_path / "h.csv").write_text("file,label\na.png,cat\n")
-    with pytest.raises(ValueError, match=r"lacks column\(s\) \['path'\]"):
+    with pytest.raises(ValueError, match=r"h\.csv:1: no 'path' column in the header "
+                                         r"\['file', 'label'\]"):
         read_labelled_manifest(tmp_path / "h.csv")
     (tmp_path / "j.jsonl").write_text('{"path": "a.png"}\n')
-    with pytest.raises(ValueError, match=r"j\.jsonl:1"):
+    with pytest.raises(ValueError, match=r"j\.jsonl:1: no 'label' field"):
         read_labelled_manifest(tmp_path / "j.jsonl")
 
 

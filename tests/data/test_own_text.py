@@ -97,11 +97,15 @@ def test_bad_text_input_names_the_file(tmp_path):
     with pytest.raises(ValueError, match=r"blank\.txt holds no text"):
         read_text_documents(str(tmp_path / "blank.txt"))
     (tmp_path / "rows.jsonl").write_text('{"text": "fine"}\n{"text": ""}\n')
-    with pytest.raises(ValueError, match=r"rows\.jsonl: row 2: 'text' must be"):
+    with pytest.raises(ValueError, match=r"rows\.jsonl:2: empty 'text'"):
         read_text_documents(str(tmp_path / "rows.jsonl"))
     (tmp_path / "keys.jsonl").write_text('{"body": "no text key"}\n')
-    with pytest.raises(ValueError, match=r"keys\.jsonl:1: expected an object with keys"):
+    with pytest.raises(ValueError, match=r"keys\.jsonl:1: no 'text' field \(fields: "
+                                         r"\['body'\]\)"):
         read_text_documents(str(tmp_path / "keys.jsonl"))
+    (tmp_path / "rows.jsonl").write_text('{"text": "fine"}\n\n{"text": 3}\n')
+    with pytest.raises(ValueError, match=r"rows\.jsonl:3: 'text' must be a string, got int"):
+        read_text_documents(str(tmp_path / "rows.jsonl"))
     short = write_book(tmp_path / "short.txt", 2)
     with pytest.raises(ValueError, match=r"short\.txt: 1 documents"):
         TextCorpusDataModule(train=str(short), chunk_chars=4000).setup("fit")

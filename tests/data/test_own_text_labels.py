@@ -207,7 +207,7 @@ def test_fit_then_test_from_the_checkpoint_uses_the_trained_tokenizer(tmp_path):
 # ------------------------------------------------------------------------------ bad input
 def test_text_data_without_a_text_column_names_the_file(tmp_path):
     path = write_csv(tmp_path / "t.csv", [{"body": "x", "label": "a"}], ["body", "label"])
-    with pytest.raises(ValueError, match=r"t\.csv: no 'text' column in the header"):
+    with pytest.raises(ValueError, match=r"t\.csv:1: no 'text' column in the header"):
         TextClassificationDataModule(train=str(path)).class_names
     rows = write_jsonl(tmp_path / "t.jsonl", [{"text": "ok", "label": "a"},
                                               {"body": "x", "label": "b"}])
@@ -239,7 +239,7 @@ def test_malformed_rows_name_the_file_and_line(tmp_path):
         TextClassificationDataModule(train=str(jl)).class_names
     latin = tmp_path / "latin.csv"
     latin.write_bytes("text,label\ncaf\xe9,a\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin\.csv is not UTF-8"):
+    with pytest.raises(ValueError, match=r"latin\.csv:2: not UTF-8 text"):
         read_labelled_texts(latin)
 
 

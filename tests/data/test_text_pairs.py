@@ -111,7 +111,7 @@ def test_bad_pairs_name_the_file_and_line(tmp_path):
         read_text_pairs(jl)
     csv_path = tmp_path / "bad.csv"
     csv_path.write_text("src,target\na,b\n")
-    with pytest.raises(ValueError, match=r"bad\.csv: no 'source' column in the header"):
+    with pytest.raises(ValueError, match=r"bad\.csv:1: no 'source' column in the header"):
         read_text_pairs(csv_path)
     with pytest.raises(ValueError, match="is a folder"):
         read_text_pairs(tmp_path)

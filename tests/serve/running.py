@@ -64,7 +64,7 @@ class Server:
         # a file, not a pipe: a full pipe would block the server
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed with the Server)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "multimodal.serve.cli", "--model", str(model),
+            [sys.executable, "-m", "multimodal.cli.serve", "--model", str(model),
              "--port", str(self.port), *args],
             env=env, cwd=str(ROOT), stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + startup_s

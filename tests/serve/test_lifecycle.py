@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from multimodal.serve.cli import main
+from multimodal.cli.serve import main
 from tests.serve.conftest import TEXTS
 from tests.serve.running import Server
 

@@ -16,7 +16,7 @@ takes any source of its kind.
 GET_AUDIO = (
     "Get it with `bash data/get_audio.sh` (installs the Debian packages espeak-ng, flite and "
     "sonic-pi-samples, then synthesises the spoken words with "
-    "`python -m multimodal.data.sources.spoken_words`)."
+    "`python -m multimodal.cli.datasets spoken-words`)."
 )
 
 GET_TEXT = "bash data/get_text.sh"

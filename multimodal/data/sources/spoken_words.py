@@ -10,7 +10,6 @@ validation and test voices are never heard in training.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import random
@@ -196,33 +195,28 @@ class SpokenWordsDataset(Dataset):
         return {"waveform": x, "label": self.labels[i]}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m multimodal.data.sources.spoken_words",
-        description="Synthesise the spoken-words dataset (cached) and check the Sonic Pi samples.",
-    )
-    parser.add_argument("--root", default=str(DEFAULT_ROOT / "spoken_words"))
-    parser.add_argument("--takes-per-word", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--samples-dir", default=str(SONIC_PI_DIR))
-    args = parser.parse_args(argv)
-    manifest = synthesize_spoken_words(
-        args.root, takes_per_word=args.takes_per_word, seed=args.seed, workers=args.workers
-    )
-    rows = read_manifest(args.root)
+def make_spoken_words(root: str | Path = DEFAULT_ROOT / "spoken_words", *,
+                      takes_per_word: int = 3, seed: int = 0, workers: int | None = None,
+                      samples_dir: str | Path = SONIC_PI_DIR) -> Path:
+    """Synthesise the spoken-words set under ``root`` (cached: :func:`synthesize_spoken_words`),
+    print what it holds and what the Sonic Pi samples in ``samples_dir`` hold, and return
+    its manifest. Run by ``python -m multimodal.cli.datasets spoken-words``
+    (``bash data/get_audio.sh``)."""
+    manifest = synthesize_spoken_words(root, takes_per_word=takes_per_word, seed=seed,
+                                       workers=workers)
+    rows = read_manifest(root)
     voices = {r["voice"] for r in rows}
     print(f"spoken words: {len(rows)} clips, {len(voices)} voices, "
           f"{len({r['word'] for r in rows})} words -> {manifest}")  # fmt: skip
     try:
-        files = sonic_pi_files(args.samples_dir)
+        files = sonic_pi_files(samples_dir)
         summary = ", ".join(f"{c} {len(f)}" for c, f in files.items())
         total = sum(map(len, files.values()))
         print(f"sonic pi: {total} files in {len(files)} classes ({summary})")
     except FileNotFoundError as err:
         print(f"sonic pi: {err}")
+    return manifest
 
 
-if __name__ == "__main__":
-    main()
-
+if __name__ == "__main__":  # the recipe's options are parsed in cli/ now
+    raise SystemExit("this recipe moved: python -m multimodal.cli.datasets spoken-words [--help]")
