@@ -128,7 +128,7 @@ def test_sequence_classification_task_is_a_deprecated_classification_task() -> N
                                               heads=2, num_classes=3, mlm_head=False))
     with pytest.warns(DeprecationWarning, match="use multimodal.tasks.ClassificationTask"):
         old = SequenceClassificationTask(enc)
-    assert isinstance(old, ClassificationTask) and old.hparams.lr == 5e-4
+    assert isinstance(old, ClassificationTask) and old.optimizer_config.lr == 5e-4
     ids = torch.randint(5, 30, (2, 8))
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0

@@ -99,7 +99,7 @@ model:
       init_args:
         config:
 {vit}
-    lr: 0.003
+    optimizer: {{lr: 0.003}}
 data:
   class_path: multimodal.data.vision.ImageClassificationDataModule
   init_args: {{dataset: digits, batch_size: 64, val_size: 0.1, augment: false}}
