@@ -38,7 +38,8 @@ import torch.nn.functional as F
 import yaml
 
 from multimodal.data.vision import ImageClassificationDataModule
-from multimodal.tasks.optim import adamw
+from multimodal.tasks.classification import ClassificationTask
+from multimodal.tasks.optim import OptimizerConfig, adamw, fold_stored_optimizer
 
 
 def _set(cfg: dict, dotted: str, value: Any) -> None:
@@ -76,8 +77,10 @@ class Recipe:
         self.data = ImageClassificationDataModule(**data_args)
         self.model = _build_model(task, self.data.num_classes)
         self.smoothing = float(task.get("label_smoothing", 0.0))
-        self.opt = adamw(self.model, float(task.get("lr", 1e-3)),
-                         float(task.get("weight_decay", 0.05)))
+        # the config's optimizer: block over the task's defaults (flat keys: older YAMLs)
+        opt = OptimizerConfig.of(fold_stored_optimizer(task).get("optimizer"),
+                                 ClassificationTask.optimizer_defaults)
+        self.opt = adamw(self.model, opt.lr, opt.weight_decay, opt.betas)
         self.data.setup("fit")
         self.train_loader = self.data.train_dataloader()
         self.val_loader = self.data.val_dataloader()
