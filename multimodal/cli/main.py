@@ -432,7 +432,8 @@ def fold_optimizer_options(config: Namespace, argv: list[str]) -> None:
         block[key] = list(value) if isinstance(value, tuple) else value
         init[key] = None
     if typed:
-        warnings.warn(f"{', '.join('--model.init_args.' + k for k in typed)} is deprecated "
+        verb = "is" if len(typed) == 1 else "are"
+        warnings.warn(f"{', '.join('--model.init_args.' + k for k in typed)} {verb} deprecated "
                       f"(one optimizer block): use "
                       f"{', '.join('--model.init_args.optimizer.' + k for k in typed)}",
                       DeprecationWarning, stacklevel=2)

@@ -19,11 +19,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from multimodal.loading import Loaded
 from multimodal.tasks.finetune import FinetuneConfig, apply_regime, lora_settings, merged_model
-from multimodal.tasks.optim import (
-    OPTIMIZER_KEYS,
-    OptimizerConfig,
-    resolve_optimizer,
-)
+from multimodal.tasks.optim import OPTIMIZER_KEYS, OptimizerConfig, resolve_optimizer
 from multimodal.tasks.pretrained import HEAD_MODULES, data_image_preprocessor, task_model
 
 CHECKPOINT_KEY = "multimodal_model"

@@ -130,7 +130,8 @@ def resolve_optimizer(defaults: OptimizerConfig,
                              f"{getattr(block, key)!r}}}; give it once, in optimizer:")
     new = ", ".join(f"{k}: {list(v) if isinstance(v, tuple) else v!r}"
                     for k, v in given.items())
-    warnings.warn(f"{', '.join(f'{k}=' for k in given)} is deprecated (one optimizer block): "
+    verb = "is" if len(given) == 1 else "are"
+    warnings.warn(f"{', '.join(f'{k}=' for k in given)} {verb} deprecated (one optimizer block): "
                   f"write optimizer: {{{new}}} (model.init_args.optimizer in a config)",
                   DeprecationWarning, stacklevel=stacklevel + 1)
     return OptimizerConfig.of(given, block)
