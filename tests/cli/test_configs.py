@@ -4,6 +4,7 @@ long data load)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from pathlib import Path
@@ -347,6 +348,10 @@ def test_a_config_model_is_its_preset_with_its_overrides_and_the_data_sizes(
         main(["fit", "--config", str(path), "--trainer.default_root_dir", str(tmp_path / "run"),
               *_own_data(path.stem, tmp_path / "data")])
     task, datamodule = info.value.args
+    # the task trains with the config's optimizer block, the rest its own defaults
+    block = {k: tuple(v) if k == "betas" else v for k, v in init["optimizer"].items()}
+    assert dataclasses.asdict(task.optimizer_config) == \
+        {**dataclasses.asdict(type(task).optimizer_defaults), **block}
     config = task.model.config
     sizes = dict(datamodule.model_sizes)
     if "num_classes" in task.hparams and getattr(datamodule, "class_names", None):
