@@ -45,7 +45,8 @@ def main() -> None:
     vit = mm.ViT(mm.ViTConfig(image_size=args.image_size, patch_size=4, in_channels=4,
                               num_classes=dm.num_classes, dim=96, depth=4, heads=4,
                               mlp_dim=192, pool="mean"))
-    task = ClassificationTask(vit, lr=2e-3, weight_decay=0.05, label_smoothing=0.1)
+    task = ClassificationTask(vit, optimizer={"lr": 2e-3, "weight_decay": 0.05},
+                              label_smoothing=0.1)
     trainer = L.Trainer(accelerator="cpu", max_epochs=args.epochs, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir="/tmp/mm_emoji_folder")

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 import yaml
 
 from multimodal.data.vision import ImageClassificationDataModule
-from multimodal.tasks.optim import adamw
+from multimodal.tasks.classification import ClassificationTask
+from multimodal.tasks.optim import OPTIMIZER_KEYS, OptimizerConfig, adamw
 
 
 def _set(cfg: dict, dotted: str, value: Any) -> None:
@@ -76,8 +77,12 @@ class Recipe:
         self.data = ImageClassificationDataModule(**data_args)
         self.model = _build_model(task, self.data.num_classes)
         self.smoothing = float(task.get("label_smoothing", 0.0))
-        self.opt = adamw(self.model, float(task.get("lr", 1e-3)),
-                         float(task.get("weight_decay", 0.05)))
+        # the config's optimizer: block over the task's defaults; a flat key (an older
+        # YAML, or --set NAME:model.init_args.lr=...) replaces the block's
+        block = {**(task.get("optimizer") or {}),
+                 **{k: task[k] for k in OPTIMIZER_KEYS if task.get(k) is not None}}
+        opt = OptimizerConfig.of(block, ClassificationTask.optimizer_defaults)
+        self.opt = adamw(self.model, opt.lr, opt.weight_decay, opt.betas)
         self.data.setup("fit")
         self.train_loader = self.data.train_dataloader()
         self.val_loader = self.data.val_dataloader()

@@ -139,7 +139,8 @@ def main() -> None:
                                depth=args.depth, heads=args.heads)
     steps = args.max_steps or steps_in_budget(config, dm, args.minutes)
     model = TextDecoder(config)
-    task = LanguageModelTask(model, lr=args.lr, warmup_fraction=0.05, min_lr_ratio=0.1)
+    task = LanguageModelTask(model, optimizer={"lr": args.lr, "warmup_fraction": 0.05,
+                                                "min_lr_ratio": 0.1})
     # the cosine schedule is planned for `steps`; max_time is only a safety net
     trainer = L.Trainer(max_steps=steps, max_time={"minutes": 1.5 * args.minutes + 1},
                         accelerator="cpu", logger=False, enable_checkpointing=False,

@@ -78,7 +78,7 @@ def command(data: Path, out: Path, regime: str, seed: int, opts) -> tuple[list[s
         "--model.init_args.pretrained", str(folder),
         "--model.init_args.finetune.regime",
         "linear_probe" if regime == "linear_probe" else "full",
-        "--model.init_args.lr", str(lr),
+        "--model.init_args.optimizer.lr", str(lr),
         "--data.init_args.train", str(data),
         "--data.init_args.clip_seconds", str(opts.clip_seconds),
         "--data.init_args.batch_size", str(opts.batch_size),

@@ -41,7 +41,7 @@ class Recording(ClassificationTask):
 def main(vit: str, images: str, out: str) -> None:
     L.seed_everything(int(torch.randint(0, 10_000, ()).item()))  # ranks differ on purpose
     Recording.out = Path(out)
-    task = Recording(pretrained=vit, lr=1e-2, finetune={"layer_decay": 0.8})
+    task = Recording(pretrained=vit, optimizer={"lr": 1e-2}, finetune={"layer_decay": 0.8})
     dm = ImageClassificationDataModule(train=images, image_size=32, mean=0.5, std=0.25,
                                        batch_size=4, val_size=2, test_size=2, augment=False)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=3,

@@ -165,7 +165,7 @@ def test_checkpoint_of_the_classification_task_loads(tmp_path):
     lightning = pytest.importorskip("lightning")
     from multimodal.tasks.classification import ClassificationTask
 
-    task = ClassificationTask(tiny_vit(), lr=1e-3)
+    task = ClassificationTask(tiny_vit(), optimizer={"lr": 1e-3})
     data = torch.utils.data.TensorDataset(torch.randn(8, 1, 16, 16), torch.randint(0, 3, (8,)))
     trainer = lightning.Trainer(max_steps=2, logger=False, enable_checkpointing=False,
                                 enable_progress_bar=False, enable_model_summary=False,

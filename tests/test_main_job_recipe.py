@@ -43,8 +43,13 @@ def test_set_builds_nested_overrides():
 
 def test_recipe_trains_its_model_and_prices_the_run():
     torch.manual_seed(0)
-    recipe = _bench().Recipe("digits", _digits_config())
+    cfg = _digits_config()
+    recipe = _bench().Recipe("digits", cfg)
     assert recipe.model.config.stem == "conv"  # the main job's stem, on 8x8 digits
+    # the config's optimizer: block (lr 0.003, weight decay 0.05 on the decayed group)
+    assert cfg["model"]["init_args"]["optimizer"]["lr"] == 0.003
+    assert [(g["lr"], g["weight_decay"]) for g in recipe.opt.param_groups] == \
+        [(0.003, 0.05), (0.003, 0.0)]
     before = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     recipe.train_step()
     recipe.val_step()

@@ -128,7 +128,7 @@ def test_sequence_classification_task_is_a_deprecated_classification_task() -> N
                                               heads=2, num_classes=3, mlm_head=False))
     with pytest.warns(DeprecationWarning, match="use multimodal.tasks.ClassificationTask"):
         old = SequenceClassificationTask(enc)
-    assert isinstance(old, ClassificationTask) and old.hparams.lr == 5e-4
+    assert isinstance(old, ClassificationTask) and old.optimizer_config.lr == 5e-4
     ids = torch.randint(5, 30, (2, 8))
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
@@ -142,3 +142,95 @@ def test_sequence_classification_task_is_a_deprecated_classification_task() -> N
         got_old = old({"input_ids": ids, "attention_mask": mask})
     torch.testing.assert_close(got_new, want)
     torch.testing.assert_close(got_old, want)
+
+
+# ---- the optimiser as one block: checkpoints written before it hold flat hyper-parameters
+# (lr, weight_decay, warmup_fraction, min_lr_ratio), mapped into the block once, silently
+
+def _flat_checkpoint(new: Path, old: Path) -> dict:
+    """``new``'s checkpoint as one written before the block: its ``optimizer`` keys flat
+    (a task other than LanguageModelTask took no ``betas``). Returns the stored block."""
+    import torch
+
+    ckpt = torch.load(new, map_location="cpu", weights_only=True)
+    hp = dict(ckpt["hyper_parameters"])
+    block = hp.pop("optimizer")
+    assert block["betas"] == [0.9, 0.999]  # the full block, as plain types
+    flat = {k: block[k] for k in ("lr", "weight_decay", "warmup_fraction", "min_lr_ratio")}
+    torch.save({**ckpt, "hyper_parameters": {**hp, **flat}}, old)
+    return block
+
+
+def _optimizer_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if "optimizer" in str(w.message)]
+
+
+def test_stored_flat_optimizer_keys_map_into_the_block() -> None:
+    from multimodal.tasks import stored_task
+
+    hp = {"_class_path": "multimodal.tasks.masked_lm.SequenceClassificationTask",
+          "lr": 5e-4, "weight_decay": 0.01, "warmup_fraction": 0.1, "min_lr_ratio": 0.01,
+          "label_smoothing": 0.0, "init_from": None}
+    path, mapped = stored_task(hp["_class_path"], hp)
+    assert path == "multimodal.tasks.ClassificationTask"
+    assert mapped == {"_class_path": hp["_class_path"], "label_smoothing": 0.0,
+                      "modality": "text",
+                      "optimizer": {"lr": 5e-4, "weight_decay": 0.01, "warmup_fraction": 0.1,
+                                    "min_lr_ratio": 0.01}}
+    # today's checkpoints hold the block alone: unchanged
+    today = {"optimizer": {"lr": 1e-3}, "label_smoothing": 0.1}
+    assert stored_task("multimodal.tasks.ClassificationTask", today)[1] == today
+
+
+def test_a_checkpoint_with_flat_optimizer_keys_loads_with_the_same_settings_quietly(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``load_from_checkpoint``, ``multimodal predict --ckpt_path`` and a run read back with
+    ``--config --ckpt_path`` (LightningCLI copies the stored hyper-parameters into the
+    config) all train / predict with the stored settings and warn of no flat key."""
+    from multimodal.cli.main import MultimodalCLI
+    from multimodal.cli.main import main as cli_main
+    from multimodal.tasks import ClassificationTask
+    from multimodal.tasks.optim import OptimizerConfig
+
+    new = _fit_text_classifier(tmp_path)
+    old = tmp_path / "old.ckpt"
+    block = _flat_checkpoint(new, old)
+    want = OptimizerConfig(**block)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # (the class count comes from the data module, not the hyper-parameters)
+        task = ClassificationTask.load_from_checkpoint(old, num_classes=2)
+    assert task.optimizer_config == want and not _optimizer_warnings(caught)
+    assert task.hparams["optimizer"] == block  # saved again as the block
+
+    texts = tmp_path / "new.txt"
+    texts.write_text("We roasted vegetables\nThe striker missed again\n")
+    expected = _predict(new, texts, capsys)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        capsys.readouterr()
+        cli_main(["predict", "--ckpt_path", str(old), "--data.init_args.predict", str(texts),
+                  "--trainer.enable_progress_bar", "false"])
+    got = [line.split("\t") for line in capsys.readouterr().out.splitlines()
+           if line.count("\t") == 2]
+    assert got == expected and not _optimizer_warnings(caught)
+
+    class Parsed(Exception):
+        pass
+
+    def stop(cli: MultimodalCLI) -> None:
+        raise Parsed(cli.config[cli.subcommand].model.init_args)
+
+    monkeypatch.setattr(MultimodalCLI, "instantiate_classes", stop)
+    [config] = (tmp_path / "run").rglob("config.yaml")  # the run's own, written by fit
+    for extra in ([], ["--model.init_args.lr", str(block["lr"])]):
+        with warnings.catch_warnings(record=True) as caught, pytest.raises(Parsed) as info:
+            warnings.simplefilter("always")
+            cli_main(["validate", "--config", str(config), "--ckpt_path", str(old), *extra])
+        init = info.value.args[0]
+        assert all(init[k] is None for k in ("lr", "weight_decay", "warmup_fraction",
+                                             "min_lr_ratio"))
+        assert OptimizerConfig.of(init["optimizer"], ClassificationTask.optimizer_defaults) \
+            == want
+        assert not _optimizer_warnings(caught)

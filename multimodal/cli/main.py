@@ -53,6 +53,7 @@ it. Either way the run logs one line ``precision: <value> (<why>)``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -380,7 +381,76 @@ def apply_skip_corrupt(config: Namespace) -> None:
     data["init_args"]["skip_corrupt"] = bool(value)
 
 
+def _on_command_line(argv: list[str], key: str) -> bool:
+    names = (f"--model.init_args.{key}", f"--model.{key}")
+    return any(a in names or a.startswith(tuple(n + "=" for n in names)) for a in argv)
+
+
+def fold_optimizer_options(config: Namespace, argv: list[str]) -> None:
+    """The task's deprecated flat optimiser keys (``--model.init_args.lr`` ...) moved into
+    its ``optimizer`` block, where the task would otherwise see both: one typed on the
+    command line over a config's block replaces that key (with a ``DeprecationWarning``
+    naming ``--model.init_args.optimizer.KEY``), as a later option overrides a config; one
+    that LightningCLI read back from the ``--ckpt_path`` checkpoint (written before the
+    block, its value equal to the stored one) moves silently, the checkpoint's value
+    winning as Lightning's does. Flat keys written in a config file are left to the task
+    (a warning; a ValueError where the block says otherwise)."""
+    from multimodal.tasks.optim import OPTIMIZER_KEYS, OptimizerConfig
+
+    init = config.get("model.init_args")
+    if not isinstance(init, Namespace):
+        return
+    flat = {k: init.get(k) for k in OPTIMIZER_KEYS if init.get(k) is not None}
+    if not flat:
+        return
+    stored: dict[str, Any] = {}
+    ckpt_path = config.get("ckpt_path")
+    if ckpt_path and Path(str(ckpt_path)).is_file():
+        import torch
+
+        try:
+            ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=True,
+                              mmap=True)
+            hp = ckpt.get("hyper_parameters") or {}
+            stored = {k: hp[k] for k in OPTIMIZER_KEYS if hp.get(k) is not None}
+        except Exception:  # unreadable: check_ckpt_path / Lightning report it
+            stored = {}
+    block = init.get("optimizer")
+    if isinstance(block, Namespace):
+        block = block.as_dict()
+    elif isinstance(block, OptimizerConfig):
+        block = dataclasses.asdict(block)
+    block = dict(block or {})
+    typed = []
+    for key, value in flat.items():
+        if key in stored and _as_tuple(stored[key]) == _as_tuple(value):
+            pass  # the checkpoint's, read back by LightningCLI
+        elif _on_command_line(argv, key):
+            typed.append(key)
+        else:
+            continue
+        block[key] = list(value) if isinstance(value, tuple) else value
+        init[key] = None
+    if typed:
+        verb = "is" if len(typed) == 1 else "are"
+        warnings.warn(f"{', '.join('--model.init_args.' + k for k in typed)} {verb} deprecated "
+                      f"(one optimizer block): use "
+                      f"{', '.join('--model.init_args.optimizer.' + k for k in typed)}",
+                      DeprecationWarning, stacklevel=2)
+    init["optimizer"] = block
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
 class MultimodalCLI(LightningCLI):
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """LightningCLI's, remembering the command line (:func:`fold_optimizer_options`)."""
+        self.argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else \
+            sys.argv[1:] if args is None else []
+        super().parse_arguments(parser, args)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         place_evaluation_outputs(self.subcommand, config)
@@ -394,6 +464,7 @@ class MultimodalCLI(LightningCLI):
             # the checkpoint holds the whole model: no need for the folder it started from
             init["pretrained"] = str(ckpt_path)
         follow_pretrained(config)
+        fold_optimizer_options(config, getattr(self, "argv", []))
         apply_skip_corrupt(config)
         absolute_data_paths(config)
 

@@ -37,9 +37,14 @@ def stored_task(class_path: str, hparams: dict[str, Any]) -> tuple[str, dict[str
     (:data:`STORED_CLASS_PATHS`); unchanged for a current class path. A folded task's
     stored hyper-parameters hold every argument it had (its own defaults included), so the
     mapped task trains and predicts as the old one did; ``init_from`` is dropped: the
-    checkpoint already holds the weights it loaded."""
+    checkpoint already holds the weights it loaded. The flat optimiser keys of checkpoints
+    written before the ``optimizer`` block (``lr``, ``weight_decay`` ...) move into it
+    (:func:`~multimodal.tasks.optim.fold_stored_optimizer`)."""
+    from multimodal.tasks.optim import fold_stored_optimizer
+
+    hparams = fold_stored_optimizer(hparams)
     if class_path not in STORED_CLASS_PATHS:
-        return class_path, dict(hparams)
+        return class_path, hparams
     new, dropped, added = STORED_CLASS_PATHS[class_path]
     kept = {k: v for k, v in hparams.items() if k not in dropped}
     return new, {**kept, **added}

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from multimodal.models.image_gpt import ImageGPT
 from multimodal.tasks.base import ModelTask
+from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tokenizers.image import PixelTokenizer
 
 __all__ = ["AutoregressiveImageTask"]
@@ -49,6 +50,8 @@ class AutoregressiveImageTask(ModelTask):
     """
 
     accepts = (ImageGPT,)
+    optimizer_defaults = OptimizerConfig(lr=1e-3, weight_decay=0.05,
+                                         warmup_fraction=0.05, min_lr_ratio=0.01)
     model_sources = ("model", "preset")
 
     default_monitor = ("val/bpd", "min")  # the CLI's default ModelCheckpoint ranks by it
@@ -56,22 +59,26 @@ class AutoregressiveImageTask(ModelTask):
     def __init__(
         self,
         model: ImageGPT | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.01,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        warmup_fraction: float | None = None,
+        min_lr_ratio: float | None = None,
         num_samples: int = 16,
         sample_temperature: float = 1.0,
         sample_top_k: int | None = None,
         sample_seed: int = 0,
         compile: bool = False,
+        optimizer: dict[str, Any] | OptimizerConfig | None = None,
         preset: str | None = None,
         overrides: dict[str, Any] | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
         model, _ = self.model_from(model, preset=preset, overrides=overrides,
                                    data_sizes=data_sizes)
-        super().__init__(model, compile=compile)
+        super().__init__(model, compile=compile, optimizer=optimizer,
+                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
+                                             warmup_fraction=warmup_fraction,
+                                             min_lr_ratio=min_lr_ratio))
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer = PixelTokenizer(levels=model.config.vocab_size) \
             if model.config.vocab_size <= 256 else None

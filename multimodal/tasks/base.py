@@ -3,7 +3,12 @@ self-describing."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import inspect
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -14,10 +19,24 @@ from torchmetrics.aggregation import MeanMetric
 
 from multimodal.loading import Loaded
 from multimodal.tasks.finetune import FinetuneConfig, apply_regime, lora_settings, merged_model
-from multimodal.tasks.optim import OptimizerConfig
+from multimodal.tasks.optim import OPTIMIZER_KEYS, OptimizerConfig, resolve_optimizer
 from multimodal.tasks.pretrained import HEAD_MODULES, data_image_preprocessor, task_model
 
 CHECKPOINT_KEY = "multimodal_model"
+
+_STORED = ContextVar("multimodal_stored_hparams", default=False)
+
+
+@contextmanager
+def stored_hyperparameters() -> Iterator[None]:
+    """Tasks built inside read hyper-parameters a checkpoint stored: the flat optimiser
+    keys of checkpoints written before the ``optimizer`` block map into it silently
+    (:func:`~multimodal.tasks.optim.resolve_optimizer` with ``stored=True``)."""
+    token = _STORED.set(True)
+    try:
+        yield
+    finally:
+        _STORED.reset(token)
 
 
 class ModelTask(L.LightningModule):
@@ -33,6 +52,14 @@ class ModelTask(L.LightningModule):
     task calls ``self.model`` as before and the parameter names, hence checkpoints, are
     those of the eager model, so a run saved compiled resumes or tests uncompiled and back.
     Only the model's ``__call__`` is compiled; its own ``generate`` loops stay eager.
+
+    ``optimizer`` (:class:`~multimodal.tasks.optim.OptimizerConfig` or some of its keys as
+    a dict, the others from the task's :attr:`optimizer_defaults`): AdamW's ``lr``,
+    ``weight_decay``, ``betas`` and the schedule's ``warmup_fraction``, ``min_lr_ratio``.
+    The flat keywords of earlier releases (``lr=`` ...) map into it with a
+    ``DeprecationWarning`` (``flat_optimizer``); hyper-parameters of checkpoints written
+    before the block map into it silently (:meth:`load_from_checkpoint`,
+    :func:`multimodal.tasks.stored_task`).
 
     ``finetune`` (:class:`~multimodal.tasks.finetune.FinetuneConfig` or its keys as a dict)
     picks the fine-tuning regime: full (default), linear probe, LoRA, frozen first blocks,
@@ -57,14 +84,23 @@ class ModelTask(L.LightningModule):
     (where the config has them): a classifier's ``mlm_head: false``."""
     default_monitor: tuple[str, str] = ("val/loss", "min")
     """(metric, "min" | "max") the CLI's default ``ModelCheckpoint`` keeps the best of."""
+    optimizer_defaults: ClassVar[OptimizerConfig] = OptimizerConfig()
+    """The task's own optimiser settings: the keys an ``optimizer`` block leaves out."""
 
     def __init__(self, model: nn.Module, compile: bool = False,
-                 finetune: FinetuneConfig | dict[str, Any] | None = None) -> None:
+                 finetune: FinetuneConfig | dict[str, Any] | None = None,
+                 optimizer: dict[str, Any] | OptimizerConfig | None = None,
+                 flat_optimizer: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         config = getattr(model, "config", None)
         if config is None or not dataclasses.is_dataclass(config):
             raise ValueError("model must be one of multimodal's models (with a dataclass "
                              f".config), got {type(model).__name__}")
+        self.optimizer_config: OptimizerConfig = resolve_optimizer(
+            self.optimizer_defaults, optimizer, flat_optimizer or {}, stored=_STORED.get(),
+            stacklevel=3)
+        """The task's optimiser settings (:class:`~multimodal.tasks.optim.OptimizerConfig`):
+        the ``optimizer`` block over :attr:`optimizer_defaults`."""
         self.finetune = FinetuneConfig.of(finetune)
         if self.finetune.regime == "contrastive" and not self.solves_head:
             raise ValueError(f"finetune: regime 'contrastive' fits a classifier's head; "
@@ -120,15 +156,29 @@ class ModelTask(L.LightningModule):
         """The trainer's data module, or None (no trainer attached, or no data module)."""
         return getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
 
-    @property
-    def optimizer_config(self) -> OptimizerConfig:
-        """The task's optimiser settings, from its hyper-parameters (``lr``,
-        ``weight_decay``, ``warmup_fraction``, ``min_lr_ratio`` and optional ``betas``: the
-        keywords every task takes, each with its own defaults)."""
-        hp = self.hparams
-        return OptimizerConfig(lr=hp.lr, weight_decay=hp.weight_decay,
-                               betas=tuple(hp.get("betas", (0.9, 0.999))),
-                               warmup_fraction=hp.warmup_fraction, min_lr_ratio=hp.min_lr_ratio)
+    @classmethod
+    def load_from_checkpoint(cls, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Lightning's ``load_from_checkpoint``, the stored hyper-parameters mapped once
+        onto today's arguments (flat optimiser keys into the ``optimizer`` block, silently:
+        :func:`stored_hyperparameters`)."""
+        with stored_hyperparameters():
+            return super().load_from_checkpoint(*args, **kwargs)
+
+    def save_hyperparameters(self, *args: Any, ignore: Any = None, frame: Any = None,
+                             logger: bool = True) -> None:
+        """Lightning's ``save_hyperparameters`` (of the caller's ``__init__`` arguments),
+        then the optimiser as one block: ``hparams["optimizer"]`` holds every key of
+        :attr:`optimizer_config` (what the task trains with, its defaults included) and the
+        deprecated flat keys are dropped, so checkpoints carry the block alone."""
+        if frame is None:
+            frame = inspect.currentframe().f_back  # the __init__ whose arguments are kept
+        super().save_hyperparameters(*args, ignore=ignore, frame=frame, logger=logger)
+        for key in OPTIMIZER_KEYS:
+            self._hparams.pop(key, None)
+        block = dataclasses.asdict(self.optimizer_config)
+        block["betas"] = list(block["betas"])  # plain types, as a YAML writes them
+        self._hparams["optimizer"] = block
+        self._hparams_initial = copy.deepcopy(self._hparams)
 
     def log_mean(self, name: str, value: Tensor | float, batch_size: int, **kwargs: Any) -> None:
         """Log ``name`` as the mean of ``value`` over every example of the epoch, on every
@@ -160,9 +210,10 @@ class ModelTask(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[CHECKPOINT_KEY] = self.model_description()
         hp = checkpoint.get("hyper_parameters")
-        if isinstance(hp, dict) and dataclasses.is_dataclass(hp.get("finetune")):
-            # plain types only: read_checkpoint loads with weights_only=True
-            hp["finetune"] = dataclasses.asdict(hp["finetune"])
+        if isinstance(hp, dict):  # plain types only: read_checkpoint loads weights_only
+            for key in ("finetune", "optimizer"):
+                if dataclasses.is_dataclass(hp.get(key)):
+                    hp[key] = dataclasses.asdict(hp[key])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Checkpoints of ClassificationTask before 2026-11 also held every weight a second

@@ -36,6 +36,7 @@ from torchmetrics.text import BLEUScore
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tasks.pretrained import check_vocab, folder_tokenizer
 from multimodal.tokenizers.io import tokenizer_from_json, tokenizer_to_json
 from multimodal.tokenizers.text import (
@@ -89,6 +90,8 @@ class CaptioningTask(ModelTask):
     """
 
     accepts = (Captioner,)
+    optimizer_defaults = OptimizerConfig(lr=1e-3, weight_decay=0.05,
+                                         warmup_fraction=0.05, min_lr_ratio=0.01)
 
     default_monitor = ("val/bleu4", "max")  # the CLI's default ModelCheckpoint ranks by it
 
@@ -96,10 +99,10 @@ class CaptioningTask(ModelTask):
         self,
         model: Captioner | None = None,
         tokenizer: Literal["word", "wordpiece"] = "word",
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.01,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        warmup_fraction: float | None = None,
+        min_lr_ratio: float | None = None,
         label_smoothing: float = 0.0,
         num_beams: int = 1,
         max_new_tokens: int | None = None,
@@ -108,13 +111,17 @@ class CaptioningTask(ModelTask):
         compile: bool = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
+        optimizer: dict[str, Any] | OptimizerConfig | None = None,
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
         model, source = self.model_from(model, pretrained=pretrained, preset=preset,
                                         overrides=overrides, data_sizes=data_sizes)
-        super().__init__(model, compile=compile, finetune=finetune)
+        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
+                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
+                                             warmup_fraction=warmup_fraction,
+                                             min_lr_ratio=min_lr_ratio))
         if not 0.0 <= input_dropout <= 1.0:
             raise ValueError(f"input_dropout must be in [0, 1], got {input_dropout}")
         if tokenizer not in ("word", "wordpiece"):

@@ -19,6 +19,7 @@ from multimodal.models.vit import ViT
 from multimodal.plots.figures import plot_confusion_matrix
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig, apply_regime, choose_regime
+from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tasks.pairs import pair_loss
 from multimodal.tasks.probe import ProbeFit, fit_probe
 
@@ -78,6 +79,8 @@ class ClassificationTask(ModelTask):
     """
 
     accepts = CLASSIFIERS
+    optimizer_defaults = OptimizerConfig(lr=1e-3, weight_decay=0.05,
+                                         warmup_fraction=0.05, min_lr_ratio=0.01)
 
     default_monitor = ("val/acc_macro", "max")  # the CLI's default ModelCheckpoint ranks by it
     solves_head = True
@@ -86,10 +89,10 @@ class ClassificationTask(ModelTask):
     def __init__(
         self,
         model: nn.Module | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.01,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        warmup_fraction: float | None = None,
+        min_lr_ratio: float | None = None,
         label_smoothing: float = 0.0,
         compile: bool = False,
         pretrained: str | None = None,
@@ -97,6 +100,7 @@ class ClassificationTask(ModelTask):
         num_classes: int | None = None,
         class_names: list[str] | None = None,
         modality: Literal["image", "audio", "text"] | None = None,
+        optimizer: dict[str, Any] | OptimizerConfig | None = None,
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
@@ -125,7 +129,10 @@ class ClassificationTask(ModelTask):
                                  f"{model.config.num_classes}: set model num_classes to "
                                  f"{want} (or leave it out to take the data's)")
             self._new_head(model, want)
-        super().__init__(model, compile=compile, finetune=finetune)
+        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
+                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
+                                             warmup_fraction=warmup_fraction,
+                                             min_lr_ratio=min_lr_ratio))
         self._explicit = explicit
         self._pretrained = source is not None  # its preprocessing is the model's own
         self.save_hyperparameters(ignore=["model", "class_names"])

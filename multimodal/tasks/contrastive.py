@@ -36,6 +36,7 @@ from multimodal.models.clip import CLIP, tokenize_texts
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.captioning import caption_tokenizer_of
 from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tasks.pretrained import check_vocab, folder_tokenizer
 from multimodal.tokenizers.hf_json import HFTokenizer
 from multimodal.tokenizers.io import tokenizer_from_json, tokenizer_to_json
@@ -138,6 +139,8 @@ class ContrastiveTask(ModelTask):
     """
 
     accepts = (CLIP,)
+    optimizer_defaults = OptimizerConfig(lr=1e-3, weight_decay=0.1,
+                                         warmup_fraction=0.05, min_lr_ratio=0.01)
 
     default_monitor = ("val/t2i_R@1", "max")  # the CLI's default ModelCheckpoint ranks by it
 
@@ -145,10 +148,10 @@ class ContrastiveTask(ModelTask):
         self,
         model: CLIP | None = None,
         tokenizer: Literal["word", "wordpiece"] = "word",
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.01,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        warmup_fraction: float | None = None,
+        min_lr_ratio: float | None = None,
         recall_ks: Sequence[int] = (1, 5, 10),
         templates: Sequence[str] = ("a small {}", "a large {}"),
         zero_shot_size: int = 500,
@@ -156,13 +159,17 @@ class ContrastiveTask(ModelTask):
         compile: bool = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
+        optimizer: dict[str, Any] | OptimizerConfig | None = None,
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
         model, source = self.model_from(model, pretrained=pretrained, preset=preset,
                                         overrides=overrides, data_sizes=data_sizes)
-        super().__init__(model, compile=compile, finetune=finetune)
+        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
+                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
+                                             warmup_fraction=warmup_fraction,
+                                             min_lr_ratio=min_lr_ratio))
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
         if zero_shot_ensemble not in ("mean", "sum"):

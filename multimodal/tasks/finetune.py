@@ -58,7 +58,7 @@ class FinetuneConfig:
     ``layer_decay`` / ``head_lr`` / the LoRA keys as given).
     ``freeze_blocks``: with ``full``, the embeddings and the first k blocks stay frozen.
     ``layer_decay``: layer-wise learning-rate decay factor in (0, 1]; ``head_lr``: the
-    head's learning rate (default: the task's ``lr``).
+    head's learning rate (default: the ``optimizer`` block's ``lr``).
     """
 
     regime: Literal["full", "linear_probe", "lora", "contrastive", "auto"] = "full"

@@ -19,6 +19,7 @@ from torchmetrics import Metric
 from multimodal.models.text import TextDecoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.optim import OptimizerConfig
 
 __all__ = ["LanguageModelTask", "TokenNLL", "next_token_nll"]
 
@@ -79,25 +80,31 @@ class LanguageModelTask(ModelTask):
     """
 
     accepts = (TextDecoder,)
+    optimizer_defaults = OptimizerConfig(lr=1e-3, weight_decay=0.1,
+                                         betas=(0.9, 0.95), warmup_fraction=0.05, min_lr_ratio=0.1)
 
     def __init__(
         self,
         model: TextDecoder | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95),
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.1,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        betas: tuple[float, float] | None = None,
+        warmup_fraction: float | None = None,
+        min_lr_ratio: float | None = None,
         compile: bool = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
+        optimizer: dict[str, Any] | OptimizerConfig | None = None,
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
     ) -> None:
         model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
                                    overrides=overrides, data_sizes=data_sizes)
-        super().__init__(model, compile=compile, finetune=finetune)
+        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
+                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay, betas=betas,
+                                             warmup_fraction=warmup_fraction,
+                                             min_lr_ratio=min_lr_ratio))
         if model.config.cross_attention:
             raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "
                              "has cross_attention=True (use Seq2SeqTask)")

@@ -23,6 +23,7 @@ from multimodal.models.text import TextEncoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask
 from multimodal.tasks.finetune import FinetuneConfig
+from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tokenizers.text import MASK_ID, SPECIAL_TOKENS
 
 __all__ = ["MaskedLMTask", "SequenceClassificationTask", "load_encoder_weights",
@@ -92,19 +93,22 @@ class MaskedLMTask(ModelTask):
     """
 
     accepts = (TextEncoder,)
+    optimizer_defaults = OptimizerConfig(lr=1e-3, weight_decay=0.01,
+                                         warmup_fraction=0.05, min_lr_ratio=0.1)
 
     def __init__(
         self,
         model: TextEncoder | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.1,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        warmup_fraction: float | None = None,
+        min_lr_ratio: float | None = None,
         mask_prob: float = 0.15,
         save_dir: str | None = None,
         compile: bool = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
+        optimizer: dict[str, Any] | OptimizerConfig | None = None,
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
@@ -116,7 +120,10 @@ class MaskedLMTask(ModelTask):
         if model.mlm is None:
             raise ValueError("model must be a TextEncoder built with mlm_head=True, got "
                              f"{type(model).__name__} without one")
-        super().__init__(model, compile=compile, finetune=finetune)
+        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
+                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
+                                             warmup_fraction=warmup_fraction,
+                                             min_lr_ratio=min_lr_ratio))
         self.save_hyperparameters(ignore=["model"])
 
     def step(self, batch: dict[str, Tensor],
@@ -182,20 +189,22 @@ class SequenceClassificationTask(ClassificationTask):
     """Deprecated: a text classifier is a :class:`~multimodal.tasks.classification.
     ClassificationTask` over a :class:`TextEncoder` (give it ``pretrained: FOLDER`` where
     this task took ``init_from``). Kept so that configs and checkpoints naming it still
-    load and train as before: its defaults (``lr`` 5e-4, ``weight_decay`` 0.01,
-    ``warmup_fraction`` 0.1) and ``init_from`` (a ``save_pretrained`` folder whose encoder
+    load and train as before: its defaults (``optimizer: {lr: 5e-4, weight_decay: 0.01,
+    warmup_fraction: 0.1}``) and ``init_from`` (a ``save_pretrained`` folder whose encoder
     weights are loaded into ``model`` or the ``preset``'s model). Stored checkpoints are
     mapped onto ClassificationTask by :func:`multimodal.tasks.stored_task`."""
 
     accepts = (TextEncoder,)
+    optimizer_defaults = OptimizerConfig(lr=5e-4, weight_decay=0.01,
+                                         warmup_fraction=0.1, min_lr_ratio=0.01)
 
     def __init__(
         self,
         model: TextEncoder | None = None,
-        lr: float = 5e-4,
-        weight_decay: float = 0.01,
-        warmup_fraction: float = 0.1,
-        min_lr_ratio: float = 0.01,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        warmup_fraction: float | None = None,
+        min_lr_ratio: float | None = None,
         label_smoothing: float = 0.0,
         init_from: str | None = None,
         compile: bool = False,
@@ -203,6 +212,7 @@ class SequenceClassificationTask(ClassificationTask):
         overrides: dict[str, Any] | None = None,
         num_classes: int | None = None,
         class_names: list[str] | None = None,
+        optimizer: dict[str, Any] | OptimizerConfig | None = None,
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
@@ -223,7 +233,7 @@ class SequenceClassificationTask(ClassificationTask):
             load_encoder_weights(model, init_from)
         super().__init__(model, lr=lr, weight_decay=weight_decay,
                          warmup_fraction=warmup_fraction, min_lr_ratio=min_lr_ratio,
-                         label_smoothing=label_smoothing, compile=compile,
+                         optimizer=optimizer, label_smoothing=label_smoothing, compile=compile,
                          pretrained=pretrained, overrides=overrides, num_classes=num_classes,
                          class_names=class_names, modality="text", finetune=finetune,
                          preset=preset, data_sizes=data_sizes)

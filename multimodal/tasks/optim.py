@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +20,12 @@ from multimodal.tasks.finetune import is_head, layer_ids
 class OptimizerConfig:
     """The optimiser every task uses: :func:`adamw` with :func:`warmup_cosine`.
 
-    Tasks take these as keywords (``lr``, ``weight_decay``, ``betas`` where a task has
-    it, ``warmup_fraction``, ``min_lr_ratio``) with their own defaults, so a YAML sets
-    ``model.init_args.lr`` as before; ``ModelTask.optimizer_config`` gathers them here.
+    Tasks take it as one ``optimizer`` block (a config writes
+    ``model.init_args.optimizer: {lr: 0.0005, weight_decay: 0.01}``); the keys it leaves
+    out keep the task's own defaults (``ModelTask.optimizer_defaults``, :meth:`of`). The
+    flat keywords of earlier releases (``lr=``, ``weight_decay=``, ``betas=``,
+    ``warmup_fraction=``, ``min_lr_ratio=``) still work for one release, with a
+    ``DeprecationWarning`` (:func:`resolve_optimizer`).
     """
 
     lr: float = 1e-3
@@ -30,6 +36,15 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         problems = []
+        for key in ("lr", "weight_decay", "warmup_fraction", "min_lr_ratio"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"optimizer: {key} must be a number, got {value!r}")
+        betas = self.betas
+        if isinstance(betas, (str, bytes)) or not isinstance(betas, (tuple, list)) or \
+                not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas):
+            raise ValueError(f"optimizer: betas must be two numbers in [0, 1), got {betas!r}")
+        object.__setattr__(self, "betas", tuple(float(b) for b in betas))  # YAML: a list
         if not self.lr > 0:
             problems.append(f"lr must be > 0, got {self.lr}")
         if self.weight_decay < 0:
@@ -41,7 +56,28 @@ class OptimizerConfig:
         if not 0 <= self.min_lr_ratio <= 1:
             problems.append(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("optimizer: " + "; ".join(problems))
+
+    @classmethod
+    def of(cls, value: OptimizerConfig | Mapping[str, Any] | None,
+           defaults: OptimizerConfig | None = None) -> OptimizerConfig:
+        """The block a task was given: ``None`` -> ``defaults`` (the task's own); a mapping
+        of some of the keys -> ``defaults`` with those keys replaced; an
+        :class:`OptimizerConfig` -> itself, whole. An unknown key is a ValueError naming
+        the keys."""
+        base = cls() if defaults is None else defaults
+        if value is None:
+            return base
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - set(OPTIMIZER_KEYS))
+            if unknown:
+                raise ValueError(f"optimizer: unknown key(s) {unknown}; keys: "
+                                 f"{list(OPTIMIZER_KEYS)}")
+            return dataclasses.replace(base, **value)
+        raise ValueError(f"optimizer must be a mapping of OptimizerConfig keys "
+                         f"{list(OPTIMIZER_KEYS)}, got {value!r}")
 
     def build(self, module: nn.Module, total_steps: int, *, layer_decay: float | None = None,
               head_lr: float | None = None, heads: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -53,6 +89,68 @@ class OptimizerConfig:
         sched = warmup_cosine(opt, int(self.warmup_fraction * total_steps), total_steps,
                               self.min_lr_ratio)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+OPTIMIZER_KEYS = ("lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio")
+"""The block's keys; also the flat task keywords of earlier releases."""
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def resolve_optimizer(defaults: OptimizerConfig,
+                      optimizer: OptimizerConfig | Mapping[str, Any] | None,
+                      flat: Mapping[str, Any], *, stored: bool = False,
+                      stacklevel: int = 2) -> OptimizerConfig:
+    """A task's optimiser from its ``optimizer`` block and the deprecated flat keywords
+    ``flat`` (``{"lr": ..., ...}``, ``None`` where not given), over the task's
+    ``defaults``.
+
+    A flat key given maps into the block with a ``DeprecationWarning`` that names the new
+    spelling; given in both, with different values, it is a ValueError. ``stored=True``
+    (hyper-parameters read back from a checkpoint written before the block, see
+    :func:`fold_stored_optimizer`) maps them silently, the block's keys winning."""
+    given = {k: v for k, v in flat.items() if v is not None}
+    unknown = sorted(set(given) - set(OPTIMIZER_KEYS))
+    if unknown:
+        raise ValueError(f"unknown optimizer keyword(s) {unknown}; keys: {list(OPTIMIZER_KEYS)}")
+    if not given:
+        return OptimizerConfig.of(optimizer, defaults)
+    if stored:
+        return OptimizerConfig.of(optimizer, OptimizerConfig.of(given, defaults))
+    block = OptimizerConfig.of(optimizer, defaults)
+    explicit = set(OPTIMIZER_KEYS) if isinstance(optimizer, OptimizerConfig) else \
+        set(optimizer or ())
+    for key, value in given.items():
+        if key in explicit and not _same(getattr(block, key), value):
+            raise ValueError(f"{key} given twice: {key}={value!r} and optimizer: {{{key}: "
+                             f"{getattr(block, key)!r}}}; give it once, in optimizer:")
+    new = ", ".join(f"{k}: {list(v) if isinstance(v, tuple) else v!r}"
+                    for k, v in given.items())
+    verb = "is" if len(given) == 1 else "are"
+    warnings.warn(f"{', '.join(f'{k}=' for k in given)} {verb} deprecated (one optimizer block): "
+                  f"write optimizer: {{{new}}} (model.init_args.optimizer in a config)",
+                  DeprecationWarning, stacklevel=stacklevel + 1)
+    return OptimizerConfig.of(given, block)
+
+
+def fold_stored_optimizer(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """Hyper-parameters a checkpoint stored, with the flat optimiser keys of checkpoints
+    written before the ``optimizer`` block (``lr``, ``weight_decay``, ...) moved into
+    ``optimizer`` (whose own keys win); unchanged otherwise. Mapped once where a
+    checkpoint's task is rebuilt, so that it trains as before and warns of nothing."""
+    flat = {k: hparams[k] for k in OPTIMIZER_KEYS if hparams.get(k) is not None}
+    out = {k: v for k, v in hparams.items() if k not in OPTIMIZER_KEYS}
+    if not flat:
+        return out
+    block = hparams.get("optimizer")
+    if isinstance(block, OptimizerConfig):
+        block = dataclasses.asdict(block)
+    out["optimizer"] = {**flat, **(block or {})}
+    return out
 
 
 def no_weight_decay(name: str, param: Tensor) -> bool:

@@ -38,6 +38,7 @@ from multimodal.checkpoints import (
 from multimodal.models.codec_lm import IGNORE_INDEX, CodecLM, nar_loss
 from multimodal.synthesis import TTSBundle
 from multimodal.tasks.base import ModelTask
+from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tokenizers.codec import MelRVQCodec
 from multimodal.tokenizers.phonemes import PhonemeTokenizer
 
@@ -69,18 +70,21 @@ class TTSTask(ModelTask):
     """Train a :class:`CodecLM` (AR + NAR) on TTS batches; see the module doc."""
 
     accepts = (CodecLM,)
+    optimizer_defaults = OptimizerConfig(lr=1e-3, weight_decay=0.01,
+                                         warmup_fraction=0.05, min_lr_ratio=0.05)
     model_sources = ("model", "preset")
 
     def __init__(
         self,
         model: CodecLM | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.05,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        warmup_fraction: float | None = None,
+        min_lr_ratio: float | None = None,
         max_prompt_seconds: float = 1.5,
         nar_weight: float = 1.0,
         compile: bool = False,
+        optimizer: dict[str, Any] | OptimizerConfig | None = None,
         preset: str | None = None,
         overrides: dict[str, Any] | None = None,
         data_sizes: dict[str, int] | None = None,
@@ -89,7 +93,10 @@ class TTSTask(ModelTask):
                                    data_sizes=data_sizes)
         if not max_prompt_seconds > 0:
             raise ValueError(f"max_prompt_seconds must be > 0, got {max_prompt_seconds}")
-        super().__init__(model, compile=compile)
+        super().__init__(model, compile=compile, optimizer=optimizer,
+                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
+                                             warmup_fraction=warmup_fraction,
+                                             min_lr_ratio=min_lr_ratio))
         self.save_hyperparameters(ignore=["model"])
         self.phoneme_tokenizer: PhonemeTokenizer | None = None
         # running mean of target frames per phoneme (bounds generation length at inference)

@@ -264,7 +264,8 @@ def test_min_steps_raises_max_epochs_before_the_schedule_is_made(tmp_path):
                               "val/loss (patience 1 validations)")
     if trainer.global_step == 40:  # ran to the end: the cosine reached its floor
         lr = scheduler.get_last_lr()[0]
-        assert lr == pytest.approx(task.hparams.lr * task.hparams.min_lr_ratio, rel=1e-6)
+        opt = task.optimizer_config
+        assert lr == pytest.approx(opt.lr * opt.min_lr_ratio, rel=1e-6)
 
 
 def test_min_steps_below_max_epochs_changes_nothing(tmp_path):
@@ -300,7 +301,7 @@ model:
       init_args:
         config:
 {vit}
-    lr: 0.003
+    optimizer: {{lr: 0.003}}
 data:
   class_path: multimodal.data.vision.ImageClassificationDataModule
   init_args: {{dataset: digits, batch_size: 16, val_size: 32, limit_train: 32,

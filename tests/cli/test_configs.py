@@ -4,6 +4,7 @@ long data load)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from pathlib import Path
@@ -347,6 +348,10 @@ def test_a_config_model_is_its_preset_with_its_overrides_and_the_data_sizes(
         main(["fit", "--config", str(path), "--trainer.default_root_dir", str(tmp_path / "run"),
               *_own_data(path.stem, tmp_path / "data")])
     task, datamodule = info.value.args
+    # the task trains with the config's optimizer block, the rest its own defaults
+    block = {k: tuple(v) if k == "betas" else v for k, v in init["optimizer"].items()}
+    assert dataclasses.asdict(task.optimizer_config) == \
+        {**dataclasses.asdict(type(task).optimizer_defaults), **block}
     config = task.model.config
     sizes = dict(datamodule.model_sizes)
     if "num_classes" in task.hparams and getattr(datamodule, "class_names", None):
@@ -393,3 +398,57 @@ def test_preset_and_model_together_is_an_error() -> None:
         ClassificationTask(mm.create_model("vit_fashion_mnist"), preset="vit_fashion_mnist")
     with pytest.raises(ValueError, match="builds a CLIP, not a"):
         ClassificationTask(preset="clip_scenes")
+
+
+FLAT_OPTIMIZER_KEYS = ("lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_gives_its_optimizer_as_one_block(path: Path) -> None:
+    """``model.init_args.optimizer: {...}`` and no flat key; the block resolves over the
+    task's own defaults (an unknown key or a value of the wrong type fails here)."""
+    import importlib
+
+    from multimodal.tasks.optim import OptimizerConfig
+
+    model = yaml.safe_load(path.read_text())["model"]
+    init = model["init_args"]
+    assert not set(FLAT_OPTIMIZER_KEYS) & set(init), "flat optimiser keys: use optimizer:"
+    module, name = model["class_path"].rsplit(".", 1)
+    task = getattr(importlib.import_module(module), name)
+    resolved = OptimizerConfig.of(init["optimizer"], task.optimizer_defaults)
+    for key, value in init["optimizer"].items():
+        assert getattr(resolved, key) == (tuple(value) if key == "betas" else value)
+
+
+GPT = Path(__file__).parents[2] / "configs" / "gpt_corpus.yaml"  # optimizer: 4 of the 5 keys
+
+
+def test_the_optimizer_block_from_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nested key replaces one key of the config's block, a JSON block replaces the
+    block (the keys it leaves out: the task's defaults), and the deprecated flat option
+    is moved into the block with a warning naming the new one."""
+    from multimodal.tasks import LanguageModelTask
+    from multimodal.tasks.optim import OptimizerConfig
+
+    config_block = yaml.safe_load(GPT.read_text())["model"]["init_args"]["optimizer"]
+    assert config_block == {"lr": 0.002, "weight_decay": 0.1, "warmup_fraction": 0.05,
+                            "min_lr_ratio": 0.1}
+
+    def block(*args: str) -> dict:
+        init = _parse(["fit", "--config", str(GPT), *args], monkeypatch).model.init_args
+        assert all(init.get(k) is None for k in FLAT_OPTIMIZER_KEYS)
+        return dict(init.optimizer)
+
+    assert block("--model.init_args.optimizer.lr", "1e-4") == {**config_block, "lr": 1e-4}
+    assert block("--model.init_args.optimizer.betas", "[0.8, 0.9]") == \
+        {**config_block, "betas": [0.8, 0.9]}
+    assert block("--model.init_args.optimizer", '{"lr": 1e-4}') == {"lr": 1e-4}
+    assert OptimizerConfig.of({"lr": 1e-4}, LanguageModelTask.optimizer_defaults) == \
+        OptimizerConfig(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), warmup_fraction=0.05,
+                        min_lr_ratio=0.1)
+    with pytest.warns(DeprecationWarning, match=r"--model.init_args.lr is deprecated .*: use "
+                      r"--model.init_args.optimizer.lr"):
+        flat = block("--model.init_args.lr", "1e-4")
+    assert flat == {**config_block, "lr": 1e-4}
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -148,7 +149,8 @@ def images(tmp_path):
             Image.fromarray(pixels.astype(np.uint8)).save(tmp_path / "photos" / name / f"{i}.png")
     (tmp_path / "photos" / "cat").mkdir()  # an empty class folder
     config = {"model": {"class_path": "multimodal.tasks.ClassificationTask",
-                        "init_args": {"preset": "vit_imagefolder", "lr": 0.001}},
+                        "init_args": {"preset": "vit_imagefolder",
+                                      "optimizer": {"lr": 0.001}}},
               "data": {"class_path": "multimodal.data.vision.ImageClassificationDataModule",
                        "init_args": {"train": str(tmp_path / "photos"), "image_size": 16,
                                      "batch_size": 4}},
@@ -172,8 +174,20 @@ def test_fit_mistakes(images, capsys, monkeypatch):
         ["error: unknown option --bogus (multimodal fit --help lists the options)"]
     assert _errors(capsys, ["fit", "--config", cfg, "--trainer.max_epochs", "abc"]) == \
         ["error: expected int or null, got 'abc' (--trainer.max_epochs)"]
+    assert _errors(capsys, ["fit", "--config", cfg, "--model.init_args.optimizer.lr", "abc"]) \
+        == ["error: optimizer: lr must be a number, got 'abc' (--model)"]
+    assert _errors(capsys, ["fit", "--config", cfg, "--model.init_args.optimizer.lrr", "1"]) \
+        == ["error: optimizer: unknown key(s) ['lrr']; keys: ['lr', 'weight_decay', 'betas', "
+            "'warmup_fraction', 'min_lr_ratio'] (--model)"]
+    both = yaml.safe_load(Path(cfg).read_text())
+    both["model"]["init_args"]["lr"] = 0.01  # a flat key that the block contradicts
+    (images / "both.yaml").write_text(yaml.safe_dump(both))
+    assert _errors(capsys, ["fit", "--config", str(images / "both.yaml")]) == \
+        ["error: lr given twice: lr=0.01 and optimizer: {lr: 0.001}; give it once, in "
+         "optimizer: (--model)"]
+    # the deprecated flat spelling is still typed by its signature
     assert _errors(capsys, ["fit", "--config", cfg, "--model.init_args.lr", "abc"]) == \
-        ["error: expected float, got 'abc' (--model.init_args.lr)"]
+        ["error: expected float or null, got 'abc' (--model.init_args.lr)"]
     [line] = _errors(capsys, ["fit", "--config", cfg])
     assert line.startswith(f"error: empty class folder {images / 'photos' / 'cat'}")
     assert line.endswith("(--data)")

@@ -41,7 +41,7 @@ def _config(tmp_path, train, **data):
     cfg = {
         "seed_everything": 0,
         "model": {"class_path": "multimodal.tasks.ClassificationTask",
-                  "init_args": {"lr": 0.001}},
+                  "init_args": {"optimizer": {"lr": 0.001}}},
         "data": {"class_path": "multimodal.data.vision.ImageClassificationDataModule",
                  "init_args": {"train": str(train), "batch_size": 6, "val_size": 3,
                                "test_size": 3, "augment": False, **data}},

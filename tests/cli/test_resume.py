@@ -25,7 +25,7 @@ DIGITS_VIT = dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, dim
 
 def digits(num_workers: int = 0, augment: bool = True):
     def make():
-        task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), lr=3e-3)
+        task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), optimizer={"lr": 3e-3})
         data = ImageClassificationDataModule("digits", batch_size=16, val_size=32,
                                              limit_train=80, augment=augment, flip=augment,
                                              num_workers=num_workers)
@@ -80,7 +80,7 @@ def test_audio_resume_mid_epoch_exactly(tmp_path):
                                                       depth=1, heads=2, mlp_dim=32))
         data = AudioClassificationDataModule(train=clips, n_mels=16, batch_size=4,
                                              val_size=2, test_size=2)
-        return ClassificationTask(model=model, lr=3e-3), data
+        return ClassificationTask(model=model, optimizer={"lr": 3e-3}), data
 
     whole, record = fit(make, tmp_path / "whole", epochs=2)
     n = sum(len(ids) for e, _, ids in record.seen if e == 0)
@@ -160,7 +160,7 @@ def test_seq2seq_resume_mid_epoch_exactly(tmp_path):
             source_vocab_size=data.source_vocab_size, target_vocab_size=data.target_vocab_size,
             max_source_len=24, max_target_len=12, dim=32, encoder_depth=1, decoder_depth=1,
             heads=2, mlp_dim=64))
-        return Seq2SeqTask(model, lr=3e-3), data
+        return Seq2SeqTask(model, optimizer={"lr": 3e-3}), data
 
     whole, record = fit(make, tmp_path / "whole", epochs=2)
     resumed, seen = interrupted(make, tmp_path / "cut", epochs=2, kills=[4, 8])

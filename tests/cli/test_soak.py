@@ -28,7 +28,7 @@ model:
       init_args:
         config: {{image_size: 8, patch_size: 2, in_channels: 1, num_classes: 10, dim: 32,
                   depth: 2, heads: 4, mlp_dim: 64, pool: mean}}
-    lr: 0.003
+    optimizer: {{lr: 0.003}}
 data:
   class_path: multimodal.data.vision.ImageClassificationDataModule
   init_args: {{dataset: digits, batch_size: 16, val_size: 32, limit_train: 320,

@@ -136,7 +136,8 @@ def test_clip_fit_step_on_a_tiny_manifest(tmp_path):
                                   mlp_dim=32), embed_dim=8))
     dm = CaptionDataModule(train=str(tmp_path / "caps.csv"), image_size=16, batch_size=4,
                            val_size=0.25, test_size=0.0)
-    task = ContrastiveTask(model, lr=1e-2, warmup_fraction=0.0, recall_ks=(1, 2))
+    task = ContrastiveTask(model, optimizer={"lr": 1e-2, "warmup_fraction": 0.0},
+                           recall_ks=(1, 2))
     before = [p.detach().clone() for p in model.parameters()]
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path,

@@ -177,7 +177,7 @@ def test_fit_then_test_from_the_checkpoint_uses_the_trained_tokenizer(tmp_path):
     def task():
         return ClassificationTask(TextEncoder(TextEncoderConfig(
             vocab_size=64, max_len=32, dim=16, depth=1, heads=2, num_classes=2,
-            mlm_head=False)), lr=5e-4, weight_decay=0.01, warmup_fraction=0.1)
+            mlm_head=False)), optimizer={"lr": 5e-4, "weight_decay": 0.01, "warmup_fraction": 0.1})
 
     def trainer():
         return L.Trainer(max_epochs=1, accelerator="cpu", logger=False,

@@ -84,7 +84,7 @@ def batch_ids(batch) -> list[int]:
 
 
 def task() -> ClassificationTask:
-    return ClassificationTask(mm.ViT(mm.ViTConfig(**VIT)), lr=1e-3)
+    return ClassificationTask(mm.ViT(mm.ViTConfig(**VIT)), optimizer={"lr": 1e-3})
 
 
 def test_ddp_ranks_stream_disjoint_shares_covering_the_epoch(shards, tmp_path):

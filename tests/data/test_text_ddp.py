@@ -68,7 +68,7 @@ def test_ddp_ranks_share_rank_zeros_trained_wordpiece(tmp_path, module):
     else:
         task = ClassificationTask(TextEncoder(TextEncoderConfig(
             vocab_size=64, max_len=16, dim=16, depth=1, heads=2, num_classes=dm.num_classes,
-            mlm_head=False)), lr=5e-4, weight_decay=0.01, warmup_fraction=0.1)
+            mlm_head=False)), optimizer={"lr": 5e-4, "weight_decay": 0.01, "warmup_fraction": 0.1})
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=1,
                         limit_val_batches=0, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,

@@ -215,7 +215,7 @@ def test_numbers_reach_high_exact_match_on_held_out() -> None:
                                   target_vocab_size=dm.target_vocab_size, max_source_len=24,
                                   max_target_len=12, dim=64, encoder_depth=2,
                                   decoder_depth=2, heads=4, mlp_dim=256))
-    task = Seq2SeqTask(model, lr=2e-3)
+    task = Seq2SeqTask(model, optimizer={"lr": 2e-3})
     trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)

@@ -79,7 +79,7 @@ def test_language_model_task_fit_lowers_perplexity() -> None:
     data = _cyclic_blocks(vocab, 16, 12)
     model = TextDecoder(TextDecoderConfig(vocab_size=vocab, max_len=12, dim=32, depth=1,
                                           heads=2))
-    task = LanguageModelTask(model, lr=3e-3, warmup_fraction=0.0)
+    task = LanguageModelTask(model, optimizer={"lr": 3e-3, "warmup_fraction": 0.0})
     loader = DataLoader(data, batch_size=8)
     before = task.evaluate(loader).perplexity
     trainer = L.Trainer(max_steps=40, accelerator="cpu", logger=False,

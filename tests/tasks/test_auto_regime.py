@@ -59,7 +59,8 @@ def _images(n: int, seed: int) -> TensorDataset:
 
 def _fit(tmp_path, few_labels: int, caplog) -> ClassificationTask:
     torch.manual_seed(0)
-    task = ClassificationTask(mm.ViT(mm.ViTConfig(**VIT)), lr=3e-3, warmup_fraction=0.0,
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**VIT)),
+                              optimizer={"lr": 3e-3, "warmup_fraction": 0.0},
                               finetune={"regime": "auto", "few_labels": few_labels,
                                         "probe_cs": [0.1, 1.0, 10.0], "probe_folds": 3})
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,

@@ -33,7 +33,8 @@ def test_tiny_vit_learns_digits(tmp_path):
     """A real learning test: a few seconds of training on 8x8 digits, > 90% held out."""
     L.seed_everything(0)
     dm = ImageClassificationDataModule("digits", batch_size=32, val_size=0.1, augment=False)
-    task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), lr=3e-3, weight_decay=0.01)
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)),
+                              optimizer={"lr": 3e-3, "weight_decay": 0.01})
     trainer = _trainer(tmp_path, max_epochs=20)
     trainer.fit(task, dm)
     result = trainer.test(task, dm, verbose=False)[0]
@@ -68,7 +69,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path):
         L.seed_everything(0)
         dm = ImageClassificationDataModule("digits", batch_size=128, val_size=0.1,
                                            augment=False, seed=3)
-        task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), lr=3e-3)
+        task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), optimizer={"lr": 3e-3})
         callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=root / "ckpt", save_last=True)]
         if crash_at is not None:
             callbacks.append(_CrashAtEpoch(crash_at))
@@ -99,7 +100,7 @@ model:
       init_args:
         config:
 {vit}
-    lr: 0.003
+    optimizer: {{lr: 0.003}}
 data:
   class_path: multimodal.data.vision.ImageClassificationDataModule
   init_args: {{dataset: digits, batch_size: 64, val_size: 0.1, augment: false}}
@@ -146,6 +147,7 @@ def test_cli_fast_dev_run(tmp_path, monkeypatch, capsys):
 
 def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
     cfg = _digits_config(tmp_path)
+    # the deprecated flat option over the config's optimizer: block (moved into it)
     cli_main(["fit", "--config", str(cfg), "--model.init_args.lr", "0.002"])
     out = capsys.readouterr().out
     assert "test/acc" in out  # test ran on the best checkpoint after fit

@@ -170,7 +170,7 @@ def test_task_trains_on_scenes_logs_the_metrics_and_keeps_its_tokenizer(tmp_path
         model.logit_scale.fill_(math.log(100.0) - 1e-4)  # one step up would pass the cap
     dm = CaptionDataModule("scenes", image_size=16, num_train=64, num_val=32, num_test=32,
                            batch_size=16, order="left_to_right")
-    task = ContrastiveTask(model, lr=1e-2, warmup_fraction=0.0, zero_shot_size=24,
+    task = ContrastiveTask(model, optimizer={"lr": 1e-2, "warmup_fraction": 0.0}, zero_shot_size=24,
                            recall_ks=(1, 5))
     trainer = L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path,

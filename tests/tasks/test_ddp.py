@@ -40,7 +40,7 @@ class SaveReplica(L.Callback):
 @pytest.mark.slow
 def test_ddp_replicas_stay_identical(tmp_path):
     L.seed_everything(0)
-    task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), lr=3e-3)
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), optimizer={"lr": 3e-3})
     initial = {k: v.clone() for k, v in task.model.state_dict().items()}
     dm = ImageClassificationDataModule("digits", batch_size=32, val_size=0.1, augment=False)
     trainer = L.Trainer(

@@ -52,7 +52,7 @@ def _layer(name: str, depth: int) -> int:
 
 
 def test_linear_probe_trains_only_the_head(tmp_path):
-    task = ClassificationTask(_vit(), lr=1e-2, finetune={"regime": "linear_probe"})
+    task = ClassificationTask(_vit(), optimizer={"lr": 1e-2}, finetune={"regime": "linear_probe"})
     before = _snapshot(task.model)
     _fit(task, tmp_path)
     after = task.model.state_dict()
@@ -66,7 +66,7 @@ def test_linear_probe_trains_only_the_head(tmp_path):
 
 
 def test_freeze_first_blocks(tmp_path):
-    task = ClassificationTask(_vit(), lr=1e-2, finetune={"freeze_blocks": 2})
+    task = ClassificationTask(_vit(), optimizer={"lr": 1e-2}, finetune={"freeze_blocks": 2})
     before = _snapshot(task.model)
     _fit(task, tmp_path)
     after = task.model.state_dict()
@@ -77,7 +77,7 @@ def test_freeze_first_blocks(tmp_path):
 
 def test_layer_decay_and_head_lr_groups(tmp_path):
     lr, decay, head_lr = 1e-3, 0.5, 3e-2
-    task = ClassificationTask(_vit(), lr=lr, warmup_fraction=0.0,
+    task = ClassificationTask(_vit(), optimizer={"lr": lr, "warmup_fraction": 0.0},
                               finetune={"layer_decay": decay, "head_lr": head_lr})
     trainer = _fit(task, tmp_path, steps=1)
     groups = trainer.optimizers[0].param_groups
@@ -120,8 +120,8 @@ def test_layer_decay_scales_match_timm():
 
 
 def test_lora_merged_equals_unmerged(tmp_path):
-    task = ClassificationTask(_vit(), lr=1e-2, finetune={"regime": "lora", "lora_rank": 4,
-                                                         "lora_alpha": 8})
+    task = ClassificationTask(_vit(), optimizer={"lr": 1e-2},
+                              finetune={"regime": "lora", "lora_rank": 4, "lora_alpha": 8})
     before = _snapshot(task.model)
     _fit(task, tmp_path)
     after = task.model.state_dict()

@@ -67,7 +67,8 @@ def test_a_plain_folder_keeps_cls_and_overrides_win(tmp_path):
 def test_checkpoint_embeds_like_the_folder(tmp_path):
     folder = _st_folder(tmp_path)
     batch = _batch(folder)
-    task = ClassificationTask(modality="text", pretrained=str(folder), num_classes=2, lr=1e-3)
+    task = ClassificationTask(modality="text", pretrained=str(folder), num_classes=2,
+                              optimizer={"lr": 1e-3})
     trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path)

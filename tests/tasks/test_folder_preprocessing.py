@@ -92,7 +92,7 @@ def test_a_task_and_an_encoder_save_pretrained_carry_the_normalisation(tmp_path)
     photos = _photos(tmp_path / "photos", mode="L")
     dm = ImageClassificationDataModule(train=str(photos), image_size=28, in_channels=1,
                                        batch_size=4, val_size=2, test_size=2)
-    task = ClassificationTask(_vit(), lr=1e-3)
+    task = ClassificationTask(_vit(), optimizer={"lr": 1e-3})
     L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
               enable_model_summary=False, accelerator="cpu").fit(task, dm)
     folder = task.save_pretrained(tmp_path / "trained")

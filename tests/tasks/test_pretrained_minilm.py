@@ -43,8 +43,9 @@ def test_minilm_lora_fine_tuning_tells_topics_apart(tmp_path):
     texts, labels = FOOD + WEATHER, [0] * len(FOOD) + [1] * len(WEATHER)
     L.seed_everything(0)
     task = ClassificationTask(modality="text", pretrained=str(folder),
-                              class_names=["food", "weather"], lr=2e-3, weight_decay=0.01,
-                              warmup_fraction=0.0,
+                              class_names=["food", "weather"],
+                              optimizer={"lr": 2e-3, "weight_decay": 0.01,
+                                         "warmup_fraction": 0.0},
                               finetune={"regime": "lora", "lora_rank": 4,
                                         "lora_targets": ["qkv"]})
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(0)).tolist()

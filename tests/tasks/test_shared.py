@@ -16,16 +16,135 @@ def _lm() -> mm.TextDecoder:
                                                heads=2))
 
 
-def test_tasks_gather_their_keywords_into_one_optimizer_config() -> None:
-    task = LanguageModelTask(_lm(), lr=0.01, betas=(0.8, 0.9))
+def _vit() -> mm.ViT:
+    return mm.ViT(mm.ViTConfig(image_size=8, patch_size=4, in_channels=1, num_classes=3,
+                               dim=16, depth=1, heads=2))
+
+
+# Each task's optimiser defaults as its flat keywords had them before the block:
+# (lr, weight_decay, betas, warmup_fraction, min_lr_ratio).
+FORMER_DEFAULTS = {
+    "ClassificationTask": (1e-3, 0.05, (0.9, 0.999), 0.05, 0.01),
+    "AutoregressiveImageTask": (1e-3, 0.05, (0.9, 0.999), 0.05, 0.01),
+    "CaptioningTask": (1e-3, 0.05, (0.9, 0.999), 0.05, 0.01),
+    "ContrastiveTask": (1e-3, 0.1, (0.9, 0.999), 0.05, 0.01),
+    "LanguageModelTask": (1e-3, 0.1, (0.9, 0.95), 0.05, 0.1),
+    "MaskedLMTask": (1e-3, 0.01, (0.9, 0.999), 0.05, 0.1),
+    "SequenceClassificationTask": (5e-4, 0.01, (0.9, 0.999), 0.1, 0.01),
+    "Seq2SeqTask": (1e-3, 0.01, (0.9, 0.999), 0.05, 0.01),
+    "TTSTask": (1e-3, 0.01, (0.9, 0.999), 0.05, 0.05),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMER_DEFAULTS))
+def test_every_task_keeps_its_optimizer_defaults_and_takes_the_block(name: str) -> None:
+    import inspect
+
+    import multimodal.tasks as tasks
+
+    cls = getattr(tasks, name)
+    d = cls.optimizer_defaults
+    assert (d.lr, d.weight_decay, d.betas, d.warmup_fraction, d.min_lr_ratio) == \
+        FORMER_DEFAULTS[name]
+    params = inspect.signature(cls.__init__).parameters
+    assert params["optimizer"].default is None
+    # the flat keywords stay for one release, unset by default
+    assert all(params[k].default is None for k in ("lr", "weight_decay", "warmup_fraction",
+                                                   "min_lr_ratio"))
+
+
+def test_a_partial_block_keeps_the_task_defaults() -> None:
+    task = LanguageModelTask(_lm(), optimizer={"lr": 0.01})
     assert task.optimizer_config == OptimizerConfig(lr=0.01, weight_decay=0.1,
-                                                    betas=(0.8, 0.9), warmup_fraction=0.05,
+                                                    betas=(0.9, 0.95), warmup_fraction=0.05,
                                                     min_lr_ratio=0.1)
-    vit = mm.ViT(mm.ViTConfig(image_size=8, patch_size=4, in_channels=1, num_classes=3,
-                              dim=16, depth=1, heads=2))
-    cls_task = ClassificationTask(vit, lr=0.002)
-    assert cls_task.optimizer_config.lr == 0.002
-    assert cls_task.optimizer_config.betas == (0.9, 0.999)  # a task without betas
+    cls_task = ClassificationTask(_vit(), optimizer={"weight_decay": 0.2, "betas": [0.8, 0.9]})
+    assert cls_task.optimizer_config == OptimizerConfig(lr=1e-3, weight_decay=0.2,
+                                                        betas=(0.8, 0.9), warmup_fraction=0.05,
+                                                        min_lr_ratio=0.01)
+    # a whole OptimizerConfig is taken as it is
+    whole = OptimizerConfig(lr=0.5)
+    assert LanguageModelTask(_lm(), optimizer=whole).optimizer_config is whole
+    # what a checkpoint stores: every key of the block, plain types, no flat key
+    assert task.hparams["optimizer"] == {"lr": 0.01, "weight_decay": 0.1, "betas": [0.9, 0.95],
+                                         "warmup_fraction": 0.05, "min_lr_ratio": 0.1}
+    assert not {"lr", "weight_decay", "betas"} & set(task.hparams)
+
+
+def _schedule(out: dict, steps: int) -> list[float]:
+    opt, sched = out["optimizer"], out["lr_scheduler"]["scheduler"]
+    rates = []
+    for _ in range(steps):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return rates
+
+
+def test_the_block_and_the_flat_keywords_give_the_same_optimizer() -> None:
+    """Same AdamW groups (names, parameters, rate, decay), betas and schedule; the schedule
+    is the formula: warm-up to ``lr`` over ``w = int(0.25 * 8) = 2`` steps, then
+    ``lr * (r + (1 - r) * (1 + cos(pi * (t - w) / (T - w))) / 2)``."""
+    import math
+
+    keys = {"lr": 0.01, "weight_decay": 0.2, "betas": (0.8, 0.9), "warmup_fraction": 0.25,
+            "min_lr_ratio": 0.1}
+    torch.manual_seed(0)
+    model = _lm()
+    block = LanguageModelTask(model, optimizer=dict(keys))
+    with pytest.warns(DeprecationWarning, match=r"write optimizer: \{lr: 0.01, weight_decay: "
+                      r"0.2, betas: \[0.8, 0.9\], warmup_fraction: 0.25, min_lr_ratio: 0.1\}"):
+        flat = LanguageModelTask(model, **keys)
+    assert flat.optimizer_config == block.optimizer_config
+    assert flat.hparams["optimizer"] == block.hparams["optimizer"]
+    got = [task.optimizer_config.build(task.model, total_steps=8) for task in (block, flat)]
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = [[(g["name"], g["initial_lr"], g["weight_decay"], g["betas"],
+                sorted(names[id(p)] for p in g["params"])) for g in out["optimizer"].param_groups]
+              for out in got]
+    assert groups[0] == groups[1]
+    assert [(g[0], g[1], g[2], g[3]) for g in groups[0]] == [
+        ("all/decay", 0.01, 0.2, (0.8, 0.9)), ("all/no_decay", 0.01, 0.0, (0.8, 0.9))]
+    want = [0.01 * (t + 1) / 2 if t < 2 else
+            0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (t - 2) / 6))) for t in range(8)]
+    for out in got:
+        assert _schedule(out, 8) == pytest.approx(want, rel=1e-12)
+
+
+def test_flat_keywords_map_into_the_block_with_a_warning_naming_it() -> None:
+    with pytest.warns(DeprecationWarning, match=r"lr= is deprecated .* write optimizer: "
+                      r"\{lr: 0.002\}"):
+        task = ClassificationTask(_vit(), lr=0.002)
+    assert task.optimizer_config.lr == 0.002
+    assert task.optimizer_config.weight_decay == 0.05  # the task's default
+    # a flat key agreeing with the block, or next to other keys of it, is no conflict
+    with pytest.warns(DeprecationWarning):
+        agree = ClassificationTask(_vit(), lr=0.002, optimizer={"lr": 0.002,
+                                                                "weight_decay": 0.1})
+    assert (agree.optimizer_config.lr, agree.optimizer_config.weight_decay) == (0.002, 0.1)
+    with pytest.warns(DeprecationWarning):
+        both = ClassificationTask(_vit(), weight_decay=0.3, optimizer={"lr": 0.02})
+    assert (both.optimizer_config.lr, both.optimizer_config.weight_decay) == (0.02, 0.3)
+
+
+def test_a_key_given_flat_and_in_the_block_differently_is_one_error() -> None:
+    with pytest.raises(ValueError, match=r"^lr given twice: lr=0.002 and optimizer: "
+                       r"\{lr: 0.001\}; give it once, in optimizer:$"):
+        ClassificationTask(_vit(), lr=0.002, optimizer={"lr": 0.001})
+    with pytest.raises(ValueError, match="betas given twice"):
+        LanguageModelTask(_lm(), betas=(0.8, 0.9), optimizer=OptimizerConfig())
+
+
+@pytest.mark.parametrize(("block", "message"), [
+    ({"lrr": 0.1}, r"optimizer: unknown key\(s\) \['lrr'\]; keys: \['lr', "),
+    ({"lr": "abc"}, "optimizer: lr must be a number, got 'abc'"),
+    ({"betas": 0.9}, "optimizer: betas must be two numbers"),
+    ({"lr": -1.0}, "optimizer: lr must be > 0"),
+    ("fast", "optimizer must be a mapping of OptimizerConfig keys"),
+])
+def test_a_bad_block_is_one_error(block: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ClassificationTask(_vit(), optimizer=block)
 
 
 def test_optimizer_config_builds_adamw_with_warmup_cosine() -> None:

@@ -174,7 +174,8 @@ def test_linear_probe_is_one_pass_and_the_solved_head(tmp_path):
 
 def test_contrastive_pair_loss_falls_and_head_is_solved(tmp_path):
     torch.manual_seed(0)
-    task = ClassificationTask(mm.ViT(mm.ViTConfig(**VIT)), lr=3e-3, warmup_fraction=0.0,
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**VIT)),
+                              optimizer={"lr": 3e-3, "warmup_fraction": 0.0},
                               finetune={"regime": "contrastive", "probe_cs": [0.1, 1.0, 10.0],
                                         "probe_folds": 3})
     head_before = task.model.head.weight.clone()
@@ -251,7 +252,8 @@ def test_minilm_contrastive_beats_the_untuned_probe():
     for regime in ("linear_probe", "contrastive"):
         L.seed_everything(0)
         task = ClassificationTask(modality="text", pretrained=str(folder), num_classes=3,
-                                  lr=5e-5, weight_decay=0.01, warmup_fraction=0.1,
+                                  optimizer={"lr": 5e-5, "weight_decay": 0.01,
+                                             "warmup_fraction": 0.1},
                                   finetune={"regime": regime})
         trainer = L.Trainer(accelerator="cpu", max_epochs=5, logger=False,
                             enable_checkpointing=False, enable_progress_bar=False,
