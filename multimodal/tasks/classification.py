@@ -178,6 +178,30 @@ class ClassificationTask(ModelTask):
         self._setup_data(stage)
         if self.finetune.regime == "auto" and stage == "fit":
             self._choose_regime()  # after the data gave the class count
+        if stage == "fit":
+            self._regime_length()
+
+    def _regime_length(self) -> None:
+        """The solved regimes' own length, whatever the trainer's step budget (``min_steps``,
+        ``max_epochs``): ``linear_probe`` reads the data once (one epoch); ``contrastive``
+        tunes for ``finetune.contrastive_epochs`` epochs when that is set (see
+        :class:`~multimodal.tasks.finetune.FinetuneConfig`). Runs in ``setup``, before the
+        optimiser and its schedule are made, so a warm-up + cosine schedule spans the run."""
+        trainer, ft = self._trainer, self.finetune
+        if trainer is None or trainer.fast_dev_run:
+            return
+        if ft.regime == "linear_probe":
+            epochs, why = 1, "the solved probe reads the training data once"
+        elif ft.regime == "contrastive" and ft.contrastive_epochs:
+            epochs, why = ft.contrastive_epochs, "finetune.contrastive_epochs"
+        else:
+            return
+        loop = trainer.fit_loop
+        if loop.max_epochs == epochs and not loop.epoch_loop.min_steps:
+            return
+        loop.max_epochs, loop.epoch_loop.min_steps = epochs, None
+        rank_zero_info(f"finetune: {ft.regime} runs {epochs} epoch{'s' * (epochs > 1)} "
+                       f"({why}), not the trainer's step budget")
 
     def _setup_data(self, stage: str) -> None:
         dm = self.datamodule

@@ -32,6 +32,7 @@ __all__ = ["FinetuneConfig", "apply_regime", "choose_regime", "is_head", "layer_
 
 REGIMES = ("full", "linear_probe", "lora", "contrastive", "auto")
 MANY_LABELS_REGIMES = ("full", "lora")
+FEW_LABELS_REGIMES = ("contrastive", "linear_probe")
 _BLOCK = re.compile(r"^(.*?)(?:transformer\.)?blocks\.(\d+)\.")
 
 
@@ -54,8 +55,17 @@ class FinetuneConfig:
     ``auto`` (classification tasks; elsewhere it is ``full``): the regime follows the number
     of labelled training examples, chosen when ``fit`` starts and logged
     (:func:`choose_regime`): at most ``few_labels`` per class on average -> ``contrastive``
-    (the few-label recipe), more -> ``many_labels_regime`` (``full`` or ``lora``, with
-    ``layer_decay`` / ``head_lr`` / the LoRA keys as given).
+    (the few-label recipe; ``few_labels_regime: linear_probe`` for the solved probe alone),
+    more -> ``many_labels_regime`` (``full`` or ``lora``, with ``layer_decay`` / ``head_lr`` /
+    the LoRA keys as given).
+    ``contrastive_epochs``: with ``contrastive`` (chosen or given), tune for this many epochs
+    whatever the trainer's step budget (``trainer.min_steps`` / ``max_epochs``); None keeps
+    the trainer's. An epoch of in-batch pairs puts every example in ``B - 1`` pairs (batch
+    ``B``), so epochs, not steps, fix how far the body moves from the pretrained one, for any
+    data size: SetFit tunes one pass of ``2 R`` pairs an example (``R = 20``); 5 epochs at
+    batch 16-32 matched SetFit at 8 labelled a class (BENCHMARKS.md, "Few labels ...") where a
+    budget of 100 steps (62 epochs of 29 examples) fell below it. A solved ``linear_probe``
+    takes one epoch (one pass of features), also whatever the budget.
     ``freeze_blocks``: with ``full``, the embeddings and the first k blocks stay frozen.
     ``layer_decay``: layer-wise learning-rate decay factor in (0, 1]; ``head_lr``: the
     head's learning rate (default: the ``optimizer`` block's ``lr``).
@@ -74,6 +84,8 @@ class FinetuneConfig:
     probe_class_weight: Literal["balanced", "none"] = "balanced"
     few_labels: int = 64
     many_labels_regime: Literal["full", "lora"] = "full"
+    few_labels_regime: Literal["contrastive", "linear_probe"] = "contrastive"
+    contrastive_epochs: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -103,6 +115,12 @@ class FinetuneConfig:
         if self.many_labels_regime not in MANY_LABELS_REGIMES:
             problems.append(f"many_labels_regime must be one of {MANY_LABELS_REGIMES}, got "
                             f"{self.many_labels_regime!r}")
+        if self.few_labels_regime not in FEW_LABELS_REGIMES:
+            problems.append(f"few_labels_regime must be one of {FEW_LABELS_REGIMES}, got "
+                            f"{self.few_labels_regime!r}")
+        if self.contrastive_epochs is not None and self.contrastive_epochs < 1:
+            problems.append(f"contrastive_epochs must be >= 1 or null, got "
+                            f"{self.contrastive_epochs}")
         if problems:
             raise ValueError("finetune: " + "; ".join(problems))
 
@@ -166,9 +184,10 @@ def choose_regime(config: FinetuneConfig, examples: int | None, classes: int,
                   solvable: bool = True) -> tuple[FinetuneConfig, str]:
     """The regime ``auto`` stands for, from the labelled training set's size, and why.
 
-    Few labels (``examples / classes <= few_labels``): ``contrastive`` (SetFit; pairs of
-    examples tune the body, then the solved probe; BENCHMARKS.md "Few labels": above full
-    fine-tuning and level with SetFit at 8 labelled a class). More: ``many_labels_regime``.
+    Few labels (``examples / classes <= few_labels``): ``few_labels_regime``, by default
+    ``contrastive`` (SetFit; pairs of examples tune the body, then the solved probe;
+    BENCHMARKS.md "Few labels": level with SetFit at 8 labelled a class), or the solved
+    ``linear_probe`` alone. More: ``many_labels_regime``.
     A model whose head cannot be solved (not one ``nn.Linear`` with a bias) takes
     ``many_labels_regime`` whatever the count, as does data whose size is unknown
     (``examples`` None: a loader without a length). A config that is not ``auto`` is
@@ -181,11 +200,12 @@ def choose_regime(config: FinetuneConfig, examples: int | None, classes: int,
                 f"finetune: regime auto -> {regime} (the training data has no length to count)")
     per_class = examples / max(classes, 1)
     few = per_class <= config.few_labels
-    regime = "contrastive" if few and solvable else config.many_labels_regime
+    regime = config.few_labels_regime if few and solvable else config.many_labels_regime
     why = (f"{examples} labelled training examples, {per_class:.1f} a class "
            f"{'<=' if few else '>'} few_labels {config.few_labels}")
     if few and not solvable:
-        why += "; the model's head cannot be solved (contrastive needs one linear head)"
+        why += (f"; the model's head cannot be solved ({config.few_labels_regime} needs one "
+                "linear head)")
     return replace(config, regime=regime), f"finetune: regime auto -> {regime} ({why})"
 
 

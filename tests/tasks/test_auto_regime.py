@@ -57,15 +57,18 @@ def _images(n: int, seed: int) -> TensorDataset:
     return TensorDataset(means[:, :, None, None] + torch.randn(n, 3, 16, 16, generator=g), y)
 
 
-def _fit(tmp_path, few_labels: int, caplog) -> ClassificationTask:
+def _fit(tmp_path, few_labels: int, caplog, min_steps: int | None = None,
+         **finetune) -> ClassificationTask:
     torch.manual_seed(0)
     task = ClassificationTask(mm.ViT(mm.ViTConfig(**VIT)),
                               optimizer={"lr": 3e-3, "warmup_fraction": 0.0},
                               finetune={"regime": "auto", "few_labels": few_labels,
-                                        "probe_cs": [0.1, 1.0, 10.0], "probe_folds": 3})
+                                        "probe_cs": [0.1, 1.0, 10.0], "probe_folds": 3,
+                                        **finetune})
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False,
-                        default_root_dir=tmp_path, max_epochs=2)
+                        default_root_dir=tmp_path, max_epochs=2 if min_steps is None else 50,
+                        min_steps=min_steps)
     with caplog.at_level(logging.INFO):
         trainer.fit(task, DataLoader(_images(48, 0), batch_size=12, shuffle=True))
     return task
@@ -93,3 +96,52 @@ def test_auto_with_more_labels_fine_tunes_in_full(tmp_path, caplog):
     assert "regime auto -> full (48 labelled training examples, 16.0 a class > few_labels 15" \
         in caplog.text
     assert all(p.requires_grad for p in task.model.parameters())
+
+
+def test_contrastive_epochs_override_the_trainer_step_budget(tmp_path, caplog):
+    """A step budget (min_steps 40 = 10 epochs of 4 batches, max_epochs 50) gives way to
+    contrastive_epochs: 3 epochs, 12 optimiser steps; the schedule spans those steps."""
+    task = _fit(tmp_path, few_labels=16, caplog=caplog, min_steps=40, contrastive_epochs=3)
+    assert task.finetune.regime == "contrastive"
+    assert task.trainer.current_epoch == 3 and task.trainer.global_step == 12
+    assert task.trainer.estimated_stepping_batches == 12
+    assert "contrastive runs 3 epochs (finetune.contrastive_epochs)" in caplog.text
+
+
+def test_without_contrastive_epochs_the_step_budget_holds(tmp_path, caplog):
+    task = _fit(tmp_path, few_labels=16, caplog=caplog, min_steps=20)
+    assert task.finetune.regime == "contrastive"
+    assert task.trainer.global_step >= 20  # max_epochs 50: min_steps keeps it going
+
+
+def test_few_labels_regime_linear_probe_solves_once(tmp_path, caplog):
+    """few_labels_regime: linear_probe: one epoch whatever the budget; the body is the
+    pretrained (here: initial) one, and the head the probe solved on its features."""
+    torch.manual_seed(0)
+    before = mm.ViT(mm.ViTConfig(**VIT)).state_dict()
+    task = _fit(tmp_path, few_labels=16, caplog=caplog, min_steps=40,
+                few_labels_regime="linear_probe")
+    assert task.finetune.regime == "linear_probe"
+    assert task.trainer.current_epoch == 1
+    body = {k: v for k, v in task.model.state_dict().items() if not k.startswith("head")}
+    for k, v in body.items():
+        torch.testing.assert_close(v, before[k])
+    task.eval()
+    data = _images(48, 0)
+    with torch.no_grad():
+        x = task.head_inputs(data.tensors[0])
+    # the C the cross-validation chose (its folds follow the shuffled batches), solved again:
+    # a convex problem, one optimum whatever the row order
+    fit = fit_probe(x, data.tensors[1], 3, [task.probe_fit.C], 3)
+    torch.testing.assert_close(task.model.head.weight, fit.weight.float(), atol=1e-3, rtol=0)
+    assert "linear_probe runs 1 epoch" in caplog.text
+
+
+def test_new_finetune_keys_are_checked():
+    with pytest.raises(ValueError, match="few_labels_regime"):
+        FinetuneConfig(regime="auto", few_labels_regime="full")
+    with pytest.raises(ValueError, match="contrastive_epochs"):
+        FinetuneConfig(regime="auto", contrastive_epochs=0)
+    config, why = choose_regime(FinetuneConfig(regime="auto",
+                                               few_labels_regime="linear_probe"), 24, 3)
+    assert config.regime == "linear_probe" and "auto -> linear_probe" in why
