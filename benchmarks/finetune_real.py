@@ -130,14 +130,22 @@ def fortune_topic_pools(val_per_class: int, test_per_class: int,
     for text, labels in sorted(entries.items()):
         if len(labels) == 1:
             by_class[labels.pop()].append(text)
-    rng = random.Random(split_seed)
+    return split_by_class(by_class, val_per_class, test_per_class, split_seed)
+
+
+def split_by_class(by_class: list[list[str]], val_per_class: int, test_per_class: int,
+                   seed: int) -> dict[str, list[tuple[str, int]]]:
+    """Items listed by class (label = index) -> train / val / test pools of
+    ``(item, label)``: within each class a seeded shuffle, the first ``test_per_class`` to
+    test, the next ``val_per_class`` to val, the rest to train; each pool shuffled."""
+    rng = random.Random(seed)
     pools: dict[str, list[tuple[str, int]]] = {"train": [], "val": [], "test": []}
-    for label, texts in enumerate(by_class):
-        rng.shuffle(texts)
-        cut = test_per_class + val_per_class
-        pools["test"] += [(t, label) for t in texts[:test_per_class]]
-        pools["val"] += [(t, label) for t in texts[test_per_class:cut]]
-        pools["train"] += [(t, label) for t in texts[cut:]]
+    cut = test_per_class + val_per_class
+    for label, items in enumerate(by_class):
+        rng.shuffle(items)
+        pools["test"] += [(t, label) for t in items[:test_per_class]]
+        pools["val"] += [(t, label) for t in items[test_per_class:cut]]
+        pools["train"] += [(t, label) for t in items[cut:]]
     for pairs in pools.values():
         rng.shuffle(pairs)
     return pools
@@ -152,18 +160,9 @@ def klettres_pools(val_per_class: int, test_per_class: int, root: Path = KLETTRE
     if not root.is_dir():
         raise FileNotFoundError(f"{root} not found: run `bash data/get_klettres.sh`")
     classes = tuple(sorted(d.name for d in root.iterdir() if d.is_dir()))
-    rng = random.Random(split_seed)
-    pools: dict[str, list[tuple[str, int]]] = {"train": [], "val": [], "test": []}
-    for label, name in enumerate(classes):
-        files = sorted(str(f.resolve()) for f in (root / name).iterdir() if f.is_file())
-        rng.shuffle(files)
-        cut = test_per_class + val_per_class
-        pools["test"] += [(f, label) for f in files[:test_per_class]]
-        pools["val"] += [(f, label) for f in files[test_per_class:cut]]
-        pools["train"] += [(f, label) for f in files[cut:]]
-    for pairs in pools.values():
-        rng.shuffle(pairs)
-    return pools, classes
+    by_class = [sorted(str(f.resolve()) for f in (root / name).iterdir() if f.is_file())
+                for name in classes]
+    return split_by_class(by_class, val_per_class, test_per_class, split_seed), classes
 
 
 def make_data(out: Path, val_per_class: int, test_per_class: int, ks: list[str],
