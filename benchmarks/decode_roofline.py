@@ -148,9 +148,9 @@ def decoders(args) -> list[tuple[str, nn.Module, Callable[[int], object], float,
         batch = args.igpt_batch
         start = torch.randint(0, 512, (batch, prompt), generator=g)
 
-        def igpt_run(new, model=igpt):
+        def igpt_run(new, model=igpt, pixels=start):  # bound now: `start` is reused below
             with torch.inference_mode():
-                return generate(model, start, new, do_sample=True,
+                return generate(model, pixels, new, do_sample=True,
                                 generator=torch.Generator().manual_seed(0))
         out.append((f"ImageGPT 8x256 (batch {batch}) fp32", igpt, igpt_run,
                     batch * kv_bytes(cfg, ctx), batch))
