@@ -62,10 +62,11 @@ class FinetuneConfig:
     whatever the trainer's step budget (``trainer.min_steps`` / ``max_epochs``); None keeps
     the trainer's. An epoch of in-batch pairs puts every example in ``B - 1`` pairs (batch
     ``B``), so epochs, not steps, fix how far the body moves from the pretrained one, for any
-    data size: SetFit tunes one pass of ``2 R`` pairs an example (``R = 20``); 5 epochs at
-    batch 16-32 matched SetFit at 8 labelled a class (BENCHMARKS.md, "Few labels ...") where a
-    budget of 100 steps (62 epochs of 29 examples) fell below it. A solved ``linear_probe``
-    takes one epoch (one pass of features), also whatever the budget.
+    data size (SetFit tunes one pass of ``2 R`` pairs an example, ``R = 20``). Measured at 8
+    labelled texts a class (BENCHMARKS.md, "Learning curves on real weights"): 5 epochs gave
+    the accuracy of a 100-step budget (62 epochs of 22 texts) in a tenth of the time; both
+    stay below SetFit there. A solved ``linear_probe`` takes one epoch (one pass of
+    features), also whatever the budget.
     ``freeze_blocks``: with ``full``, the embeddings and the first k blocks stay frozen.
     ``layer_decay``: layer-wise learning-rate decay factor in (0, 1]; ``head_lr``: the
     head's learning rate (default: the ``optimizer`` block's ``lr``).
@@ -185,9 +186,10 @@ def choose_regime(config: FinetuneConfig, examples: int | None, classes: int,
     """The regime ``auto`` stands for, from the labelled training set's size, and why.
 
     Few labels (``examples / classes <= few_labels``): ``few_labels_regime``, by default
-    ``contrastive`` (SetFit; pairs of examples tune the body, then the solved probe;
-    BENCHMARKS.md "Few labels": level with SetFit at 8 labelled a class), or the solved
-    ``linear_probe`` alone. More: ``many_labels_regime``.
+    ``contrastive`` (SetFit's recipe: pairs of examples tune the body, then the solved
+    probe; BENCHMARKS.md "Learning curves on real weights": the benchmark's contrastive
+    regime is level with SetFit at 8 labelled texts a class on one task of two, the shipped
+    default below it), or the solved ``linear_probe`` alone. More: ``many_labels_regime``.
     A model whose head cannot be solved (not one ``nn.Linear`` with a bias) takes
     ``many_labels_regime`` whatever the count, as does data whose size is unknown
     (``examples`` None: a loader without a length). A config that is not ``auto`` is
