@@ -514,10 +514,10 @@ def result_cells(out: Path) -> tuple[list[str], list[str],
     return ks, regimes, cell
 
 
-def table(out: Path) -> str:
+def table(out: Path, cells: tuple | None = None) -> str:
     """Markdown: mean (range, n) per regime and budget, and the default's margin over the
     best peer at each budget, on the seeds both have (paired: the same k-shot draws)."""
-    ks, regimes, cell = result_cells(out)
+    ks, regimes, cell = cells or result_cells(out)
     lines = ["| regime | " + " | ".join(f"k = {k}" for k in ks) + " |",
              "| --- |" + " --- |" * len(ks)]
     for g in regimes:
@@ -548,10 +548,10 @@ def table(out: Path) -> str:
     return text
 
 
-def plot_curves(ax, out: Path) -> None:
+def plot_curves(ax, out: Path, cells: tuple | None = None) -> None:
     """One panel: mean test accuracy against the label budget, the range of the seeds as
     error bars; the peers dashed, the default thick."""
-    ks, regimes, cell = result_cells(out)
+    ks, regimes, cell = cells or result_cells(out)
     x = list(range(len(ks)))
     for g in regimes:
         v = {k: list(cell[(g, k)].values()) for k in ks if (g, k) in cell}
@@ -583,8 +583,9 @@ def report(outs: list[Path] | Path, figure: Path | None = None) -> str:
     fig, axes = plt.subplots(1, len(outs), figsize=(5.2 * len(outs), 4.2), squeeze=False)
     texts = []
     for ax, out in zip(axes[0], outs, strict=True):
-        texts.append(f"{out}:\n\n{table(out)}")
-        plot_curves(ax, out)
+        cells = result_cells(out)  # read once for the table and the panel
+        texts.append(f"{out}:\n\n{table(out, cells)}")
+        plot_curves(ax, out, cells)
     fig.tight_layout()
     fig.savefig(figure or outs[0] / "learning_curves.png", dpi=120)
     return "\n\n".join(texts)
