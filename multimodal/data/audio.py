@@ -60,7 +60,13 @@ from multimodal.data.sources.spoken_words import (
     split_voices,
     synthesize_spoken_words,
 )
-from multimodal.data.splits import SplitDataModule, held_out, held_out_sizes, predict_source
+from multimodal.data.splits import (
+    SplitDataModule,
+    check_min_per_class,
+    held_out,
+    held_out_sizes,
+    predict_source,
+)
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 
 __all__ = ["AudioClassificationDataModule"]
@@ -95,6 +101,9 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
             val of the rest): of the voices of each engine (spoken words), of the files of
             each class (Sonic Pi), of ``train``'s files when no ``val`` / ``test`` is given.
         val_fraction, test_fraction: their old names (deprecated; still read).
+        val_min_per_class: hold no validation split out of ``train`` when a fractional
+            ``val_size`` gives fewer recordings than this per class (every one trains;
+            :func:`~multimodal.data.splits.held_out`); 0: always hold it out.
         seed: seed of the splits and of the stats subset.
         min_class_files: Sonic Pi classes with fewer files are dropped.
         stats_clips: number of training clips the normalisation is fitted on.
@@ -149,9 +158,11 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         shards: str | None = None,
         val_fraction: int | float | None = None,
         test_fraction: int | float | None = None,
+        val_min_per_class: int = 0,
     ) -> None:
         super().__init__()
         val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
+        self.val_min_per_class = check_min_per_class(val_min_per_class)
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (files) or shards, not both")
         if train is None and (val is not None or test is not None):
@@ -254,7 +265,8 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         given = {k: self.files[k] for k in ("val", "test") if self.files[k] is not None}
         idx = held_out(len(full), self.seed, self.val_size, self.test_size,
                        "test" in given, "val" in given, self.limit_train,
-                       labels=full.labels)  # stratified by class
+                       labels=full.labels,  # stratified by class
+                       val_min_per_class=self.val_min_per_class)
         splits = {k: full.subset(v) for k, v in idx.items() if v is not None}
         for k, path in given.items():
             splits[k] = read_audio_files(path, classes)  # type: ignore[arg-type]

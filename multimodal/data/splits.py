@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.contract import follow_settings
@@ -47,6 +48,13 @@ def held_out_sizes(val_size: float, test_size: float, val_fraction: float | None
                           DeprecationWarning, stacklevel=3)
             sizes[new] = value
     return sizes["val_size"], sizes["test_size"]
+
+
+def check_min_per_class(value: int) -> int:
+    """A data module's ``val_min_per_class``, checked (a whole number >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"val_min_per_class must be a whole number >= 0, got {value!r}")
+    return value
 
 
 class SplitDataModule(L.LightningDataModule):
@@ -196,6 +204,7 @@ def held_out(
     has_val: bool = False,
     limit_train: int | None = None,
     labels: Sequence[Hashable] | torch.Tensor | None = None,
+    val_min_per_class: int = 0,
 ) -> dict[str, torch.Tensor | None]:
     """Seeded, sorted row indices of train / val / test within ``n`` training rows.
 
@@ -209,6 +218,13 @@ def held_out(
     ``k * n_c / n`` rounded by largest remainder (:func:`stratified_counts`: the counts sum to
     ``k``, each within one of its exact share, and a class keeps at least one row for training
     where the sizes allow), the rows of each class taken in the order of the seeded permutation.
+
+    ``val_min_per_class`` (with ``labels`` and a fractional ``val_size``): a validation
+    split of fewer rows than that many per class is not held out: every row trains, the
+    validation split is empty, and one line says so. A few labelled examples a class are
+    worth more as training data than as a validation score that moves in steps of
+    ``1/n_val`` (at 8 texts a class, 10 % held out is 3 texts; measured in BENCHMARKS.md,
+    "Learning curves on real weights").
     """
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     if labels is not None and len(labels) != n:
@@ -226,6 +242,14 @@ def held_out(
         test_idx, order = take(order, n_test)
         test_idx = test_idx.sort().values
     n_val = 0 if has_val else split_size(val_size, len(order), "val_size")
+    if n_val and codes is not None and val_size < 1 and val_min_per_class > 0:
+        classes = int(codes[order].unique().numel())
+        if n_val < val_min_per_class * classes:
+            rank_zero_info(f"val_size {val_size} of {len(order)} labelled rows is {n_val} "
+                           f"({n_val / classes:.1f} a class over {classes} classes, below "
+                           f"val_min_per_class {val_min_per_class}): no validation split, "
+                           "every row trains")
+            n_val = 0
     if n_val >= len(order):
         raise ValueError(
             f"val_size={val_size} leaves no training images (of {len(order)})"

@@ -25,7 +25,12 @@ from multimodal.data.readers import (
 )
 from multimodal.data.shards import ShardLoaderMixin
 from multimodal.data.sources import digits, fashion_mnist, mnist5k
-from multimodal.data.splits import SplitDataModule, held_out, predict_source
+from multimodal.data.splits import (
+    SplitDataModule,
+    check_min_per_class,
+    held_out,
+    predict_source,
+)
 from multimodal.data.vision_datasets import (
     FileImageDataset,
     ImageFolderDataset,
@@ -92,6 +97,9 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         batch_size: items per batch.
         num_workers: DataLoader worker processes.
         val_size: fraction (< 1) or number of training images held out for validation.
+        val_min_per_class: hold no validation split out of ``train`` when a fractional
+            ``val_size`` gives fewer images than this per class (every one trains;
+            :func:`~multimodal.data.splits.held_out`); 0: always hold it out.
         test_size: fraction or number held out for testing (no official/given test split).
         augment: random shifts by image_size // 8 pixels (+ horizontal flips if ``flip``).
         flip: random horizontal flips in training, with or without ``augment`` when set;
@@ -149,8 +157,10 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         shards: str | None = None,
         resize: int | None = None,
         interpolation: str = "bilinear",
+        val_min_per_class: int = 0,
     ) -> None:
         super().__init__()
+        self.val_min_per_class = check_min_per_class(val_min_per_class)
         if shards is not None and train is not None:
             raise ValueError("give train (files) or shards, not both")
         if train is None and shards is None and dataset not in DATASETS:
@@ -258,7 +268,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         split that is given separately), stratified by ``labels`` when given; see
         :func:`~multimodal.data.splits.held_out`."""
         return held_out(n, self.seed, self.val_size, self.test_size, has_test, has_val,
-                        self.limit_train, labels=labels)
+                        self.limit_train, labels=labels,
+                        val_min_per_class=self.val_min_per_class)
 
     def _load_splits(self) -> dict[str, ImageSet]:
         if self._splits is not None:

@@ -9,7 +9,9 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
@@ -73,9 +75,10 @@ class ClassificationTask(ModelTask):
       ``gradient_clip_val`` / ``accumulate_grad_batches`` with this regime.
     * ``contrastive`` (SetFit): each step's loss is :func:`~multimodal.tasks.pairs.
       pair_loss` of the batch's :meth:`head_inputs` (the body trains, the head is frozen);
-      at the end of every epoch (and at ``max_steps``) the training set's features are
-      recomputed in eval mode and the probe solved on them, before validation, so every
-      validation score and checkpoint is that of the tuned body with its solved head.
+      at the end of every epoch that validates or ends the run (and at ``max_steps``) the
+      training set's features are recomputed in eval mode and the probe solved on them,
+      before validation, so every validation score and the final checkpoint are those of
+      the tuned body with its solved head.
     """
 
     accepts = CLASSIFIERS
@@ -180,13 +183,37 @@ class ClassificationTask(ModelTask):
             self._choose_regime()  # after the data gave the class count
         if stage == "fit":
             self._regime_length()
+            self._without_validation()
+
+    def _without_validation(self) -> None:
+        """A data module that holds no validation split (``val_min_per_class``: too few
+        labelled examples to spare) leaves early stopping nothing to read: its callbacks are
+        dropped, with one line, and the run takes its whole step budget."""
+        trainer, dm = self._trainer, self.datamodule
+        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)] \
+            if trainer is not None else []
+        if not stops or dm is None or not callable(getattr(dm, "val_dataloader", None)):
+            return
+        try:
+            examples = len(dm.val_dataloader().dataset)
+        except (TypeError, AttributeError, MisconfigurationException):  # unsized, or none
+            return
+        if examples == 0:
+            trainer.callbacks = [c for c in trainer.callbacks if c not in stops]
+            rank_zero_info("no validation split: early stopping off, the run takes its "
+                           "whole step budget")
 
     def _regime_length(self) -> None:
         """The solved regimes' own length, whatever the trainer's step budget (``min_steps``,
         ``max_epochs``): ``linear_probe`` reads the data once (one epoch); ``contrastive``
         tunes for ``finetune.contrastive_epochs`` epochs when that is set (see
-        :class:`~multimodal.tasks.finetune.FinetuneConfig`). Runs in ``setup``, before the
-        optimiser and its schedule are made, so a warm-up + cosine schedule spans the run."""
+        :class:`~multimodal.tasks.finetune.FinetuneConfig`). A fixed length decides nothing
+        from validation, so the run validates once, at its end (``check_val_every_n_epoch``
+        = its epochs), and the trainer's ``EarlyStopping`` callbacks are dropped: with few
+        labels the held-out split is a handful of examples, and stopping on it picked an
+        epoch by noise (BENCHMARKS.md, "Learning curves on real weights"). Runs in
+        ``setup``, before the optimiser and its schedule are made, so a warm-up + cosine
+        schedule spans the run."""
         trainer, ft = self._trainer, self.finetune
         if trainer is None or trainer.fast_dev_run:
             return
@@ -197,11 +224,20 @@ class ClassificationTask(ModelTask):
         else:
             return
         loop = trainer.fit_loop
-        if loop.max_epochs == epochs and not loop.epoch_loop.min_steps:
+        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
+        if loop.max_epochs == epochs and not loop.epoch_loop.min_steps and not stops \
+                and trainer.check_val_every_n_epoch in (None, epochs):
             return
         loop.max_epochs, loop.epoch_loop.min_steps = epochs, None
+        # a fixed length chooses nothing from validation: it runs once, at the end, on the
+        # tuned body with its solved head (no early stopping, no epoch picked from a
+        # handful of held-out examples; the probe's cross-validation scores each solve)
+        trainer.check_val_every_n_epoch = epochs
+        trainer.callbacks = [c for c in trainer.callbacks if c not in stops]
+        off = ", no early stopping" if stops else ""
         rank_zero_info(f"finetune: {ft.regime} runs {epochs} epoch{'s' * (epochs > 1)} "
-                       f"({why}), not the trainer's step budget")
+                       f"({why}), not the trainer's step budget; validation at the "
+                       f"end{off}")
 
     def _setup_data(self, stage: str) -> None:
         dm = self.datamodule
@@ -373,11 +409,23 @@ class ClassificationTask(ModelTask):
         return None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.finetune.regime != "contrastive":
-            return
-        limit = self.trainer.max_steps
-        if self._epoch_ends(batch_idx) or (limit is not None and 0 < limit <= self.global_step):
+        if self.finetune.regime == "contrastive" and self._head_needed(batch_idx):
             self._solve_head(self._train_features())
+
+    def _head_needed(self, batch_idx: int) -> bool:
+        """Whether the contrastive body needs its solved head after this batch: at the end
+        of an epoch that validates (``check_val_every_n_epoch``) or ends the run
+        (``max_epochs`` / ``max_steps``), so that validation and the final checkpoint see
+        the tuned body with its own probe."""
+        trainer = self.trainer
+        limit = trainer.max_steps
+        if limit is not None and 0 < limit <= self.global_step:
+            return True
+        if not self._epoch_ends(batch_idx):
+            return False
+        epoch, every = self.current_epoch + 1, trainer.check_val_every_n_epoch
+        last = trainer.max_epochs is not None and 0 < trainer.max_epochs <= epoch
+        return last or every is None or epoch % every == 0
 
     def _train_features(self) -> list[tuple[Tensor, Tensor]]:
         """Every training batch's :meth:`head_inputs` and labels, in eval mode."""

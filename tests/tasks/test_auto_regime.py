@@ -108,6 +108,37 @@ def test_contrastive_epochs_override_the_trainer_step_budget(tmp_path, caplog):
     assert "contrastive runs 3 epochs (finetune.contrastive_epochs)" in caplog.text
 
 
+def test_a_fixed_contrastive_length_validates_once_at_the_end(tmp_path, caplog):
+    """contrastive_epochs fixes the run's length, so nothing is chosen from validation: the
+    trainer's EarlyStopping is dropped (it would stop on the noise of a few held-out
+    examples), validation runs once, after the last epoch, and the probe is solved once,
+    for it (not after every epoch)."""
+    torch.manual_seed(0)
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**VIT)),
+                              optimizer={"lr": 3e-3, "warmup_fraction": 0.0},
+                              finetune={"regime": "auto", "few_labels": 16,
+                                        "probe_cs": [0.1, 1.0], "probe_folds": 3,
+                                        "contrastive_epochs": 4})
+    stop = L.pytorch.callbacks.EarlyStopping("val/loss", patience=1)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False,
+                        default_root_dir=tmp_path, max_epochs=50, min_steps=40,
+                        callbacks=[stop], num_sanity_val_steps=0)
+    solves = []
+    original = task._solve_head
+    task._solve_head = lambda rows: (solves.append(task.current_epoch), original(rows))
+    validated = []
+    task.on_validation_epoch_end = lambda: validated.append(task.current_epoch)
+    with caplog.at_level(logging.INFO):
+        trainer.fit(task, DataLoader(_images(48, 0), batch_size=12, shuffle=True),
+                    DataLoader(_images(12, 1), batch_size=12))
+    assert trainer.current_epoch == 4 and trainer.global_step == 16
+    assert stop not in trainer.callbacks and trainer.check_val_every_n_epoch == 4
+    assert solves == [3] and validated == [3]
+    assert "validation at the end, no early stopping" in caplog.text
+    assert "val/acc" in trainer.callback_metrics
+
+
 def test_without_contrastive_epochs_the_step_budget_holds(tmp_path, caplog):
     task = _fit(tmp_path, few_labels=16, caplog=caplog, min_steps=20)
     assert task.finetune.regime == "contrastive"
@@ -145,3 +176,27 @@ def test_new_finetune_keys_are_checked():
     config, why = choose_regime(FinetuneConfig(regime="auto",
                                                few_labels_regime="linear_probe"), 24, 3)
     assert config.regime == "linear_probe" and "auto -> linear_probe" in why
+
+
+def test_without_a_validation_split_early_stopping_is_off(tmp_path, caplog):
+    """A data module whose validation split is empty (val_min_per_class held none out):
+    the full regime runs its step budget instead of failing on a missing val/loss."""
+
+    class NoValidation(L.LightningDataModule):
+        def train_dataloader(self):
+            return DataLoader(_images(48, 0), batch_size=12, shuffle=True)
+
+        def val_dataloader(self):
+            return DataLoader(TensorDataset(torch.zeros(0, 3, 16, 16),
+                                            torch.zeros(0, dtype=torch.long)))
+
+    torch.manual_seed(0)
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(**VIT)), finetune={"regime": "full"})
+    stop = L.pytorch.callbacks.EarlyStopping("val/loss", patience=1)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False,
+                        default_root_dir=tmp_path, max_epochs=3, callbacks=[stop])
+    with caplog.at_level(logging.INFO):
+        trainer.fit(task, datamodule=NoValidation())
+    assert trainer.current_epoch == 3 and stop not in trainer.callbacks
+    assert "no validation split: early stopping off" in caplog.text
