@@ -101,9 +101,9 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
             val of the rest): of the voices of each engine (spoken words), of the files of
             each class (Sonic Pi), of ``train``'s files when no ``val`` / ``test`` is given.
         val_fraction, test_fraction: their old names (deprecated; still read).
-        val_min_per_class: hold no validation split out of ``train`` when a fractional
-            ``val_size`` gives fewer recordings than this per class (every one trains;
-            :func:`~multimodal.data.splits.held_out`); 0: always hold it out.
+        min_held_out_per_class: hold no validation (test) split out of ``train`` where a
+            fractional ``val_size`` (``test_size``) gives fewer recordings than this per
+            class: they train (:func:`~multimodal.data.splits.held_out`); 0: always.
         seed: seed of the splits and of the stats subset.
         min_class_files: Sonic Pi classes with fewer files are dropped.
         stats_clips: number of training clips the normalisation is fitted on.
@@ -158,11 +158,11 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         shards: str | None = None,
         val_fraction: int | float | None = None,
         test_fraction: int | float | None = None,
-        val_min_per_class: int = 0,
+        min_held_out_per_class: int = 0,
     ) -> None:
         super().__init__()
         val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
-        self.val_min_per_class = check_min_per_class(val_min_per_class)
+        self.min_held_out_per_class = check_min_per_class(min_held_out_per_class)
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (files) or shards, not both")
         if train is None and (val is not None or test is not None):
@@ -266,7 +266,7 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         idx = held_out(len(full), self.seed, self.val_size, self.test_size,
                        "test" in given, "val" in given, self.limit_train,
                        labels=full.labels,  # stratified by class
-                       val_min_per_class=self.val_min_per_class)
+                       min_held_out_per_class=self.min_held_out_per_class)
         splits = {k: full.subset(v) for k, v in idx.items() if v is not None}
         for k, path in given.items():
             splits[k] = read_audio_files(path, classes)  # type: ignore[arg-type]

@@ -51,9 +51,9 @@ def held_out_sizes(val_size: float, test_size: float, val_fraction: float | None
 
 
 def check_min_per_class(value: int) -> int:
-    """A data module's ``val_min_per_class``, checked (a whole number >= 0)."""
+    """A data module's ``min_held_out_per_class``, checked (a whole number >= 0)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"val_min_per_class must be a whole number >= 0, got {value!r}")
+        raise ValueError(f"min_held_out_per_class must be a whole number >= 0, got {value!r}")
     return value
 
 
@@ -204,7 +204,7 @@ def held_out(
     has_val: bool = False,
     limit_train: int | None = None,
     labels: Sequence[Hashable] | torch.Tensor | None = None,
-    val_min_per_class: int = 0,
+    min_held_out_per_class: int = 0,
 ) -> dict[str, torch.Tensor | None]:
     """Seeded, sorted row indices of train / val / test within ``n`` training rows.
 
@@ -219,12 +219,12 @@ def held_out(
     ``k``, each within one of its exact share, and a class keeps at least one row for training
     where the sizes allow), the rows of each class taken in the order of the seeded permutation.
 
-    ``val_min_per_class`` (with ``labels`` and a fractional ``val_size``): a validation
-    split of fewer rows than that many per class is not held out: every row trains, the
-    validation split is empty, and one line says so. A few labelled examples a class are
-    worth more as training data than as a validation score that moves in steps of
-    ``1/n_val`` (at 8 texts a class, 10 % held out is 3 texts; measured in BENCHMARKS.md,
-    "Learning curves on real weights").
+    ``min_held_out_per_class`` (with ``labels``): a split of a fractional size (``test_size``
+    or ``val_size`` below 1) that would hold out fewer rows than that many per class is not
+    held out: those rows train, the split is empty, and one line says so. A few labelled
+    examples a class are worth more as training data than as a score that moves in steps of
+    ``1/k`` (at 8 texts a class, 10 % held out is 3 texts; holding them out for validation
+    cost up to 7 points of test accuracy: BENCHMARKS.md, "Learning curves on real weights").
     """
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     if labels is not None and len(labels) != n:
@@ -236,20 +236,25 @@ def held_out(
             return order[:k], order[k:]
         return _take_stratified(order, codes, k)
 
+    classes = 0 if codes is None else int(codes.unique().numel())
+
+    def spared(size: float, k: int, rows: int, split: str) -> int:
+        """``k``, or 0 where ``k`` rows are too few a class to hold out (docstring)."""
+        if not k or not classes or size >= 1 or k >= min_held_out_per_class * classes:
+            return k
+        rank_zero_info(f"{split}_size {size} of {rows} labelled rows is {k} "
+                       f"({k / classes:.1f} a class over {classes} classes, below "
+                       f"min_held_out_per_class {min_held_out_per_class}): no "
+                       f"{'validation' if split == 'val' else split} split, every row trains")
+        return 0
+
     test_idx: torch.Tensor | None = None
     if not has_test:
-        n_test = split_size(test_size, n, "test_size")
+        n_test = spared(test_size, split_size(test_size, n, "test_size"), n, "test")
         test_idx, order = take(order, n_test)
         test_idx = test_idx.sort().values
-    n_val = 0 if has_val else split_size(val_size, len(order), "val_size")
-    if n_val and codes is not None and val_size < 1 and val_min_per_class > 0:
-        classes = int(codes[order].unique().numel())
-        if n_val < val_min_per_class * classes:
-            rank_zero_info(f"val_size {val_size} of {len(order)} labelled rows is {n_val} "
-                           f"({n_val / classes:.1f} a class over {classes} classes, below "
-                           f"val_min_per_class {val_min_per_class}): no validation split, "
-                           "every row trains")
-            n_val = 0
+    n_val = 0 if has_val else spared(val_size, split_size(val_size, len(order), "val_size"),
+                                     len(order), "val")
     if n_val >= len(order):
         raise ValueError(
             f"val_size={val_size} leaves no training images (of {len(order)})"

@@ -109,9 +109,9 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
             the file and line.
         val_fraction, test_fraction: the old names of ``val_size`` / ``test_size``
             (deprecated; still read).
-        val_min_per_class: hold no validation split out of ``train`` when a fractional
-            ``val_size`` gives fewer texts than this per class (every text trains;
-            :func:`~multimodal.data.splits.held_out`); 0: always hold it out.
+        min_held_out_per_class: hold no validation (test) split out of ``train`` where a
+            fractional ``val_size`` (``test_size``) gives fewer texts than this per
+            class: they train (:func:`~multimodal.data.splits.held_out`); 0: always.
         shards: a folder or object-store URL written by ``multimodal-prepare labelled-text``
             (token ids, labels, the tokenizer); ``train`` / ``val`` / ``test`` are then unused.
         classes: the class names in index order (default: the sorted training labels; with
@@ -152,12 +152,12 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         predict: str | None = None,
         val_fraction: int | float | None = None,
         test_fraction: int | float | None = None,
-        val_min_per_class: int = 0,
+        min_held_out_per_class: int = 0,
     ) -> None:
         super().__init__()
         val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         self.save_hyperparameters()  # `multimodal predict --ckpt_path` rebuilds the module
-        self.val_min_per_class = check_min_per_class(val_min_per_class)
+        self.min_held_out_per_class = check_min_per_class(min_held_out_per_class)
         if shards is not None and (train is not None or val is not None or test is not None):
             raise ValueError("give train / val / test (your texts) or shards, not both")
         if shards is None and train is None:
@@ -226,7 +226,7 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
                  for k in ("val", "test") if (v := self.files[k]) is not None}
         idx = held_out(len(full), self.seed, self.val_size, self.test_size,
                        "test" in given, "val" in given, labels=full.labels,  # stratified
-                       val_min_per_class=self.val_min_per_class)
+                       min_held_out_per_class=self.min_held_out_per_class)
         splits = {k: full.subset(v.tolist()) for k, v in idx.items() if v is not None}
         self.splits = {"train": splits["train"], "val": given.get("val", splits.get("val")),
                        "test": given.get("test", splits.get("test"))}  # type: ignore[dict-item]

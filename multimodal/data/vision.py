@@ -97,9 +97,9 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         batch_size: items per batch.
         num_workers: DataLoader worker processes.
         val_size: fraction (< 1) or number of training images held out for validation.
-        val_min_per_class: hold no validation split out of ``train`` when a fractional
-            ``val_size`` gives fewer images than this per class (every one trains;
-            :func:`~multimodal.data.splits.held_out`); 0: always hold it out.
+        min_held_out_per_class: hold no validation (test) split out of ``train`` where a
+            fractional ``val_size`` (``test_size``) gives fewer images than this per
+            class: they train (:func:`~multimodal.data.splits.held_out`); 0: always.
         test_size: fraction or number held out for testing (no official/given test split).
         augment: random shifts by image_size // 8 pixels (+ horizontal flips if ``flip``).
         flip: random horizontal flips in training, with or without ``augment`` when set;
@@ -157,10 +157,10 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         shards: str | None = None,
         resize: int | None = None,
         interpolation: str = "bilinear",
-        val_min_per_class: int = 0,
+        min_held_out_per_class: int = 0,
     ) -> None:
         super().__init__()
-        self.val_min_per_class = check_min_per_class(val_min_per_class)
+        self.min_held_out_per_class = check_min_per_class(min_held_out_per_class)
         if shards is not None and train is not None:
             raise ValueError("give train (files) or shards, not both")
         if train is None and shards is None and dataset not in DATASETS:
@@ -269,7 +269,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         :func:`~multimodal.data.splits.held_out`."""
         return held_out(n, self.seed, self.val_size, self.test_size, has_test, has_val,
                         self.limit_train, labels=labels,
-                        val_min_per_class=self.val_min_per_class)
+                        min_held_out_per_class=self.min_held_out_per_class)
 
     def _load_splits(self) -> dict[str, ImageSet]:
         if self._splits is not None:

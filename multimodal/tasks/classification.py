@@ -186,22 +186,24 @@ class ClassificationTask(ModelTask):
             self._without_validation()
 
     def _without_validation(self) -> None:
-        """A data module that holds no validation split (``val_min_per_class``: too few
-        labelled examples to spare) leaves early stopping nothing to read: its callbacks are
-        dropped, with one line, and the run takes its whole step budget."""
+        """A data module that holds no validation split (``min_held_out_per_class``: too few
+        labelled examples to spare) leaves nothing to validate: validation is off
+        (``limit_val_batches`` 0) and so is early stopping, with one line, and the run takes
+        its whole length (checkpoints: the latest, ``last.ckpt``)."""
         trainer, dm = self._trainer, self.datamodule
-        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)] \
-            if trainer is not None else []
-        if not stops or dm is None or not callable(getattr(dm, "val_dataloader", None)):
+        if trainer is None or dm is None or not callable(getattr(dm, "val_dataloader", None)):
             return
         try:
             examples = len(dm.val_dataloader().dataset)
         except (TypeError, AttributeError, MisconfigurationException):  # unsized, or none
             return
-        if examples == 0:
-            trainer.callbacks = [c for c in trainer.callbacks if c not in stops]
-            rank_zero_info("no validation split: early stopping off, the run takes its "
-                           "whole step budget")
+        if examples:
+            return
+        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
+        trainer.callbacks = [c for c in trainer.callbacks if c not in stops]
+        trainer.limit_val_batches = 0
+        rank_zero_info("no validation split: validation" + (" and early stopping" * bool(stops))
+                       + " off, the run takes its whole length")
 
     def _regime_length(self) -> None:
         """The solved regimes' own length, whatever the trainer's step budget (``min_steps``,

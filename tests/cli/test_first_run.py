@@ -13,6 +13,7 @@ the current directory and raise no "will be deleted" warning, and written files 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import warnings
@@ -132,6 +133,25 @@ def test_own_images_fit_then_test_and_predict_from_the_checkpoint_only(cwd, caps
     assert versions == ["version_0", "version_1"]  # fit's logs, then test's; predict: none
     assert (run / "version_1" / "metrics.csv").is_file()  # the test metrics, beside the fit's
     assert not (run / "config.yaml").exists()
+
+
+def test_too_few_images_to_hold_out_train_without_validation_and_test(cwd, caplog):
+    """min_held_out_per_class: 6 photos a class, 10 % held out would be 1 of 2 classes: no
+    validation or test split; the run trains on all 12 with its early stopping and
+    validation off, writes last.ckpt, and says that the test after fit is skipped."""
+    _photos(cwd / "my_photos")
+    with caplog.at_level(logging.INFO):
+        raised = _run(["fit", "--config", str(ROOT / "configs/vit_imagefolder.yaml"),
+                       "--data.init_args.train", "my_photos/",
+                       "--data.init_args.min_held_out_per_class", "2", *SHORT])
+    text = caplog.text
+    assert "test_size 0.1 of 12 labelled rows is 1 (0.5 a class" in text
+    assert "no test split, every row trains" in text
+    assert "no validation split, every row trains" in text
+    assert "no validation split: validation and early stopping off" in text
+    assert "test after fit: skipped, the data holds no test split" in text
+    assert (cwd / "runs" / "vit_imagefolder" / "checkpoints" / "last.ckpt").is_file()
+    assert not [m for m in raised if "length" in m and "zero" in m], raised
 
 
 def test_predict_from_another_directory_after_fit_with_relative_paths(cwd, tmp_path,

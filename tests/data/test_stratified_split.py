@@ -103,26 +103,30 @@ def test_own_images_validation_split_is_not_one_class(tmp_path):
     (256, 5, 26),  # 64 a class: 26 rows, 6.5 a class >= 5 -> held out
     (32, 0, 3),    # the check off: held out as before
 ])
-def test_a_validation_split_below_val_min_per_class_is_not_held_out(rows, minimum, held,
+def test_a_validation_split_below_min_held_out_per_class_is_not_held_out(rows, minimum, held,
                                                                    caplog):
     labels = torch.arange(rows) % 4
     with caplog.at_level("INFO"):
         idx = held_out(rows, 0, 0.1, 0.0, has_test=False, labels=labels,
-                       val_min_per_class=minimum)
+                       min_held_out_per_class=minimum)
     assert len(idx["val"]) == held and len(idx["train"]) == rows - held
     assert ("no validation split, every row trains" in caplog.text) == (held == 0)
+    # the test split by the same rule, before the validation split
+    both = held_out(rows, 0, 0.1, 0.1, has_test=False, labels=labels,
+                    min_held_out_per_class=minimum)
+    assert len(both["test"]) == held and len(both["train"]) == rows - held - len(both["val"])
     # a count is the user's own choice: always held out
     assert len(held_out(rows, 0, 3, 0.0, False, labels=labels,
-                        val_min_per_class=minimum)["val"]) == 3
+                        min_held_out_per_class=minimum)["val"]) == 3
 
 
 def test_text_module_trains_on_every_text_when_its_validation_would_be_tiny(tmp_path):
     path = tmp_path / "texts.jsonl"
     path.write_text("".join(json.dumps({"text": f"text number {i}", "label": "ab"[i % 2]})
                             + "\n" for i in range(20)))
-    small = TextClassificationDataModule(str(path), test=str(path), val_min_per_class=3)
+    small = TextClassificationDataModule(str(path), test=str(path), min_held_out_per_class=3)
     assert len(small.read_splits()["train"]) == 20 and len(small.read_splits()["val"]) == 0
     plain = TextClassificationDataModule(str(path), test=str(path))
     assert len(plain.read_splits()["val"]) == 2
-    with pytest.raises(ValueError, match="val_min_per_class must be a whole number"):
-        TextClassificationDataModule(str(path), val_min_per_class=-1)
+    with pytest.raises(ValueError, match="min_held_out_per_class must be a whole number"):
+        TextClassificationDataModule(str(path), min_held_out_per_class=-1)

@@ -179,7 +179,7 @@ def test_new_finetune_keys_are_checked():
 
 
 def test_without_a_validation_split_early_stopping_is_off(tmp_path, caplog):
-    """A data module whose validation split is empty (val_min_per_class held none out):
+    """A data module whose validation split is empty (min_held_out_per_class held none out):
     the full regime runs its step budget instead of failing on a missing val/loss."""
 
     class NoValidation(L.LightningDataModule):
@@ -199,4 +199,4 @@ def test_without_a_validation_split_early_stopping_is_off(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         trainer.fit(task, datamodule=NoValidation())
     assert trainer.current_epoch == 3 and stop not in trainer.callbacks
-    assert "no validation split: early stopping off" in caplog.text
+    assert "no validation split: validation and early stopping off" in caplog.text
