@@ -35,7 +35,9 @@ default        the config as shipped, nothing overridden but the files, classes,
                run folder: ``finetune.regime: auto`` (contrastive + solved probe up to 64
                labelled a class, full fine-tuning above), its step budget and early
                stopping, and *no* ``val.jsonl``: like a user's first run it holds 10 % of
-               the k-shot file out for validation (the peers see only the k-shot file too)
+               the k-shot file out for validation where that is at least 5 a class
+               (``min_held_out_per_class``), else trains on all of it (the peers see only
+               the k-shot file too)
 full           MiniLM, every weight trained (``finetune.regime: full``)
 lora           MiniLM, LoRA adapters + head (``finetune.regime: lora``, rank 8)
 lora_head      the same with the head at the probe's rate (``finetune.head_lr``)
