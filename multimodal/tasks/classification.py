@@ -182,8 +182,8 @@ class ClassificationTask(ModelTask):
         if self.finetune.regime == "auto" and stage == "fit":
             self._choose_regime()  # after the data gave the class count
         if stage == "fit":
-            self._regime_length()
             self._without_validation()
+            self._regime_length()
 
     def _without_validation(self) -> None:
         """A data module that holds no validation split (``min_held_out_per_class``: too few
@@ -236,10 +236,11 @@ class ClassificationTask(ModelTask):
         # handful of held-out examples; the probe's cross-validation scores each solve)
         trainer.check_val_every_n_epoch = epochs
         trainer.callbacks = [c for c in trainer.callbacks if c not in stops]
-        off = ", no early stopping" if stops else ""
+        notes = ", ".join(n for n, say in (("validation at the end",
+                                            trainer.limit_val_batches != 0),
+                                           ("no early stopping", bool(stops))) if say)
         rank_zero_info(f"finetune: {ft.regime} runs {epochs} epoch{'s' * (epochs > 1)} "
-                       f"({why}), not the trainer's step budget; validation at the "
-                       f"end{off}")
+                       f"({why}), not the trainer's step budget" + (f"; {notes}" * bool(notes)))
 
     def _setup_data(self, stage: str) -> None:
         dm = self.datamodule
