@@ -74,6 +74,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -418,11 +419,13 @@ def peer_accuracy(regime: str, data: Path, k: str, seed: int) -> float:
         from setfit import SetFitModel, Trainer, TrainingArguments
 
         model = SetFitModel.from_pretrained(str(minilm_folder()))
-        args = TrainingArguments(batch_size=16, num_iterations=20, num_epochs=1, seed=seed,
-                                 report_to="none")
-        trainer = Trainer(model=model, args=args,
-                          train_dataset=Dataset.from_dict({"text": texts, "label": labels}))
-        trainer.train()
+        with tempfile.TemporaryDirectory() as scratch:  # its trainer saves checkpoints
+            args = TrainingArguments(batch_size=16, num_iterations=20, num_epochs=1,
+                                     seed=seed, report_to="none", output_dir=scratch)
+            trainer = Trainer(model=model, args=args,
+                              train_dataset=Dataset.from_dict({"text": texts,
+                                                               "label": labels}))
+            trainer.train()
         pred = list(model.predict(test_texts, batch_size=64))
     else:
         raise ValueError(f"unknown peer {regime!r}; peers: {PEERS}")
