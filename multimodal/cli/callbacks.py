@@ -282,22 +282,19 @@ class StepBudget(L.Callback):
 
     def __init__(self) -> None:
         self.message: str | None = None
+        self._chosen: tuple[int, str] | None = None  # (min_steps, what setup chose)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.message = self._chosen = None
         if stage != "fit":
             return
         loop = trainer.fit_loop
         min_steps = loop.min_steps
         if not min_steps or min_steps <= 0 or trainer.fast_dev_run:
             return
-        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
-        after = "; then early stopping on " + ", ".join(
-            f"{c.monitor} (patience {c.patience} validations)" for c in stops) \
-            if stops else ""
         head = f"step budget: at least {min_steps} optimiser steps (trainer.min_steps)"
         if loop.max_epochs in (None, -1):
-            self.message = f"{head}, no epoch limit (max_steps {loop.max_steps}){after}"
-            rank_zero_info(self.message)
+            self._chosen = (min_steps, f"{head}, no epoch limit (max_steps {loop.max_steps})")
             return
         loop.setup_data()  # what estimated_stepping_batches does: the loader is reused
         batches = trainer.num_training_batches
@@ -310,7 +307,19 @@ class StepBudget(L.Callback):
             loop.max_epochs = needed
         chosen = f"max_epochs {old} raised to {needed}" if needed > old else \
             f"max_epochs {old} already gives {old * per_epoch}"
-        self.message = f"{head}, {per_epoch} an epoch: {chosen}{after}"
+        self._chosen = (min_steps, f"{head}, {per_epoch} an epoch: {chosen}")
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The line, once the task's own ``setup`` has run: a task that sets its own length
+        (a solved or fixed-length regime clears ``min_steps``, and says so) gets none, and
+        the early stopping named is the one the run keeps."""
+        if self._chosen is None or trainer.fit_loop.min_steps != self._chosen[0]:
+            return
+        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
+        after = "; then early stopping on " + ", ".join(
+            f"{c.monitor} (patience {c.patience} validations)" for c in stops) \
+            if stops else ""
+        self.message = self._chosen[1] + after
         rank_zero_info(self.message)
 
 
