@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
@@ -195,7 +194,7 @@ class ClassificationTask(ModelTask):
             return
         try:
             examples = len(dm.val_dataloader().dataset)
-        except (TypeError, AttributeError, MisconfigurationException):  # unsized, or none
+        except Exception:  # unsized, none, or not ready yet: Lightning's own loop says why
             return
         if examples:
             return
