@@ -523,7 +523,9 @@ class MultimodalCLI(LightningCLI):
             return
         has_test = type(self.datamodule).test_dataloader is not L.LightningDataModule \
             .test_dataloader
-        if has_test and _empty_split(self.datamodule.test_dataloader):
+        from multimodal.tasks.base import loader_examples
+
+        if has_test and loader_examples(self.datamodule.test_dataloader) == 0:
             rank_zero_info("test after fit: skipped, the data holds no test split (give a "
                            "test file to score the model)")
         elif has_test:
@@ -553,15 +555,6 @@ class MultimodalCLI(LightningCLI):
             return None, "no best checkpoint: nothing was ranked by a validation metric"
         monitor = getattr(callback, "monitor", None)
         return best, f"the best by {monitor}" if monitor else "the checkpoint callback's best"
-
-
-def _empty_split(loader: Any) -> bool:
-    """Whether a data module's loader method gives a loader over no example (a sized
-    dataset of length 0: a split not held out, ``min_held_out_per_class``)."""
-    try:
-        return len(loader().dataset) == 0
-    except Exception:  # unsized (streamed), or failing: trainer.test then says why, as before
-        return False
 
 
 _TASK_OF_MODEL = {"ViT": "multimodal.tasks.ClassificationTask",

@@ -39,6 +39,17 @@ def stored_hyperparameters() -> Iterator[None]:
         _STORED.reset(token)
 
 
+def loader_examples(make_loader: Any) -> int | None:
+    """How many examples the loader that ``make_loader()`` (a data module's
+    ``val_dataloader`` / ``test_dataloader``) reads: its dataset's length, or None when that
+    is unknown (an unsized, streamed dataset, or a loader that cannot be made yet: the
+    trainer's own loop then says why, as it would have)."""
+    try:
+        return len(make_loader().dataset)
+    except Exception:
+        return None
+
+
 class ModelTask(L.LightningModule):
     """A LightningModule around ``self.model`` (one of multimodal's models).
 

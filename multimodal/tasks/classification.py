@@ -18,7 +18,7 @@ from multimodal.models.audio import AudioClassifier
 from multimodal.models.text import TextEncoder
 from multimodal.models.vit import ViT
 from multimodal.plots.figures import plot_confusion_matrix
-from multimodal.tasks.base import ModelTask
+from multimodal.tasks.base import ModelTask, loader_examples
 from multimodal.tasks.finetune import FinetuneConfig, apply_regime, choose_regime
 from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tasks.pairs import pair_loss
@@ -26,6 +26,13 @@ from multimodal.tasks.probe import ProbeFit, fit_probe
 
 CLASSIFIERS = (ViT, AudioClassifier, TextEncoder)
 HEAD_SEED = 0  # every rank draws the same new head
+
+
+def _drop_early_stopping(trainer: Any) -> list[EarlyStopping]:
+    """Remove the trainer's ``EarlyStopping`` callbacks; the ones removed."""
+    stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
+    trainer.callbacks = [c for c in trainer.callbacks if c not in stops]
+    return stops
 
 
 def _default_num_classes(model: nn.Module) -> int | None:
@@ -192,14 +199,9 @@ class ClassificationTask(ModelTask):
         trainer, dm = self._trainer, self.datamodule
         if trainer is None or dm is None or not callable(getattr(dm, "val_dataloader", None)):
             return
-        try:
-            examples = len(dm.val_dataloader().dataset)
-        except Exception:  # unsized, none, or not ready yet: Lightning's own loop says why
+        if loader_examples(dm.val_dataloader) != 0:
             return
-        if examples:
-            return
-        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
-        trainer.callbacks = [c for c in trainer.callbacks if c not in stops]
+        stops = _drop_early_stopping(trainer)
         trainer.limit_val_batches = 0
         rank_zero_info("no validation split: validation" + (" and early stopping" * bool(stops))
                        + " off, the run takes its whole length")
@@ -225,8 +227,8 @@ class ClassificationTask(ModelTask):
         else:
             return
         loop = trainer.fit_loop
-        stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
-        if loop.max_epochs == epochs and not loop.epoch_loop.min_steps and not stops \
+        if loop.max_epochs == epochs and not loop.epoch_loop.min_steps \
+                and not any(isinstance(c, EarlyStopping) for c in trainer.callbacks) \
                 and trainer.check_val_every_n_epoch in (None, epochs):
             return
         loop.max_epochs, loop.epoch_loop.min_steps = epochs, None
@@ -234,7 +236,7 @@ class ClassificationTask(ModelTask):
         # tuned body with its solved head (no early stopping, no epoch picked from a
         # handful of held-out examples; the probe's cross-validation scores each solve)
         trainer.check_val_every_n_epoch = epochs
-        trainer.callbacks = [c for c in trainer.callbacks if c not in stops]
+        stops = _drop_early_stopping(trainer)
         notes = ", ".join(n for n, say in (("validation at the end",
                                             trainer.limit_val_batches != 0),
                                            ("no early stopping", bool(stops))) if say)

@@ -189,9 +189,9 @@ def choose_regime(config: FinetuneConfig, examples: int | None, classes: int,
 
     Few labels (``examples / classes <= few_labels``): ``few_labels_regime``, by default
     ``contrastive`` (SetFit's recipe: pairs of examples tune the body, then the solved
-    probe; BENCHMARKS.md "Learning curves on real weights": the benchmark's contrastive
-    regime is level with SetFit at 8 labelled texts a class on one task of two, the shipped
-    default below it), or the solved ``linear_probe`` alone. More: ``many_labels_regime``.
+    probe; BENCHMARKS.md "Learning curves on real weights": the shipped text default is
+    level with SetFit at 8 labelled texts a class on two real tasks), or the solved
+    ``linear_probe`` alone. More: ``many_labels_regime``.
     A model whose head cannot be solved (not one ``nn.Linear`` with a bias) takes
     ``many_labels_regime`` whatever the count, as does data whose size is unknown
     (``examples`` None: a loader without a length). A config that is not ``auto`` is
