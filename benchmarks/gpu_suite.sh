@@ -4,17 +4,21 @@
 #
 #   bash benchmarks/gpu_suite.sh            # from the repository root, venv installed
 #
-# 1. the card (nvidia-smi), 2. the device's memory bandwidth (a STREAM-style triad in torch
-# on the GPU, the same count as benchmarks/decode_roofline.py), 3. ViT-B/16 bf16 training
-# MFU (benchmarks/mfu.py), 4. compiled decoding tokens/s (benchmarks/generation_speed.py
-# --compile on cuda). Each step has its own time limit so one slow step cannot eat the
-# rest; a failed step is recorded and the next one runs.
+# 1. the card (nvidia-smi); 2. the roofline on the GPU (benchmarks/decode_roofline.py
+# --device cuda: a STREAM-style triad on the device, then SmolLM2-135M's shape, GPT-2-small's,
+# ImageGPT and Whisper's decoder in fp32 / bf16, eager and bf16 compiled with CUDA graphs,
+# as shares of the bandwidth limit); 3. ViT-B/16 bf16 training MFU (benchmarks/mfu.py,
+# eager and compiled); 4. compiled GPT-2 decoding against transformers
+# (benchmarks/generation_speed.py --compile on cuda). Each step has its own time limit so
+# one slow step cannot eat the rest; a failed step is recorded and the next one runs.
+# Needs torch, transformers and einops (the GPU image has them); about 10 minutes at most.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PY:-.venv/bin/python}"
 [[ -x "$PY" ]] || PY=python3
 OUT="${OUT:-gpu_suite_out}"
 mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 step() {  # step NAME SECONDS CMD...
@@ -22,7 +26,7 @@ step() {  # step NAME SECONDS CMD...
     shift 2
     echo "== $name (limit ${limit}s)" | tee -a "$OUT/summary.txt"
     if timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1; then
-        tail -n 15 "$OUT/$name.txt" | tee -a "$OUT/summary.txt"
+        tail -n 25 "$OUT/$name.txt" | tee -a "$OUT/summary.txt"
     else
         echo "FAILED or timed out (rc $?): see $OUT/$name.txt" | tee -a "$OUT/summary.txt"
         tail -n 5 "$OUT/$name.txt" >>"$OUT/summary.txt"
@@ -30,22 +34,9 @@ step() {  # step NAME SECONDS CMD...
 }
 
 step card 30 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
-step triad 60 "$PY" - <<'PYEOF'
-import torch
-assert torch.cuda.is_available(), "no CUDA device"
-n = 256 * 2**20  # 1 GiB float32 arrays
-b, c, a = (torch.rand(n, device="cuda") for _ in range(3))
-for _ in range(3):
-    torch.add(b, c, alpha=3.0, out=a)
-torch.cuda.synchronize()
-start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-best = float("inf")
-for _ in range(10):
-    start.record(); torch.add(b, c, alpha=3.0, out=a); end.record(); torch.cuda.synchronize()
-    best = min(best, start.elapsed_time(end) / 1e3)
-print(f"{torch.cuda.get_device_name()}: triad {3 * n * 4 / best / 1e9:.0f} GB/s (1 GiB arrays)")
-PYEOF
-step mfu 240 "$PY" benchmarks/mfu.py --batch 128
-step decode 180 "$PY" benchmarks/generation_speed.py --device cuda --compile --batch 1 \
+step roofline 270 "$PY" benchmarks/decode_roofline.py --device cuda --compile --repeats 3
+step mfu_eager 60 "$PY" benchmarks/mfu.py --batch 128 --no-compile --warmup 5 --steps 20
+step mfu 140 "$PY" benchmarks/mfu.py --batch 128
+step decode 90 "$PY" benchmarks/generation_speed.py --device cuda --compile --batch 1 \
     --beams 1 --repeats 3
 echo "done: $OUT/summary.txt"
