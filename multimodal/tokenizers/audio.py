@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import soundfile as sf
 import torch
 import torchaudio
 from torch import Tensor, nn
@@ -63,6 +62,8 @@ def load_audio(path: str | Path) -> tuple[Tensor, int]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"audio file not found: {path}")
+    import soundfile as sf  # here, not at import: text and image models need no libsndfile
+
     raw = {"format": "RAW", "samplerate": 16000, "channels": 1, "subtype": "PCM_16",
            "endian": "LITTLE"} if path.suffix.lower() == ".raw" else {}
     try:
