@@ -3,7 +3,10 @@ wheel), greedy decoding of 128 tokens after a 64-token prompt, 1 and 2 threads.
 
 - **ours, packed**: ``mm.load_encoder(path, quantize="int4")``: the Q4_1 blocks repacked
   for PyTorch's int4 CPU kernel (the tied Q8_0 embedding / head as int8 per row);
-  ``--fp32`` adds ours reading the same file to float32 (the path before issue 41).
+  ``--fp32`` adds ours reading the same file to float32 (the path before issue 41);
+  ``--compile`` adds ours packed with ``generate(compile=True)`` (static KV cache of
+  prompt + new tokens, the one-token step compiled by inductor around the packed kernels;
+  its compilation is timed apart, in the first call).
 - **llama.cpp**: ``llama_cpp.Llama`` (llama-cpp-python, built from source: ``make
   peers-llama``, BENCHMARKS.md) on the same file, greedy (``temp=0``), no repeat penalty.
 
@@ -58,12 +61,15 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
     return list(ids[:n])
 
 
-def ours_runner(model, prompt: list[int]):
+def ours_runner(model, prompt: list[int], cache_len: int | None = None):
+    """Greedy decoding of ``new`` tokens; with ``cache_len``, the compiled static-cache
+    step (one cache size for every length: compiled once)."""
     ids = torch.tensor([prompt])
+    compiled = {"compile": True, "cache_len": cache_len} if cache_len else {}
 
     def run(new: int) -> list[int]:
         with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=new)
+            out = model.generate(ids, max_new_tokens=new, **compiled)
         return out[0, len(prompt):].tolist()
     return run
 
@@ -132,6 +138,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--fp32", action="store_true", help="also ours read to float32")
     parser.add_argument("--no-llama", action="store_true", help="ours only")
+    parser.add_argument("--compile", action="store_true",
+                        help="also ours packed with generate(compile=True)")
     parser.add_argument("--ppl-docs", type=int, default=0)
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--context", type=int, default=256)
@@ -149,6 +157,16 @@ def main() -> None:
     tok, packed = enc.tokenizer, enc.backbone
     prompt = prompt_ids(tok, args.prompt)
     runs = {"ours int4 (packed Q4_1)": ours_runner(packed, prompt)}
+    if args.compile:
+        from multimodal.generation import compile_stats
+
+        compiled = ours_runner(packed, prompt, cache_len=args.prompt + args.new_tokens)
+        start = time.perf_counter()
+        compiled(2)
+        print(f"ours int4 compiled: first call {time.perf_counter() - start:.1f} s "
+              f"({compile_stats()['compile_seconds']:.1f} s compiling, "
+              f"{torch.get_num_threads()} threads)")
+        runs["ours int4 compiled"] = compiled
     fp32 = None
     if args.fp32 or args.ppl_docs:
         fp32 = mm.load_encoder(path).backbone

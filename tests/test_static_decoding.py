@@ -274,6 +274,22 @@ def test_compiled_image_gpt_samples_the_eager_images() -> None:
     assert torch.equal(*runs)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_compiled_packed_decoding_gives_the_eager_packed_tokens(mode: str) -> None:
+    """The compiled step around the packed kernels (the fast path of a GGUF file kept
+    packed, BENCHMARKS.md) decodes the tokens of the eager packed model."""
+    if gen.compile_unavailable(torch.device("cpu")):
+        pytest.skip("torch.compile is unavailable here")
+    model = decoder(**LLAMA, vocab_size=48, mlp_dim=64)
+    ids = torch.randint(0, 48, (1, 5), generator=torch.Generator().manual_seed(1))
+    eager = generate(model, ids, 12, quantize=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no eager fallback
+        compiled = generate(model, ids, 12, quantize=mode, compile=True)
+    assert torch.equal(compiled, eager)
+
+
 @pytest.mark.parametrize("prefix", [True, False])
 def test_beam_reorder_follows_the_index_with_and_without_keeping_storage(prefix: bool) -> None:
     model = decoder()

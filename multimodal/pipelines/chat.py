@@ -14,7 +14,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["chat"]
+__all__ = ["cache_bucket", "chat"]
+
+
+def cache_bucket(positions: int, max_len: int, smallest: int = 256) -> int:
+    """The static cache size for ``positions``: the next power of two >= ``positions`` (and
+    >= ``smallest``), capped at ``max_len``; a compiled step is compiled once per size."""
+    size = max(smallest, 1 << max(0, positions - 1).bit_length())
+    return min(size, max_len)
 
 
 def chat(model: Any, messages: str | Sequence[Mapping[str, Any]], tokenizer: Any = None, *,
@@ -30,7 +37,13 @@ def chat(model: Any, messages: str | Sequence[Mapping[str, Any]], tokenizer: Any
     ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)`` (the template
     adds any system prompt it was trained with); decoding stops at the tokenizer's EOS
     token (the end of the assistant's turn) or after ``max_new_tokens``;
-    ``generate_kwargs`` go to ``generate`` (``do_sample``, ``temperature``, ...)."""
+    ``generate_kwargs`` go to ``generate`` (``do_sample``, ``temperature``, ...).
+
+    ``compile=True`` (the compiled one-token step; with a packed GGUF model the fastest CPU
+    decoding, BENCHMARKS.md): the static KV cache is sized to the next power of two (at least
+    256 positions, at most the model's context) above prompt + ``max_new_tokens``, so turns of
+    different lengths share one compiled step instead of compiling one each; ``cache_len``
+    sets it instead."""
     from multimodal.loading import Loaded, load
 
     if isinstance(model, (str, os.PathLike)):
@@ -50,6 +63,8 @@ def chat(model: Any, messages: str | Sequence[Mapping[str, Any]], tokenizer: Any
                          f"{max_new_tokens} it exceeds the model's context of {model.max_len}")
     eos = tokenizer.eos_token_id
     generate_kwargs.setdefault("eos_token_id", eos)
+    if generate_kwargs.get("compile") and generate_kwargs.get("cache_len") is None:
+        generate_kwargs["cache_len"] = cache_bucket(len(ids) + max_new_tokens, model.max_len)
     device = next(model.parameters()).device
     with torch.no_grad():
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=max_new_tokens,

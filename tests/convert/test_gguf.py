@@ -406,6 +406,31 @@ def test_load_encoder_and_chat_match_transformers(tmp_path, bpe):
     assert mm.chat(enc, "In the beginning", max_new_tokens=12) == want  # str: one user turn
 
 
+def test_cache_bucket_is_the_next_power_of_two_within_the_context():
+    from multimodal.pipelines.chat import cache_bucket
+
+    assert [cache_bucket(n, 8192) for n in (1, 256, 257, 600, 5000)] == \
+        [256, 256, 512, 1024, 8192]
+    assert cache_bucket(300, 300) == 300 and cache_bucket(100, 128) == 128
+
+
+@pytest.mark.slow
+def test_compiled_chat_turns_of_different_lengths_share_one_compiled_step(tmp_path, bpe):
+    """chat(compile=True): the eager replies, and one compilation for two turns whose
+    prompts differ in length (the static cache sized by cache_bucket)."""
+    from multimodal.generation import compile_stats, compile_unavailable
+
+    if compile_unavailable(torch.device("cpu")):
+        pytest.skip("torch.compile is unavailable here")
+    path = write_gguf(tmp_path / "chat.gguf", llama(bpe.get_vocab_size()), bpe, qtype=Q.Q8_0)
+    enc = mm.load_encoder(path, quantize="int8")
+    turns = ["In the beginning", "And the earth was without form, and void"]
+    eager = [mm.chat(enc, t, max_new_tokens=8) for t in turns]
+    before = compile_stats()["compilations"]
+    assert [mm.chat(enc, t, max_new_tokens=8, compile=True) for t in turns] == eager
+    assert compile_stats()["compilations"] == before + 1
+
+
 def test_gguf_without_tokenizer_loads_the_model_only(tmp_path):
     path = write_gguf(tmp_path / "bare.gguf", llama(64))
     model, tok = mm_gguf.load_gguf(path)
