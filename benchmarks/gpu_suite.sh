@@ -8,7 +8,7 @@
 # --device cuda: a STREAM-style triad on the device, then SmolLM2-135M's shape, GPT-2-small's,
 # ImageGPT and Whisper's decoder in fp32 / bf16, eager and bf16 compiled with CUDA graphs,
 # as shares of the bandwidth limit); 3. ViT-B/16 bf16 training MFU (benchmarks/mfu.py,
-# eager and compiled); 4. compiled GPT-2 decoding against transformers
+# eager and compiled, and timm's ViT-B/16 through the same step); 4. compiled GPT-2 decoding against transformers
 # (benchmarks/generation_speed.py --compile on cuda). Each step has its own time limit so
 # one slow step cannot eat the rest; a failed step is recorded and the next one runs.
 # Needs torch, transformers and einops (the GPU image has them); about 10 minutes at most.
@@ -34,9 +34,10 @@ step() {  # step NAME SECONDS CMD...
 }
 
 step card 30 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
-step roofline 270 "$PY" benchmarks/decode_roofline.py --device cuda --compile --repeats 3
+step roofline 200 "$PY" benchmarks/decode_roofline.py --device cuda --compile --repeats 3
 step mfu_eager 60 "$PY" benchmarks/mfu.py --batch 128 --no-compile --warmup 5 --steps 20
-step mfu 140 "$PY" benchmarks/mfu.py --batch 128
-step decode 90 "$PY" benchmarks/generation_speed.py --device cuda --compile --batch 1 \
+step mfu 120 "$PY" benchmarks/mfu.py --batch 128
+step mfu_timm 100 "$PY" benchmarks/mfu.py --batch 128 --model timm
+step decode 80 "$PY" benchmarks/generation_speed.py --device cuda --compile --batch 1 \
     --beams 1 --repeats 3
 echo "done: $OUT/summary.txt"

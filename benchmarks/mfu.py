@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0,
                         help="device peak dense bf16 TFLOP/s (H100 SXM: 989)")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--model", default="ours", choices=["ours", "timm"],
+                        help="timm: timm's vit_base_patch16_224 (random weights), the same "
+                             "step, as the reference for the same recipe")
+    parser.add_argument("--compile-mode", default=None,
+                        help="torch.compile mode, e.g. max-autotune-no-cudagraphs "
+                             "(default: torch's default)")
     parser.add_argument("--checkpoint-activations", action="store_true")
     parser.add_argument("--dry-run", action="store_true",
                         help="count FLOPs on CPU only, no training")
@@ -101,8 +107,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    model = mm.ViT(cfg).to(device).train()
-    step_model = model if args.no_compile else torch.compile(model)
+    if args.model == "timm":
+        import timm
+
+        model = timm.create_model("vit_base_patch16_224", pretrained=False,
+                                  num_classes=cfg.num_classes).to(device).train()
+    else:
+        model = mm.ViT(cfg).to(device).train()
+    step_model = model if args.no_compile else torch.compile(model, mode=args.compile_mode)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
     x = torch.randn(args.batch, 3, 224, 224, device=device)
     y = torch.randint(0, cfg.num_classes, (args.batch,), device=device)
@@ -129,8 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     seconds = begin.elapsed_time(end) / 1e3 / args.steps
     images_s = args.batch / seconds
     achieved = images_s * step_flops / 1e12
-    print(f"device: {torch.cuda.get_device_name(device)}; batch {args.batch}; "
-          f"compile {'off' if args.no_compile else 'on'}; fused AdamW; bf16 autocast; "
+    compiled = "off" if args.no_compile else f"on ({args.compile_mode or 'default'})"
+    print(f"model: {args.model}; device: {torch.cuda.get_device_name(device)}; batch {args.batch}; "
+          f"compile {compiled}; fused AdamW; bf16 autocast; "
           f"activation checkpointing {'on' if args.checkpoint_activations else 'off'}")
     print("| step ms | images/s | achieved TFLOP/s | peak TFLOP/s | MFU | peak memory GiB "
           "| warm-up s |")
