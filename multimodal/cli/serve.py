@@ -60,10 +60,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="on SIGTERM, how long requests in flight may take to finish")
     p.add_argument("--served_model_name", default=None,
                    help="the name /v1/models reports (default: the path's last part)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the encoder")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the encoder (embeddings) or the one-token decoding "
+                        "step (chat)")
     p.add_argument("--quantize", choices=["int8", "int4", "dynamic-int8"], default=None,
-                   help="the encoder's Linears quantised (CPU): int8 / int4 weight-only "
-                        "packed, or dynamic-int8 (weights and activations)")
+                   help="Linears quantised (CPU): int8 / int4 weight-only packed (embeddings "
+                        "and chat; a GGUF file's blocks kept packed), or dynamic-int8 "
+                        "(weights and activations; embeddings)")
     p.add_argument("--accelerator", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     p.add_argument("--log_level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug"])

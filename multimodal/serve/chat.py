@@ -11,6 +11,11 @@ Streaming is real: :func:`multimodal.generation.generate` runs in a thread and i
 ``logits_processor`` hook, called once per step with the tokens so far, hands them to the
 response, so each new piece of text is sent while the next token is computed. Text is sent
 only up to its last complete character (a byte-level BPE can split one across tokens).
+
+``multimodal serve --quantize int8 | int4`` loads the decoder packed (a GGUF file's 4-bit
+blocks kept as they are); ``--compile`` decodes through the compiled one-token step, its
+static cache sized as :func:`multimodal.chat` sizes it (a power of two), so the first turn
+of each size compiles and the later ones reuse it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import litserve as ls
 import torch
 from fastapi import HTTPException
 from litserve.specs import OpenAISpec
+
+from multimodal.pipelines.chat import cache_bucket
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -51,14 +58,14 @@ def _messages(request: Any) -> list[dict[str, str]]:
 class ChatAPI(ls.LitAPI):
     """The inference worker: one conversation at a time, streamed (module docstring)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, quantize: str | None = None, compile: bool = False) -> None:
         super().__init__(spec=OpenAISpec())
-        self.path = path
+        self.path, self.quantize, self.compile = path, quantize, compile
 
     def setup(self, device: str) -> None:
         from multimodal.serve.models import load_served
 
-        served = load_served(self.path, "chat")
+        served = load_served(self.path, "chat", quantize=self.quantize)
         self.model = served.model.backbone.to(device).eval()
         self.tokenizer = served.tokenizer
 
@@ -106,13 +113,17 @@ class ChatAPI(ls.LitAPI):
             steps.put(seq[0, start:].tolist())
             return scores
 
+        compiled = {"compile": True, "cache_len": cache_bucket(len(ids) + max_new,
+                                                                self.model.max_len)} \
+            if self.compile else {}
+
         def work() -> None:
             try:
                 with torch.no_grad():
                     out = self.model.generate(
                         torch.tensor([ids], device=next(self.model.parameters()).device),
                         max_new_tokens=max_new, eos_token_id=self.tokenizer.eos_token_id,
-                        logits_processor=hook, **sampling)
+                        logits_processor=hook, **sampling, **compiled)
                 steps.put(("done", out[0, start:].tolist()))
             except Exception as err:  # handed to the response
                 steps.put(("error", err))

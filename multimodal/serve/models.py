@@ -80,8 +80,9 @@ def load_classifier(path: str) -> tuple[Any, Any, list[str]]:
 def load_served(path: str | Path, kind: str | None = None, *, compile: bool = False,
                 quantize: str | None = None) -> Served:
     """Load ``path`` as ``kind`` (default: :func:`kind_of`). ``compile`` / ``quantize`` select
-    the encoder paths of :mod:`multimodal.optimize` (embed only). A classifier comes back
-    as the model with ``tokenizer`` = (Encoder for tokenisation, class names)."""
+    the encoder paths of :mod:`multimodal.optimize` (embed); for chat, ``quantize`` ("int8"
+    / "int4") loads the decoder packed (a GGUF file's blocks kept as they are). A classifier
+    comes back as the model with ``tokenizer`` = (Encoder for tokenisation, class names)."""
     kind = kind or kind_of(path)
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -96,7 +97,10 @@ def load_served(path: str | Path, kind: str | None = None, *, compile: bool = Fa
     from multimodal.encoder import load_encoder
 
     if kind == "chat":
-        encoder = load_encoder(path)
+        if quantize not in (None, "int8", "int4"):
+            raise ValueError(f"--quantize {quantize} applies to encoders; a chat model decodes "
+                             "with weight-only int8 or int4 (--quantize int8 | int4)")
+        encoder = load_encoder(path, quantize=quantize)
         if not hasattr(encoder.tokenizer, "apply_chat_template") \
                 or not hasattr(encoder.backbone, "generate"):
             raise ValueError(f"{path} is not a chat model: it needs a decoder with a chat "

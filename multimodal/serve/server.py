@@ -83,6 +83,10 @@ def _apis(config: ServeConfig, kind: str) -> Any:
             activation = "sigmoid" if loss == "sigmoid" else "softmax"
             return ClipAPI(config.model, ClipSpec(rules, config.name, activation), **batching)
         return EmbeddingAPI(config.model, EmbeddingSpec(rules, config.name), **batching)
+    if kind in ("classify", "transcribe") and (config.quantize or config.compile):
+        switch = f"--quantize {config.quantize}" if config.quantize else "--compile"
+        raise ValueError(f"{switch} applies to embedding and chat models; {config.model} is a "
+                         f"{kind} model (serve it without {switch})")
     if kind == "classify":
         from multimodal.serve.classify import ClassifyAPI, ClassifySpec
         from multimodal.serve.embeddings import TextRules
@@ -96,7 +100,7 @@ def _apis(config: ServeConfig, kind: str) -> Any:
     if kind == "chat":
         from multimodal.serve.chat import ChatAPI
 
-        return ChatAPI(config.model)
+        return ChatAPI(config.model, quantize=config.quantize, compile=config.compile)
     if kind == "transcribe":
         from multimodal.serve.transcription import TranscriptionAPI, TranscriptionSpec
 

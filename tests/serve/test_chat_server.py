@@ -74,3 +74,50 @@ def test_openai_client_streams_the_reply(server, want):
     stream = client.chat.completions.create(model="chat", messages=QUESTION, max_tokens=12,
                                             temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream) == want
+
+
+def _offline_int4(tiny_chat):
+    import multimodal as mm
+
+    enc = mm.load_encoder(tiny_chat, quantize="int4")
+    reply = mm.chat(enc, QUESTION, max_new_tokens=12)
+    assert reply
+    return reply
+
+
+@pytest.mark.parametrize("compile", [
+    False, pytest.param(True, marks=pytest.mark.slow)])
+def test_quantize_and_compile_reach_the_chat_decoder(tiny_chat, compile):
+    """``serve --quantize int4`` serves the packed decoder (replies of the int4 model, not
+    the float one it used to ignore the switch for); ``--compile`` the compiled step, with the
+    same replies, streamed too."""
+    from multimodal.nn.quantized import QuantizedLinear
+    from multimodal.serve.models import load_served
+
+    served = load_served(tiny_chat, "chat", quantize="int4")
+    assert any(isinstance(m, QuantizedLinear) for m in served.model.backbone.modules())
+    want = _offline_int4(tiny_chat)
+    args = ["--quantize", "int4", *(["--compile"] if compile else [])]
+    srv = Server(tiny_chat, *args)
+    try:
+        for _ in range(2):  # the second turn reuses the compiled step
+            reply = srv.post("/v1/chat/completions", {"messages": QUESTION, "max_tokens": 12,
+                                                      "temperature": 0}, timeout=300)
+            assert reply.status == 200, reply.body
+            assert reply.json()["choices"][0]["message"]["content"] == want
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_switches_a_kind_cannot_use_are_refused_in_one_line():
+    from multimodal.serve.models import load_served
+    from multimodal.serve.server import ServeConfig, _apis
+
+    for kind in ("transcribe", "classify"):
+        with pytest.raises(ValueError, match=f"applies to embedding and chat models; m is a "
+                                             f"{kind} model"):
+            _apis(ServeConfig(model="m", quantize="int8"), kind)
+        with pytest.raises(ValueError, match="--compile applies"):
+            _apis(ServeConfig(model="m", compile=True), kind)
+    with pytest.raises(ValueError, match="dynamic-int8 applies to encoders"):
+        load_served("m.gguf", "chat", quantize="dynamic-int8")
