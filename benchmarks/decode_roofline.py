@@ -146,12 +146,11 @@ def decoders(args) -> list[Row]:
     g = torch.Generator().manual_seed(0)
     prompt = args.prompt
     ctx = prompt + args.new_tokens / 2
-    cache_len = prompt + args.new_tokens
 
     def call(model, inputs, new, quantize=None, compile=False, **kwargs):
         with torch.inference_mode():
             if compile:  # one static cache size for every length: one compiled step
-                kwargs["cache_len"] = inputs.shape[1] + cache_len - prompt
+                kwargs["cache_len"] = inputs.shape[1] + args.new_tokens
             return generate(model, inputs, new, quantize=quantize, compile=compile, **kwargs)
 
     def lm_run(model, vocab, quantize=None, compile=False):

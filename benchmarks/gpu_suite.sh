@@ -8,8 +8,8 @@
 # --device cuda: a STREAM-style triad on the device, then SmolLM2-135M's shape, GPT-2-small's,
 # ImageGPT and Whisper's decoder in fp32 / bf16, eager and bf16 compiled with CUDA graphs,
 # as shares of the bandwidth limit); 3. ViT-B/16 bf16 training MFU (benchmarks/mfu.py,
-# eager and compiled, and timm's ViT-B/16 through the same step); 4. compiled GPT-2 decoding against transformers
-# (benchmarks/generation_speed.py --compile on cuda). Each step has its own time limit so
+# eager and compiled, and timm's ViT-B/16 through the same step); 4. compiled GPT-2
+# decoding against transformers (benchmarks/generation_speed.py --compile on cuda). Each step has its own time limit so
 # one slow step cannot eat the rest; a failed step is recorded and the next one runs.
 # Needs torch, transformers and einops (the GPU image has them); about 10 minutes at most.
 set -uo pipefail
