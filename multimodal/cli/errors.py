@@ -24,6 +24,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from multimodal.deps import explain_broken_import
+
 __all__ = ["DEBUG_ENV", "UsageError", "debug_enabled", "describe", "guard", "simplify"]
 
 DEBUG_ENV = "MULTIMODAL_DEBUG"
@@ -261,6 +263,10 @@ def guard(verb: str, run: Callable[[list[str]], int | None], args: list[str]) ->
         print(f"interrupted{again}", file=sys.stderr)
         return 130
     except Exception as exc:
+        broken = None if debug_enabled() else explain_broken_import(exc)
+        if broken:  # a torchaudio / torchvision built for another torch: the fix, not the loader
+            print(f"error: {broken}", file=sys.stderr)
+            return 2
         shown = exc if isinstance(exc, (UsageError, argparse.ArgumentError)) else _root(exc)
         if debug_enabled() or not isinstance(shown, _USER_ERRORS):
             raise

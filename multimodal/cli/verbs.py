@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 
 from multimodal.cli.errors import DEBUG_ENV, guard
+from multimodal.deps import BrokenCompanionError, explain_broken_import
 
 __all__ = ["VERBS", "load_verb", "main", "usage"]
 
@@ -81,7 +82,12 @@ def load_verb(verb: str) -> Callable[[list[str]], int | None]:
     module_name, function = target.split(":")
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
+    except (OSError, RuntimeError, ImportError) as err:
+        broken = explain_broken_import(err)
+        if broken:  # a torch companion built for another torch release
+            raise BrokenCompanionError(broken) from err
+        if not isinstance(err, ModuleNotFoundError):
+            raise
         if err.name and (module_name == err.name or module_name.startswith(err.name + ".")):
             raise VerbUnavailable(verb) from err
         raise ImportError(f"multimodal {verb} needs the package {err.name!r}, which is not "

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-import torchaudio
 from torch import Tensor
 
+from multimodal.deps import require
 from multimodal.tokenizers.waveform import as_mono
 
 __all__ = ["SAMPLE_RATE", "Augment", "Resampler", "augment_item", "centre_crop", "trim_silence"]
@@ -40,14 +40,15 @@ class Resampler:
 
     def __init__(self, target: int = SAMPLE_RATE) -> None:
         self.target = target
-        self._cache: dict[int, torchaudio.transforms.Resample] = {}
+        self._cache: dict[int, torch.nn.Module] = {}  # torchaudio's Resample per rate
 
     def __call__(self, waveform: Tensor, rate: int) -> Tensor:
         mono = as_mono(waveform)  # integer PCM rescaled as on every audio path
         if rate == self.target:
             return mono
         if rate not in self._cache:
-            self._cache[rate] = torchaudio.transforms.Resample(rate, self.target)
+            resample = require("torchaudio").transforms.Resample
+            self._cache[rate] = resample(rate, self.target)
         return self._cache[rate](mono)
 
 

@@ -17,12 +17,11 @@ waveforms into the tensors these modules read.
 from __future__ import annotations
 
 import torch
-import torchaudio
 from torch import Tensor, nn
 
 __all__ = [
     "ConvPatchEmbed", "FrameEmbed", "PatchEmbed", "SpecAugment", "SpectrogramPatchEmbed",
-    "WhisperConvStem", "as_pair", "audio_embed", "check_images",
+    "WhisperConvStem", "as_pair", "audio_embed", "check_images", "mask_bands",
 ]
 
 
@@ -239,13 +238,32 @@ class WhisperConvStem(nn.Module):
         return self.act(self.conv2(x)).transpose(1, 2)
 
 
+def mask_bands(features: Tensor, max_width: int, dim: int, value: float = 0.0) -> Tensor:
+    """One band of ``features`` along ``dim`` (-1 or -2) set to ``value``, drawn
+    independently for every example: width ``w = floor(u_1 * max_width)``, start
+    ``floor(u_2 * (L - u_1 * max_width))`` with ``u_1, u_2 ~ U[0, 1)`` and ``L`` the length
+    of ``dim``. Draws and masks are torchaudio's ``mask_along_axis_iid`` (the same masks
+    for the same generator state), written on torch so audio models need no torchaudio."""
+    if max_width < 1:
+        return features
+    batch = features.shape[:-2]
+    width = torch.rand(batch, device=features.device, dtype=features.dtype) * max_width
+    start = torch.rand(batch, device=features.device, dtype=features.dtype) * (
+        features.size(dim) - width)
+    first = start.long()[..., None, None]
+    end = first + width.long()[..., None, None]
+    index = torch.arange(features.size(dim), device=features.device, dtype=features.dtype)
+    moved = features.transpose(dim, -1)
+    return moved.masked_fill((index >= first) & (index < end), value).transpose(dim, -1)
+
+
 class SpecAugment(nn.Module):
     """SpecAugment on ``(B, frames, n_mels)`` features, only in training mode.
 
     Applies ``num_masks`` frequency masks (each a band of up to ``freq_mask_param`` mel
     bins) and ``num_masks`` time masks (up to ``time_mask_param`` frames), independently
-    per example, filling with ``mask_value`` (0 = the mean after normalisation).
-    In ``eval()`` mode the input is returned unchanged.
+    per example, filling with ``mask_value`` (0 = the mean after normalisation); the bands
+    are drawn as :func:`mask_bands` says. In ``eval()`` mode the input is returned unchanged.
     """
 
     def __init__(
@@ -262,8 +280,7 @@ class SpecAugment(nn.Module):
                 f"{freq_mask_param}, {time_mask_param}, {num_masks}"
             )
         self.num_masks, self.mask_value = num_masks, mask_value
-        self.freq_mask = torchaudio.transforms.FrequencyMasking(freq_mask_param, iid_masks=True)
-        self.time_mask = torchaudio.transforms.TimeMasking(time_mask_param, iid_masks=True)
+        self.freq_mask_param, self.time_mask_param = freq_mask_param, time_mask_param
 
     def forward(self, features: Tensor) -> Tensor:
         if not self.training or self.num_masks == 0:
@@ -272,8 +289,8 @@ class SpecAugment(nn.Module):
             raise ValueError(f"features must be (B, frames, n_mels), got {tuple(features.shape)}")
         spec = features.transpose(1, 2).unsqueeze(1)  # (B, 1, n_mels, F)
         for _ in range(self.num_masks):
-            spec = self.freq_mask(spec, self.mask_value)
-            spec = self.time_mask(spec, self.mask_value)
+            spec = mask_bands(spec, self.freq_mask_param, -2, self.mask_value)
+            spec = mask_bands(spec, self.time_mask_param, -1, self.mask_value)
         return spec.squeeze(1).transpose(1, 2)
 
 

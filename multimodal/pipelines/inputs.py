@@ -217,7 +217,9 @@ def _read_item(item: InputItem, kind: str, reader: Reader) -> Any:
     mono = wave.mean(dim=0)
     target = reader.sample_rate or rate
     if rate != target:
-        import torchaudio
+        from multimodal.deps import require
+
+        torchaudio = require("torchaudio")
 
         mono = torchaudio.functional.resample(mono, rate, target)
     return mono

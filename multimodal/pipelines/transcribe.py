@@ -57,7 +57,9 @@ def read_speech(path: str | Path, *, resample: bool = False, mix: bool = False,
                 min_seconds: float = 0.1) -> Tensor:
     """A file as a 16 kHz mono waveform ``(T,)``, checked (module docstring). ``.raw``
     files are headerless 16-bit little-endian 16 kHz mono PCM (pocketsphinx's)."""
-    import torchaudio
+    from multimodal.deps import require
+
+    torchaudio = require("torchaudio")
 
     from multimodal.tokenizers.audio import load_audio
 

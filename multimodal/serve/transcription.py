@@ -41,7 +41,10 @@ def read_upload(data: bytes, min_seconds: float = 0.1, silence: float = 1e-4) ->
     wave = wave.mean(axis=1)
     if rate != SAMPLE_RATE:
         import torch
-        import torchaudio
+
+        from multimodal.deps import require
+
+        torchaudio = require("torchaudio")
 
         wave = torchaudio.functional.resample(torch.from_numpy(wave), rate,
                                               SAMPLE_RATE).numpy()

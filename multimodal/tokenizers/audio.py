@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import torchaudio
 from torch import Tensor, nn
 
+from multimodal.deps import require
 from multimodal.nn.embed import (
     FrameEmbed,
     SpectrogramPatchEmbed,
@@ -208,7 +208,7 @@ class AudioFrameTokenizer(nn.Module):
             if c.frontend != "logmel":  # kept for the state-dict layout, unused: its
                 # "empty mel filter" warning (128 bins on a 400-point FFT) would mislead
                 warnings.simplefilter("ignore", UserWarning)
-            self.melspec = torchaudio.transforms.MelSpectrogram(
+            self.melspec = require("torchaudio").transforms.MelSpectrogram(
                 sample_rate=c.sample_rate,
                 n_fft=c.n_fft,
                 win_length=c.win_length,
@@ -296,7 +296,7 @@ class AudioFrameTokenizer(nn.Module):
             raise ValueError(f"sample_rate must be a positive int, got {sample_rate!r}")
         if sample_rate == target:
             return batch, lengths
-        out = torchaudio.functional.resample(batch, sample_rate, target)
+        out = require("torchaudio").functional.resample(batch, sample_rate, target)
         new_lengths = torch.tensor(
             [resampled_length(int(n), sample_rate, target) for n in lengths], dtype=torch.long
         )

@@ -19,8 +19,9 @@ fixed-length inputs and attend to the padding, so the padding is part of the inp
 from __future__ import annotations
 
 import torch
-import torchaudio
 from torch import Tensor
+
+from multimodal.deps import require
 
 __all__ = ["AST_MEAN", "AST_STD", "kaldi_fbank", "whisper_log_mel", "whisper_mel_filters"]
 
@@ -37,7 +38,8 @@ def _fit(frames: Tensor, num_frames: int) -> Tensor:
 
 def kaldi_fbank(clip: Tensor, sample_rate: int, n_mels: int, num_frames: int) -> Tensor:
     """Kaldi log filter bank of one mono clip ``(T,)`` -> ``(num_frames, n_mels)``."""
-    fbank = torchaudio.compliance.kaldi.fbank(
+    kaldi = require("torchaudio").compliance.kaldi
+    fbank = kaldi.fbank(
         clip.float()[None], sample_frequency=sample_rate, window_type="hanning",
         num_mel_bins=n_mels, dither=0.0, frame_length=25.0, frame_shift=10.0)
     return _fit(fbank, num_frames)

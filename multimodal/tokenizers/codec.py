@@ -54,10 +54,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torchaudio
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from multimodal.deps import require
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer
 from multimodal.tokenizers.kmeans import kmeans
 from multimodal.tokenizers.waveform import as_mono
@@ -214,6 +214,7 @@ class MelRVQCodec(nn.Module):
                        f.n_mels * self.config.stack_frames)
         self.register_buffer("fitted", torch.tensor(False))
         f_max = f.f_max if f.f_max is not None else f.sample_rate / 2
+        torchaudio = require("torchaudio")
         self.inverse_mel = torchaudio.transforms.InverseMelScale(
             n_stft=f.n_fft // 2 + 1, n_mels=f.n_mels, sample_rate=f.sample_rate,
             f_min=f.f_min, f_max=f_max, driver="gelsd",
