@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from multimodal.nn.block import static_step
 from multimodal.nn.cache import KVCache, StaticKVCache
 from multimodal.nn.quantized import check_mode, quantized_copy
+from multimodal.nn.step import static_step
 from multimodal.speculative import METHODS, DraftLength, SpeculativeStats, new_stats, prompt_lookup
 
 
@@ -168,7 +168,7 @@ def _counting_backend(cudagraphs: bool) -> Callable[..., Any]:
 
 
 class _CompiledStep:
-    """:func:`~multimodal.nn.block.static_step` through ``torch.compile`` (inductor; on
+    """:func:`~multimodal.nn.step.static_step` through ``torch.compile`` (inductor; on
     CUDA with CUDA graphs, as ``mode="reduce-overhead"``). A call that compiles is timed
     into :func:`compile_stats`. If compiling fails, one warning and the eager step from
     then on (the same arithmetic, the same tokens)."""

@@ -139,7 +139,7 @@ def test_cli_compile_decodes_through_the_compiled_step_with_the_same_text(
     """``--compile`` reaches the decoding loop's compiled step (replaced by a counted eager
     static step: the plumbing, not inductor) and prints the eager transcripts."""
     import multimodal.generation as gen
-    from multimodal.nn.block import static_step
+    from multimodal.nn.step import static_step
 
     calls = [0]
 

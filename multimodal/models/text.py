@@ -10,9 +10,10 @@ from torch import Tensor, nn
 from multimodal.generation import generate
 from multimodal.models.api import ClassifierHeadMixin, with_attention_maps
 from multimodal.models.backbone import model_config
-from multimodal.nn.block import ACTIVATIONS, Transformer
+from multimodal.nn.block import Transformer
 from multimodal.nn.cache import KVCache
 from multimodal.nn.init import init_weights
+from multimodal.nn.layers import ACTIVATIONS
 from multimodal.nn.pool import TOKEN_POOLING, last_token, pool_tokens
 from multimodal.nn.position import LearnedPositions, SinusoidalPositions
 from multimodal.registry import register_model, register_preset

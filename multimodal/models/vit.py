@@ -10,9 +10,10 @@ from torch import Tensor, nn
 
 from multimodal.models.api import AttentionMaps, ClassifierHeadMixin
 from multimodal.models.backbone import model_config
-from multimodal.nn.block import ACTIVATIONS, NORM_LAYERS, Transformer
+from multimodal.nn.block import NORM_LAYERS, Transformer
 from multimodal.nn.embed import ConvPatchEmbed, PatchEmbed, as_pair, check_images
 from multimodal.nn.init import init_weights
+from multimodal.nn.layers import ACTIVATIONS
 from multimodal.nn.pool import AttentionPool, mean_pool
 from multimodal.nn.position import grid_positions, resample_grid, sincos_2d_positions
 from multimodal.registry import register_config_preset, register_model

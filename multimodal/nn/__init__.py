@@ -1,8 +1,9 @@
 """The shared backbone: attention, blocks, positions, KV cache, LoRA."""
 
 from multimodal.nn.attention import Attention, scaled_dot_product_attention, simple_self_attention
-from multimodal.nn.block import MLP, Block, Transformer, TransformerConfig
+from multimodal.nn.block import Block, Transformer, TransformerConfig
 from multimodal.nn.cache import KVCache, LayerCache
+from multimodal.nn.layers import MLP
 from multimodal.nn.position import (
     LearnedPositions,
     SinusoidalPositions,

@@ -165,7 +165,7 @@ class StaticKVCache(KVCache):
 
     The prompt is prefilled by the ordinary forward (variable length, once); then
     :meth:`multimodal.nn.block.Transformer.forward` sends each one-token call to
-    :func:`multimodal.nn.block.static_step`, compiled or not (``step_fn``).
+    :func:`multimodal.nn.step.static_step`, compiled or not (``step_fn``).
     """
 
     def __init__(self, num_layers: int, max_len: int, prefix: bool = True) -> None:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from multimodal.nn.attention import Attention
-from multimodal.nn.block import MLP
+from multimodal.nn.layers import MLP
 
 
 class AttentionPool(nn.Module):
