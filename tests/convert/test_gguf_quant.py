@@ -8,6 +8,8 @@ import torch
 
 import multimodal as mm
 from multimodal.convert import gguf as mm_gguf
+from multimodal.convert.gguf import packed as gguf_packed
+from multimodal.convert.gguf import reader as gguf_reader
 from multimodal.nn.quantized import QuantizedEmbedding, QuantizedLinear
 
 gguf = pytest.importorskip("gguf")
@@ -68,7 +70,7 @@ def test_every_block_type_round_trips_against_gguf_dequantize(blocks_file, name,
     tensor = next(t for t in gguf.GGUFReader(blocks_file).tensors if t.name == name)
     ref = _reference(tensor)
     packed = mm_gguf.pack_gguf_tensor(tensor, blocks_file, mode)
-    layer = mm_gguf._linear(packed, None)
+    layer = gguf_packed._linear(packed, None)
     got = layer.dequantize()
     if name in ("Q4_0", "Q4_1"):
         # the blocks themselves: (q - 8) d + z with z = m + 8 d (Q4_1) or 0 (Q4_0)
@@ -97,7 +99,7 @@ def test_q4_1_is_exact_in_the_int4_kernel_up_to_bf16_scales(blocks_file):
     to the bf16 rounding of inputs, outputs and scales."""
     tensor = next(t for t in gguf.GGUFReader(blocks_file).tensors if t.name == "Q4_1")
     ref = _reference(tensor)
-    layer = mm_gguf._linear(mm_gguf.pack_gguf_tensor(tensor, blocks_file, "int4"), None)
+    layer = gguf_packed._linear(mm_gguf.pack_gguf_tensor(tensor, blocks_file, "int4"), None)
     x = torch.randn(3, ref.shape[1], generator=torch.Generator().manual_seed(0))
     want = x.double() @ ref.double().t()
     assert (layer(x).double() - want).abs().max() <= 4 * BF16_STEP * want.abs().max()
@@ -178,7 +180,7 @@ def test_load_encoder_keeps_the_blocks_packed_and_chats(tmp_path, bpe):  # noqa:
 def _same_header(path) -> None:
     """The packed path's header reader agrees with gguf.GGUFReader: every metadata value
     and every tensor's type, shape, offset, size and bytes."""
-    ours, ref = mm_gguf._HeaderReader(path), gguf.GGUFReader(path)
+    ours, ref = gguf_reader._HeaderReader(path), gguf.GGUFReader(path)
     keys = {k for k in ref.fields if not k.startswith("GGUF.")}
     assert set(ours.fields) == keys
     for key in keys:
@@ -259,8 +261,9 @@ def test_real_packed_load_peaks_within_1_5x_the_file(tmp_path):
     script.write_text(f"""
 import torch, torch._dynamo
 from multimodal.convert import gguf as g
+from multimodal.convert.gguf import packed as gp, tensors as gt
 path = {str(path)!r}
-r = g._open_header(path); g._our_config(r, path, g._hf_config(r, path))  # warm imports
+r = g.open_header(path); gp._our_config(r, path, gt.hf_config(r, path))  # warm imports
 def status(key):
     return next(int(line.split()[1]) for line in open("/proc/self/status")
                 if line.startswith(key))
