@@ -100,7 +100,8 @@ def _apis(config: ServeConfig, kind: str) -> Any:
     if kind == "chat":
         from multimodal.serve.chat import ChatAPI
 
-        return ChatAPI(config.model, quantize=config.quantize, compile=config.compile)
+        return ChatAPI(config.model, quantize=config.quantize, compile=config.compile,
+                       model_name=config.name)
     if kind == "transcribe":
         from multimodal.serve.transcription import TranscriptionAPI, TranscriptionSpec
 
