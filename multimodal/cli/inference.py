@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from multimodal.cli.flags import VerbParser, add_alias, check_out, parse, parse_labels
+from multimodal.cli.flags import VerbParser, add_alias, check_out, model_path, parse, parse_labels
 
 __all__ = ["caption_main", "embed_main", "speak_main", "transcribe_main", "zero_shot_main"]
 
@@ -61,10 +61,12 @@ def embed_main(args: list[str]) -> int:
                     "folder or checkpoint; writes them with the input ids. Run the same "
                     "command again to resume an interrupted run.")
     parser.add_argument("--model", required=True,
-                        help="Hugging Face folder, save_pretrained folder or task .ckpt")
+                        help="Hugging Face folder, save_pretrained folder, task .ckpt, or "
+                             "an installed model's name (multimodal models)")
     parser.add_argument("--out", required=True, help="output file, .safetensors or .npy")
     _common(parser, 32)
     ns = parse(parser, args)
+    ns.model = model_path(ns.model)
     check_out(ns.out, (".safetensors", ".npy"))
     from multimodal.pipelines.embed import embed, load_model_encoder
 
@@ -82,7 +84,8 @@ def zero_shot_main(args: list[str]) -> int:
         prog="multimodal zero-shot",
         description="Classify a folder of images by label names with a CLIP / SigLIP model; "
                     "prints file, label, probability.")
-    parser.add_argument("--model", required=True, help="CLIP / SigLIP folder or .ckpt")
+    parser.add_argument("--model", required=True,
+                        help="CLIP / SigLIP folder or .ckpt (or an installed name)")
     parser.add_argument("--labels", required=True, help='comma-separated: "cat,dog,bird"')
     parser.add_argument("--templates", nargs="+", default=None,
                         help="prompt templates with {} for the label (their embeddings are "
@@ -94,6 +97,7 @@ def zero_shot_main(args: list[str]) -> int:
                         help="CSV file: file, label, probability and one column per label")
     _common(parser, 32)
     ns = parse(parser, args)
+    ns.model = model_path(ns.model)
     labels = parse_labels(ns.labels)
     check_out(ns.out, (".csv",))
     from multimodal.pipelines.embed import load_model_encoder
@@ -140,6 +144,7 @@ def caption_main(args: list[str]) -> int:
     add_alias(parser, "--max-new-tokens", "--max_new_tokens")
     add_alias(parser, "--image-size", "--image_size")
     ns = parse(parser, args)
+    ns.model = model_path(ns.model)
     check_out(ns.out, (".csv",))
     from multimodal.pipelines.caption import caption, load_captioner
 
@@ -168,7 +173,9 @@ def transcribe_main(args: list[str]) -> int:
         prog="multimodal transcribe",
         description="Transcribe speech files with a Whisper model (a CTranslate2 Whisper "
                     "directory, a WhisperForConditionalGeneration folder or a saved Whisper).")
-    parser.add_argument("--model", required=True, help="model directory")
+    parser.add_argument("--model", required=True,
+                        help="Whisper directory, or an installed model's name "
+                             "(whisper-tiny.en, whisper-base: multimodal models)")
     parser.add_argument("--inputs", required=True, nargs="+",
                         help="audio files and / or folders of audio files")
     parser.add_argument("--out", default=None, help="results file, .csv or .jsonl")
@@ -191,6 +198,7 @@ def transcribe_main(args: list[str]) -> int:
     add_alias(parser, "--num-beams", "--num_beams")
     add_alias(parser, "--batch-size", "--batch_size")
     ns = parse(parser, args)
+    ns.model = model_path(ns.model)
     check_out(ns.out, (".csv", ".jsonl"))
     import torch
 
@@ -229,6 +237,7 @@ def speak_main(args: list[str]) -> int:
     add_alias(parser, "--top-k", "--top_k")
     add_alias(parser, "--top-p", "--top_p")
     ns = parse(parser, args)
+    ns.model = model_path(ns.model)
     out = check_out(ns.out, (".wav",))
     import soundfile as sf
 
