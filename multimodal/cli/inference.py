@@ -185,7 +185,8 @@ def transcribe_main(args: list[str]) -> int:
     parser.add_argument("--num_beams", type=int, default=1, help="1: greedy")
     parser.add_argument("--batch_size", type=int, default=4, help="30 s windows per batch")
     parser.add_argument("--resample", action="store_true",
-                        help="resample files that are not 16 kHz (otherwise an error)")
+                        help="kept for old commands: files not at 16 kHz are always resampled "
+                             "(one note line says which)")
     parser.add_argument("--bf16", action="store_true",
                         help="run the layers in bfloat16 (CPUs with native bf16)")
     parser.add_argument("--compile", action="store_true",
@@ -194,7 +195,8 @@ def transcribe_main(args: list[str]) -> int:
     parser.add_argument("--quantize", default=None, choices=["int8", "int4"],
                         help="weight-only quantised decoder (packed CPU kernels)")
     parser.add_argument("--mix", action="store_true",
-                        help="average the channels of multi-channel files (otherwise an error)")
+                        help="kept for old commands: the channels of a multi-channel file are "
+                             "always averaged")
     add_alias(parser, "--num-beams", "--num_beams")
     add_alias(parser, "--batch-size", "--batch_size")
     ns = parse(parser, args)
@@ -206,7 +208,7 @@ def transcribe_main(args: list[str]) -> int:
 
     results = transcribe(ns.model, ns.inputs, language=ns.language, task=ns.task,
                          num_beams=ns.num_beams, batch_size=ns.batch_size,
-                         resample=ns.resample, mix=ns.mix,
+                         resample=True, mix=True,  # one rule for every verb
                          compute_dtype=torch.bfloat16 if ns.bf16 else None,
                          compile=ns.compile, quantize=ns.quantize)
     for r in results:
