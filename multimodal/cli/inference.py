@@ -66,8 +66,8 @@ def embed_main(args: list[str]) -> int:
     parser.add_argument("--out", required=True, help="output file, .safetensors or .npy")
     _common(parser, 32)
     ns = parse(parser, args)
-    ns.model = model_path(ns.model)
     check_out(ns.out, (".safetensors", ".npy"))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     from multimodal.pipelines.embed import embed, load_model_encoder
 
     encoder = load_model_encoder(ns.model)
@@ -97,9 +97,9 @@ def zero_shot_main(args: list[str]) -> int:
                         help="CSV file: file, label, probability and one column per label")
     _common(parser, 32)
     ns = parse(parser, args)
-    ns.model = model_path(ns.model)
     labels = parse_labels(ns.labels)
     check_out(ns.out, (".csv",))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     from multimodal.pipelines.embed import load_model_encoder
     from multimodal.pipelines.zero_shot import DEFAULT_TEMPLATES, zero_shot
 
@@ -144,8 +144,8 @@ def caption_main(args: list[str]) -> int:
     add_alias(parser, "--max-new-tokens", "--max_new_tokens")
     add_alias(parser, "--image-size", "--image_size")
     ns = parse(parser, args)
-    ns.model = model_path(ns.model)
     check_out(ns.out, (".csv",))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     from multimodal.pipelines.caption import caption, load_captioner
 
     bundle = load_captioner(ns.model, image_size=ns.image_size, mean=_floats(ns.mean),
@@ -200,8 +200,8 @@ def transcribe_main(args: list[str]) -> int:
     add_alias(parser, "--num-beams", "--num_beams")
     add_alias(parser, "--batch-size", "--batch_size")
     ns = parse(parser, args)
-    ns.model = model_path(ns.model)
     check_out(ns.out, (".csv", ".jsonl"))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     import torch
 
     from multimodal.pipelines.transcribe import transcribe, write_transcripts
@@ -239,8 +239,8 @@ def speak_main(args: list[str]) -> int:
     add_alias(parser, "--top-k", "--top_k")
     add_alias(parser, "--top-p", "--top_p")
     ns = parse(parser, args)
-    ns.model = model_path(ns.model)
     out = check_out(ns.out, (".wav",))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     import soundfile as sf
 
     from multimodal.pipelines.speak import synthesize
