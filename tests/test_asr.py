@@ -74,9 +74,6 @@ def test_cli_writes_one_line_per_file_and_csv_jsonl(model_dir, tmp_path, capsys)
 @pytest.mark.parametrize("case, pattern", [
     ("silent", r"silent\.wav is silent"),
     ("short", r"short\.wav is too short: 50 ms"),
-    ("stereo", r"stereo\.wav has 2 channels.*--mix"),
-    ("8k", r"8k\.wav is sampled at 8000 Hz \(telephone band.*--resample"),
-    ("44k", r"44k\.wav is sampled at 44100 Hz.*--resample"),
     ("text", r"text\.wav is not a readable audio file"),
 ])
 def test_bad_clips_are_refused_naming_the_file(model_dir, tmp_path, case, pattern):
@@ -98,6 +95,21 @@ def test_bad_clips_are_refused_naming_the_file(model_dir, tmp_path, case, patter
     assert cli_main_code(["transcribe", "--model", str(model_dir), "--inputs", str(path)]) == 2
 
 
+@pytest.mark.parametrize("case, pattern", [
+    ("stereo", r"stereo\.wav has 2 channels.*mix=True"),
+    ("8k", r"8k\.wav is sampled at 8000 Hz \(telephone band.*resample=True"),
+    ("44k", r"44k\.wav is sampled at 44100 Hz.*resample=True"),
+])
+def test_other_rates_and_channels_are_refused_only_when_asked(model_dir, tmp_path, case,
+                                                              pattern):
+    rate = {"8k": 8000, "44k": 44100}.get(case, 16000)
+    sf.write(tmp_path / f"{case}.wav", _tone(1.0, rate=rate, channels=2 if case == "stereo"
+                                             else 1), rate)
+    with pytest.raises(ValueError, match=pattern):
+        mm.transcribe(str(model_dir), tmp_path / f"{case}.wav", resample=False, mix=False,
+                      show_progress=False)
+
+
 def test_resample_and_mix_make_those_clips_usable(model_dir, tmp_path):
     sf.write(tmp_path / "s.wav", _tone(1.0, rate=44100, channels=2), 44100)
     wave = read_speech(tmp_path / "s.wav", resample=True, mix=True)
@@ -105,6 +117,30 @@ def test_resample_and_mix_make_those_clips_usable(model_dir, tmp_path):
     (r,) = mm.transcribe(str(model_dir), tmp_path / "s.wav", resample=True, mix=True,
                          show_progress=False)
     assert isinstance(r.text, str)
+
+
+def test_cli_resamples_22050_hz_as_every_verb_does_with_one_note(model_dir, tmp_path, capfd):
+    """espeak-ng's 22 050 Hz and a stereo file: transcribed (same text as the file converted
+    to 16 kHz mono by hand), one ``note:`` line naming them; ``--resample`` still accepted."""
+    import torchaudio
+
+    tone = _tone(1.0, rate=22050)
+    sf.write(tmp_path / "say.wav", tone, 22050)
+    sf.write(tmp_path / "two.wav", _tone(1.0, channels=2, seed=3), 16000)
+    by_hand = torchaudio.functional.resample(torch.from_numpy(tone), 22050, 16000)
+    sf.write(tmp_path / "by_hand.wav", by_hand.numpy(), 16000)
+    want = {r.file.rsplit("/", 1)[-1]: r.text for r in mm.transcribe(
+        str(model_dir), [tmp_path / "by_hand.wav"], show_progress=False)}
+    for extra in ([], ["--resample", "--mix"]):
+        assert cli_main_code(["transcribe", "--model", str(model_dir), "--inputs",
+                              str(tmp_path / "say.wav"), str(tmp_path / "two.wav"),
+                              *extra]) == 0
+        out, err = capfd.readouterr()
+        got = dict(line.split("\t", 1) for line in out.strip().splitlines())
+        assert got[str(tmp_path / "say.wav")] == want["by_hand.wav"]
+        notes = [ln for ln in err.splitlines() if ln.startswith("note:")]
+        assert notes == ["note: converted to 16000 Hz mono, as Whisper reads (say.wav: "
+                         "22050 Hz, two.wav: 2 channels averaged)"]
 
 
 def test_an_encoder_only_folder_is_not_a_transcriber(tmp_path):

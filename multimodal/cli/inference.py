@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from multimodal.cli.flags import VerbParser, add_alias, check_out, parse, parse_labels
+from multimodal.cli.flags import VerbParser, add_alias, check_out, model_path, parse, parse_labels
 
 __all__ = ["caption_main", "embed_main", "speak_main", "transcribe_main", "zero_shot_main"]
 
@@ -61,11 +61,13 @@ def embed_main(args: list[str]) -> int:
                     "folder or checkpoint; writes them with the input ids. Run the same "
                     "command again to resume an interrupted run.")
     parser.add_argument("--model", required=True,
-                        help="Hugging Face folder, save_pretrained folder or task .ckpt")
+                        help="Hugging Face folder, save_pretrained folder, task .ckpt, or "
+                             "an installed model's name (multimodal models)")
     parser.add_argument("--out", required=True, help="output file, .safetensors or .npy")
     _common(parser, 32)
     ns = parse(parser, args)
     check_out(ns.out, (".safetensors", ".npy"))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     from multimodal.pipelines.embed import embed, load_model_encoder
 
     encoder = load_model_encoder(ns.model)
@@ -82,7 +84,8 @@ def zero_shot_main(args: list[str]) -> int:
         prog="multimodal zero-shot",
         description="Classify a folder of images by label names with a CLIP / SigLIP model; "
                     "prints file, label, probability.")
-    parser.add_argument("--model", required=True, help="CLIP / SigLIP folder or .ckpt")
+    parser.add_argument("--model", required=True,
+                        help="CLIP / SigLIP folder or .ckpt (or an installed name)")
     parser.add_argument("--labels", required=True, help='comma-separated: "cat,dog,bird"')
     parser.add_argument("--templates", nargs="+", default=None,
                         help="prompt templates with {} for the label (their embeddings are "
@@ -96,6 +99,7 @@ def zero_shot_main(args: list[str]) -> int:
     ns = parse(parser, args)
     labels = parse_labels(ns.labels)
     check_out(ns.out, (".csv",))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     from multimodal.pipelines.embed import load_model_encoder
     from multimodal.pipelines.zero_shot import DEFAULT_TEMPLATES, zero_shot
 
@@ -141,6 +145,7 @@ def caption_main(args: list[str]) -> int:
     add_alias(parser, "--image-size", "--image_size")
     ns = parse(parser, args)
     check_out(ns.out, (".csv",))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     from multimodal.pipelines.caption import caption, load_captioner
 
     bundle = load_captioner(ns.model, image_size=ns.image_size, mean=_floats(ns.mean),
@@ -168,7 +173,9 @@ def transcribe_main(args: list[str]) -> int:
         prog="multimodal transcribe",
         description="Transcribe speech files with a Whisper model (a CTranslate2 Whisper "
                     "directory, a WhisperForConditionalGeneration folder or a saved Whisper).")
-    parser.add_argument("--model", required=True, help="model directory")
+    parser.add_argument("--model", required=True,
+                        help="Whisper directory, or an installed model's name "
+                             "(whisper-tiny.en, whisper-base: multimodal models)")
     parser.add_argument("--inputs", required=True, nargs="+",
                         help="audio files and / or folders of audio files")
     parser.add_argument("--out", default=None, help="results file, .csv or .jsonl")
@@ -178,7 +185,8 @@ def transcribe_main(args: list[str]) -> int:
     parser.add_argument("--num_beams", type=int, default=1, help="1: greedy")
     parser.add_argument("--batch_size", type=int, default=4, help="30 s windows per batch")
     parser.add_argument("--resample", action="store_true",
-                        help="resample files that are not 16 kHz (otherwise an error)")
+                        help="kept for old commands: files not at 16 kHz are always resampled "
+                             "(one note line says which)")
     parser.add_argument("--bf16", action="store_true",
                         help="run the layers in bfloat16 (CPUs with native bf16)")
     parser.add_argument("--compile", action="store_true",
@@ -187,18 +195,20 @@ def transcribe_main(args: list[str]) -> int:
     parser.add_argument("--quantize", default=None, choices=["int8", "int4"],
                         help="weight-only quantised decoder (packed CPU kernels)")
     parser.add_argument("--mix", action="store_true",
-                        help="average the channels of multi-channel files (otherwise an error)")
+                        help="kept for old commands: the channels of a multi-channel file are "
+                             "always averaged")
     add_alias(parser, "--num-beams", "--num_beams")
     add_alias(parser, "--batch-size", "--batch_size")
     ns = parse(parser, args)
     check_out(ns.out, (".csv", ".jsonl"))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     import torch
 
     from multimodal.pipelines.transcribe import transcribe, write_transcripts
 
     results = transcribe(ns.model, ns.inputs, language=ns.language, task=ns.task,
                          num_beams=ns.num_beams, batch_size=ns.batch_size,
-                         resample=ns.resample, mix=ns.mix,
+                         resample=True, mix=True,  # one rule for every verb
                          compute_dtype=torch.bfloat16 if ns.bf16 else None,
                          compile=ns.compile, quantize=ns.quantize)
     for r in results:
@@ -230,6 +240,7 @@ def speak_main(args: list[str]) -> int:
     add_alias(parser, "--top-p", "--top_p")
     ns = parse(parser, args)
     out = check_out(ns.out, (".wav",))
+    ns.model = model_path(ns.model)  # after the cheap checks, before loading
     import soundfile as sf
 
     from multimodal.pipelines.speak import synthesize

@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from multimodal.cli.errors import UsageError
+from multimodal.cli.flags import model_path
 from multimodal.serve.models import KINDS
 from multimodal.serve.server import ServeConfig, run
 
@@ -31,7 +33,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="multimodal serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="model folder, .ckpt or .gguf file")
+    p.add_argument("--model", required=True,
+                   help="model folder, .ckpt or .gguf file, or an installed model's name "
+                        "(multimodal models lists them)")
     p.add_argument("--kind", choices=KINDS, default=None,
                    help="what to serve (default: from the path: Whisper -> transcribe, "
                         ".gguf -> chat, classifier .ckpt -> classify, else embed, with "
@@ -59,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--drain_timeout_s", type=float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
     p.add_argument("--served_model_name", default=None,
-                   help="the name /v1/models reports (default: the path's last part)")
+                   help="the name /v1/models reports (default: the installed model's name, "
+                        "else the path's last part)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the encoder (embeddings) or the one-token decoding "
                         "step (chat)")
@@ -77,8 +82,13 @@ def parse(argv: list[str]) -> ServeConfig:
     """The :class:`ServeConfig` of ``argv``; ``error: ...`` and exit 2 when it is wrong."""
     parser = _parser()
     ns = parser.parse_args(argv)
-    if not Path(ns.model).exists():
-        parser.error(f"--model {ns.model} does not exist")
+    try:  # the resolver of every verb: a path, or an installed model's name
+        path = model_path(ns.model)
+    except UsageError as err:
+        parser.error(str(err))
+    if ns.served_model_name is None and not Path(ns.model).expanduser().exists():
+        ns.served_model_name = ns.model  # a name: reported as given, not its folder's name
+    ns.model = path
     if not 1024 <= ns.port <= 65535:
         parser.error(f"--port must be in 1024..65535, got {ns.port}")
     for name in ("max_batch_size", "workers", "max_queue", "max_inputs"):

@@ -48,6 +48,8 @@ VERBS: dict[str, tuple[str, str]] = {
                "the pretrained weights installed on this machine, with their paths"),
     "serve": ("multimodal.cli.serve:main",
               "serve a model over HTTP (OpenAI-compatible endpoints)"),
+    "chat": ("multimodal.cli.chat:main",
+             "reply to a prompt with a chat model (or --interactive: a conversation)"),
 }
 """verb -> (``module:function``, one line of help)."""
 

@@ -5,12 +5,22 @@
 ``embeddings``, the ids in the metadata) or ``.npy`` (the ids in ``<name>.ids.json``
 beside it). Work is saved batch by batch in ``<out>.parts/``; a run that is interrupted and
 started again with the same ``out`` reads what is there and embeds only the rest (an
-``out`` written by another model is refused, never mixed). Inputs are batched and each
-embedding is the same whatever it was batched with (:meth:`multimodal.encoder.Encoder.encode`).
+``out`` written by another model is refused, never mixed).
+
+Resuming goes by content, not by position: every row is stored with a hash of its input
+(SHA-256 of the text, or of the file's bytes; metadata ``hashes``, beside ``ids``), and a
+row is reused only for an input whose hash it carries. An edited line is embedded again,
+an inserted one embedded, lines that moved keep their vectors, a deleted one is dropped;
+the run says how many rows it reused and how many it embedded. A file written without
+hashes (an older version) is never trusted: everything is embedded again.
+
+Inputs are batched and each embedding is the same whatever it was batched with
+(:meth:`multimodal.encoder.Encoder.encode`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -126,9 +136,29 @@ def _write(path: Path, ids: list[str], emb: torch.Tensor, meta: dict[str, Any]) 
     os.replace(tmp, path)
 
 
-def _done_so_far(out: Path, parts: Path, model_name: str) -> dict[str, torch.Tensor]:
-    """Embeddings already written by an earlier run into ``out`` or its parts folder."""
+def content_hash(item: InputItem) -> str:
+    """SHA-256 (hex) of what ``item`` holds: its text, or its file's bytes; a file that
+    cannot be read hashes to its path (it is reported when embedded)."""
+    digest = hashlib.sha256()
+    if item.text is not None or item.path is None:
+        digest.update(b"text\0" + (item.text or "").encode("utf-8"))
+        return digest.hexdigest()
+    digest.update(b"file\0")
+    try:
+        with open(item.path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        digest.update(b"unreadable\0" + str(item.path).encode())
+    return digest.hexdigest()
+
+
+def _done_so_far(out: Path, parts: Path, model_name: str,
+                 stream: IO[str] | None = None) -> tuple[dict[str, torch.Tensor], int]:
+    """Embeddings already written by an earlier run into ``out`` or its parts folder, by
+    content hash, and how many rows ``out`` itself held. Rows without hashes are left out."""
     done: dict[str, torch.Tensor] = {}
+    rows = 0
     files = [out] if out.is_file() else []
     if parts.is_dir():
         files += sorted(parts.glob("part-*" + out.suffix))
@@ -143,8 +173,16 @@ def _done_so_far(out: Path, parts: Path, model_name: str) -> dict[str, torch.Ten
         if meta.get("model") != model_name:
             raise ValueError(f"{file} was written with model {meta.get('model')!r}, not "
                              f"{model_name!r}: remove it or choose another --out")
-        done.update(zip(ids, emb, strict=True))
-    return done
+        if file == out:
+            rows = len(ids)
+        hashes = meta.get("hashes")
+        if not isinstance(hashes, list) or len(hashes) != len(ids):
+            if stream is not None:
+                print(f"{file} records no content hashes (an older version wrote it): its "
+                      "rows are not reused", file=stream)
+            continue
+        done.update(zip(hashes, emb, strict=True))
+    return done, rows
 
 
 def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size: int = 32,
@@ -167,7 +205,8 @@ def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size:
     kind = check_kind(items, _kinds_of(encoder),
                       f"the model ({type(encoder.backbone).__name__})")
     stream = stream if stream is not None else sys.stderr
-    done: dict[str, torch.Tensor] = {}
+    done: dict[str, torch.Tensor] = {}  # content hash -> embedding
+    hashes: dict[str, str] = {}  # input id -> content hash
     out_path = parts = None
     if out is not None:
         out_path = Path(out)
@@ -175,11 +214,17 @@ def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size:
             raise ValueError(f"--out {out_path}: write .safetensors or .npy")
         out_path.parent.mkdir(parents=True, exist_ok=True)
         parts = out_path.with_name(out_path.name + PARTS_SUFFIX)
-        done = _done_so_far(out_path, parts, model_name)
-        if done:
-            print(f"resuming: {sum(i.id in done for i in items)} of {len(items)} inputs "
-                  f"already embedded in {out_path}", file=stream)
-    todo = [item for item in items if item.id not in done]
+        hashes = {item.id: content_hash(item) for item in items}
+        done, before = _done_so_far(out_path, parts, model_name, stream)
+        if done or before:
+            reused = sum(hashes[i.id] in done for i in items)
+            wanted = set(hashes.values())
+            dropped = sum(h not in wanted for h in done)
+            print(f"resuming: {reused} of {len(items)} inputs reused from {out_path} "
+                  f"(same content), {len(items) - reused} to embed (changed or new), "
+                  f"{dropped} stored row(s) dropped (no longer in the inputs)", file=stream)
+    key = hashes.get if out is not None else (lambda i: i)  # what a row is stored under
+    todo = [item for item in items if key(item.id) not in done]
     skipped, reader = Skipped(), Reader.of(encoder)
     if todo and parts is not None:
         parts.mkdir(exist_ok=True)
@@ -191,21 +236,22 @@ def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size:
             if values:
                 kept, emb = encode_batch(encoder, kind, kept, values, skip_corrupt, skipped)
                 emb = emb.float()
-                done.update(zip([i.id for i in kept], emb, strict=True))
+                done.update(zip([key(i.id) for i in kept], emb, strict=True))
                 if parts is not None and kept:
                     _write(parts / f"part-{next_part:06d}{out_path.suffix}",
-                           [i.id for i in kept], emb, {"model": model_name})
+                           [i.id for i in kept], emb,
+                           {"model": model_name, "hashes": [hashes[i.id] for i in kept]})
                     next_part += 1
             bar.update(len(chunk))
             if on_batch is not None:
                 on_batch(start // batch_size)
     skipped.report(stream)
-    ids = [item.id for item in items if item.id in done]
+    ids = [item.id for item in items if key(item.id) in done]
     if not ids:
         raise ValueError("no input could be embedded")
-    emb = torch.stack([done[i] for i in ids])
+    emb = torch.stack([done[key(i)] for i in ids])
     if out_path is not None:
-        _write(out_path, ids, emb, {"model": model_name,
+        _write(out_path, ids, emb, {"model": model_name, "hashes": [hashes[i] for i in ids],
                                     "skipped": [i for i, _ in skipped.items]})
         if parts is not None and parts.is_dir():
             for file in parts.iterdir():

@@ -15,17 +15,20 @@ without timestamps, and the windows' texts are joined with a space (like transfo
 pipeline with ``chunk_length_s=30`` and no stride: a word cut by a window boundary may be
 lost or split). Windows of all files go through the encoder in batches of ``batch_size``.
 
-Bad input is refused with an error that names the file: not audio, silent (peak below
-``1e-4``), shorter than ``min_seconds`` (0.1 s), several channels (unless ``mix=True``:
-their mean), a rate other than 16 kHz (unless ``resample=True``; 8 kHz telephone audio
-has no content above 4 kHz, which Whisper was trained with), and a model that is not a
-speech recogniser (an encoder-only folder).
+Every verb reads audio by one rule: a file at another rate is resampled to 16 kHz and the
+channels of a multi-channel file are averaged, as ``embed`` and ``serve`` do; ``transcribe``
+says so in one line (``note: ...``) naming the files converted. ``resample=False`` /
+``mix=False`` refuse such files instead (8 kHz telephone audio has no content above 4 kHz,
+which Whisper was trained with). Bad input is refused with an error that names the file:
+not audio, silent (peak below ``1e-4``), shorter than ``min_seconds`` (0.1 s), and a model
+that is not a speech recogniser (an encoder-only folder).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,10 +56,11 @@ class Transcript:
     seconds: float
     language: str | None = None
 
-def read_speech(path: str | Path, *, resample: bool = False, mix: bool = False,
-                min_seconds: float = 0.1) -> Tensor:
+def read_speech(path: str | Path, *, resample: bool = True, mix: bool = True,
+                min_seconds: float = 0.1, converted: list[str] | None = None) -> Tensor:
     """A file as a 16 kHz mono waveform ``(T,)``, checked (module docstring). ``.raw``
-    files are headerless 16-bit little-endian 16 kHz mono PCM (pocketsphinx's)."""
+    files are headerless 16-bit little-endian 16 kHz mono PCM (pocketsphinx's). What was
+    converted (``"name: 22050 Hz"``, ``"name: 2 channels"``) is added to ``converted``."""
     from multimodal.deps import require
 
     torchaudio = require("torchaudio")
@@ -70,6 +74,8 @@ def read_speech(path: str | Path, *, resample: bool = False, mix: bool = False,
             raise ValueError(f"{path} has {wave.shape[0]} channels; Whisper reads mono speech: "
                              "pass mix=True (--mix) to average the channels, or give one "
                              "channel")
+        if converted is not None:
+            converted.append(f"{path.name}: {wave.shape[0]} channels averaged")
         wave = wave.mean(dim=0, keepdim=True)
     wave = wave[0]
     if rate != SAMPLE_RATE:
@@ -77,6 +83,8 @@ def read_speech(path: str | Path, *, resample: bool = False, mix: bool = False,
             why = " (telephone band: nothing above 4 kHz)" if rate < SAMPLE_RATE else ""
             raise ValueError(f"{path} is sampled at {rate} Hz{why}; Whisper reads 16000 Hz: "
                              "pass resample=True (--resample) to convert it")
+        if converted is not None:
+            converted.append(f"{path.name}: {rate} Hz")
         wave = torchaudio.functional.resample(wave, rate, SAMPLE_RATE)
     seconds = wave.numel() / SAMPLE_RATE
     if seconds < min_seconds:
@@ -94,8 +102,8 @@ def read_speech(path: str | Path, *, resample: bool = False, mix: bool = False,
 @torch.no_grad()
 def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
                tokenizer: Any = None, language: str | None = None, task: str = "transcribe",
-               num_beams: int = 1, batch_size: int = 4, resample: bool = False,
-               mix: bool = False, show_progress: bool = True,
+               num_beams: int = 1, batch_size: int = 4, resample: bool = True,
+               mix: bool = True, show_progress: bool = True,
                compute_dtype: torch.dtype | None = None,
                compile: bool = False, quantize: str | None = None) -> list[Transcript]:
     """Transcripts of audio files: a folder, a manifest or a list of paths, collected as
@@ -124,7 +132,14 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
     items = collect_inputs(inputs, ("audio",))
     check_kind(items, ("audio",), "transcribe")
     files = [item.path for item in items]
-    waves = [read_speech(f, resample=resample, mix=mix) for f in files]  # all checked first
+    converted: list[str] = []
+    waves = [read_speech(f, resample=resample, mix=mix, converted=converted)
+             for f in files]  # all checked first
+    if converted and show_progress:
+        shown = ", ".join(converted[:3]) + (f", ... ({len(converted)} in all)"
+                                            if len(converted) > 3 else "")
+        print(f"note: converted to {SAMPLE_RATE} Hz mono, as Whisper reads ({shown})",
+              file=sys.stderr)
     enc = model.config.encoder
     window = int(enc.max_frames) * round(enc.sample_rate * enc.hop_ms / 1000)  # 30 s
     jobs = [(i, w[s : s + window]) for i, w in enumerate(waves)

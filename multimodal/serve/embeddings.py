@@ -8,10 +8,12 @@ Request ``{"input": str | [item], "model"?: str, "encoding_format"?: "float" | "
 or a clip (audio encoders) as ``"data:audio/wav;base64,..."`` or ``{"type": "input_audio",
 "input_audio": {"data": BASE64, "format": "wav"}}``; the server fetches nothing, so an
 ``http`` URL is refused. Images and clips are decoded in the API process (an unreadable one
-is a 400 naming ``input[i]``). A text longer than the model's context is refused with 413
-naming ``input[i]`` unless ``"truncate": true`` (then it is cut to the context, as
-sentence-transformers does). ``base64`` is the vector as little-endian float32 bytes (what
-the ``openai`` client decodes).
+is a 400 naming ``input[i]``). An empty string is a 400, as OpenAI's. A text longer than
+the model's context is refused with 400 (code ``input_too_long``) naming ``input[i]`` unless
+``"truncate": true`` (then it is cut to the context, as sentence-transformers and
+text-embeddings-inference do); a body over ``--max_request_mb`` is a 413 (the middleware).
+``base64`` is the vector as little-endian float32 bytes (what the ``openai`` client
+decodes).
 
 Batching (the response's ``X-Batch-Requests`` header says how many requests shared the
 worker call): requests arriving within ``batch_timeout`` (up to ``max_batch_size`` requests)
@@ -169,6 +171,10 @@ def _audio(data: bytes, i: int) -> tuple[str, np.ndarray, int]:
 def _item(value: Any, i: int, rules: TextRules) -> Any:
     """One input as the worker takes it (:class:`EmbeddingJob`), checked against what the
     model reads."""
+    if value == "" or (isinstance(value, dict) and value.get("type") == "text"
+                       and value.get("text") == ""):
+        raise ApiError(400, f"input[{i}] is an empty string: there is nothing to embed",
+                       f"input[{i}]", "invalid_value")
     if isinstance(value, str) and not value.startswith("data:"):
         kind, item = "text", value
     elif isinstance(value, str):
@@ -249,7 +255,7 @@ def parse_texts(body: Any, rules: TextRules) -> tuple[list[Any], str | None, int
     if not truncate:
         for i, n in zip(where, counts, strict=True):
             if n > rules.max_tokens:
-                raise ApiError(413, f"input[{i}] is {n} tokens, over the model's context of "
+                raise ApiError(400, f"input[{i}] is {n} tokens, over the model's context of "
                                f"{rules.max_tokens}: shorten it or send \"truncate\": true",
                                f"input[{i}]", "input_too_long")
     return texts, model, sum(min(n, rules.max_tokens) for n in counts)

@@ -8,7 +8,10 @@ model again in their own processes (LitServe spawns them).
 
 :func:`run` binds ``127.0.0.1`` unless told otherwise and drains on SIGTERM: new requests
 get 503, those in flight are answered (up to ``drain_timeout_s``), then LitServe shuts its
-processes down and the command exits 0.
+processes down and the command exits 0. Ctrl-C (SIGINT) does the same after one line
+(a second Ctrl-C stops at once): SIGINT is blocked in every process of the server and
+taken by one thread of the main process, so no process dies with a ``KeyboardInterrupt``
+traceback. A port already in use is refused (:func:`check_port`) before the model loads.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -100,7 +105,8 @@ def _apis(config: ServeConfig, kind: str) -> Any:
     if kind == "chat":
         from multimodal.serve.chat import ChatAPI
 
-        return ChatAPI(config.model, quantize=config.quantize, compile=config.compile)
+        return ChatAPI(config.model, quantize=config.quantize, compile=config.compile,
+                       model_name=config.name)
     if kind == "transcribe":
         from multimodal.serve.transcription import TranscriptionAPI, TranscriptionSpec
 
@@ -177,6 +183,48 @@ def _drain_then_stop(built: Built, timeout_s: float) -> None:
         built.server._shutdown_event.set()
 
 
+def check_port(host: str, port: int) -> None:
+    """A ``ValueError`` naming ``host:port`` when something already listens there (bound as
+    uvicorn binds, ``SO_REUSEADDR``, so a port left in TIME_WAIT by a stopped server is
+    free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise ValueError(f"port {port} on {host} is in use ({err.strerror}): stop what "
+                             "serves there or choose another --port") from None
+
+
+def _take_ctrl_c(timeout_s: float) -> list[Built]:
+    """SIGINT blocked in this thread, so in every thread and process started after it (call
+    it first); one thread waits for it: the first Ctrl-C drains and stops the server (as
+    SIGTERM; before the server is built, it just ends the command), a second exits at once.
+    Returns the list to put the :class:`Built` server in once there is one."""
+    from multiprocessing import resource_tracker
+
+    # started first: starting it later unblocks SIGINT in the thread that starts it
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    server: list[Built] = []
+
+    def wait() -> None:
+        signal.sigwait({signal.SIGINT})
+        if not server:
+            print("stopped (Ctrl-C) before the model was loaded", file=sys.stderr, flush=True)
+            os._exit(0)
+        print("stopping (Ctrl-C): finishing the requests in flight; Ctrl-C again to quit "
+              "at once", file=sys.stderr, flush=True)
+        threading.Thread(target=_drain_then_stop, args=(server[0], timeout_s),
+                         daemon=True).start()
+        signal.sigwait({signal.SIGINT})
+        os._exit(130)
+
+    threading.Thread(target=wait, daemon=True, name="ctrl-c").start()
+    return server
+
+
 def run(config: ServeConfig) -> int:
     """Start the server and block until SIGTERM / Ctrl-C; 0 after a clean drain.
 
@@ -186,7 +234,10 @@ def run(config: ServeConfig) -> int:
     request took 0.5-2 s with spinning threads and 20-60 ms without (1 thread: 40-120 ms).
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before the workers are spawned
+    check_port(config.host, config.port)
+    ctrl_c = _take_ctrl_c(config.drain_timeout_s)  # before any thread or process starts
     built = build_server(config)
+    ctrl_c.append(built)
     started: list[threading.Thread] = []
 
     def on_sigterm(signum: int, frame: Any) -> None:

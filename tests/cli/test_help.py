@@ -16,7 +16,7 @@ from multimodal.cli.verbs import VERBS, run, usage
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = ("fit", "validate", "test", "predict", "embed", "zero-shot", "caption",
-            "transcribe", "speak", "plot", "models", "serve")
+            "transcribe", "speak", "plot", "models", "serve", "chat")
 
 
 def _in_fresh_python(code: str) -> dict:

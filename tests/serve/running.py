@@ -58,7 +58,8 @@ def post(port: int, path: str, body: Any, **kw: Any) -> Reply:
 class Server:
     """``multimodal serve --model MODEL ARGS`` on a free port; :meth:`stop` sends SIGTERM."""
 
-    def __init__(self, model: str | Path, *args: str, startup_s: float = 120) -> None:
+    def __init__(self, model: str | Path, *args: str, startup_s: float = 120,
+                 own_group: bool = False) -> None:
         self.port = free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         # a file, not a pipe: a full pipe would block the server
@@ -66,7 +67,8 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "multimodal.cli.serve", "--model", str(model),
              "--port", str(self.port), *args],
-            env=env, cwd=str(ROOT), stdout=self.log, stderr=subprocess.STDOUT)
+            env=env, cwd=str(ROOT), stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=own_group)  # own_group: killpg reaches it as Ctrl-C would
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -103,7 +103,9 @@ def test_concurrent_requests_share_a_batch_and_match_each_text_alone(server, off
     ({"input": "a cat", "encoding_format": "int8"}, 400, "encoding_format"),
     ({"input": "a cat", "model": 3}, 400, "model"),
     ({"input": "a cat", "dimensions": 8}, 400, "dimensions"),
-    ({"input": ["a cat", "the cat " * 12]}, 413, "input[1]"),  # over the 16-token context
+    ({"input": ["a cat", "the cat " * 12]}, 400, "input[1]"),  # over the 16-token context
+    ({"input": ""}, 400, "input[0]"),                          # an empty string
+    ({"input": ["a cat", ""]}, 400, "input[1]"),
 ])
 def test_bad_request_is_a_4xx_naming_the_field_and_the_server_serves_on(
         server, offline, body, status, param):
@@ -112,6 +114,7 @@ def test_bad_request_is_a_4xx_naming_the_field_and_the_server_serves_on(
     error = reply.json()["error"]
     assert error["param"] == param
     assert error["message"]
+    assert error["code"]  # every refusal names its kind, as OpenAI's do
     assert_serving(server, offline)
 
 
@@ -146,6 +149,30 @@ def test_openai_client_reads_the_embeddings(server, offline):
     got = client.embeddings.create(model="tiny", input=TEXTS[:2])  # base64 by default
     vectors = torch.tensor([d.embedding for d in got.data])
     torch.testing.assert_close(vectors, offline.encode(TEXTS[:2]), atol=1e-5, rtol=0)
+
+
+def test_openai_client_sees_openais_refusals(server, offline):
+    """Through the ``openai`` client: an empty string and a text over the context are 400s
+    with their ``code`` (unless ``truncate``, TEI's rule), a body over ``--max_request_mb``
+    a 413; ``model`` echoes the request's name."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=KEY,
+                           max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.embeddings.create(model="tiny", input="")
+    assert (err.value.code, err.value.param) == ("invalid_value", "input[0]")
+    long = "the cat " * 12  # 24 words + 2 specials > the 16-token context
+    with pytest.raises(openai.BadRequestError) as err:
+        client.embeddings.create(model="tiny", input=[long])
+    assert err.value.code == "input_too_long"
+    cut = client.embeddings.create(model="mine", input=[long], extra_body={"truncate": True})
+    assert cut.model == "mine"
+    torch.testing.assert_close(torch.tensor(cut.data[0].embedding), offline.encode([long])[0],
+                               atol=1e-5, rtol=0)
+    with pytest.raises(openai.APIStatusError) as err:
+        client.embeddings.create(model="tiny", input=["the cat"] * 2000)  # > 0.01 MB
+    assert err.value.status_code == 413
+    assert err.value.code == "payload_too_large"
 
 
 def test_a_client_that_disconnects_mid_request_does_not_stall_the_others(server, offline):

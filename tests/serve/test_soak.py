@@ -25,7 +25,7 @@ BAD = [
     ('{"input": ["a cat"', AUTH, 400),                     # malformed JSON
     ({"model": "m"}, AUTH, 400),                            # missing field
     ({"input": [1, 2]}, AUTH, 400),                         # wrong type
-    ({"input": "word " * 400}, AUTH, 413),                  # over the 256-token context
+    ({"input": "word " * 400}, AUTH, 400),                  # over the 256-token context
     ({"input": "x" * (1_100_000)}, AUTH, 413),              # over --max_request_mb 1
     ({"input": "a cat"}, {"Authorization": "Bearer no"}, 401),
 ]
