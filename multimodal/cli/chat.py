@@ -49,7 +49,7 @@ def _parser() -> VerbParser:
 
 
 def _reply(encoder: Any, messages: list[dict[str, str]], ns: Any, generator: Any) -> str:
-    import multimodal as mm
+    from multimodal.pipelines.chat import chat
 
     kwargs: dict[str, Any] = {"max_new_tokens": ns.max_new_tokens}
     if ns.temperature > 0:
@@ -57,7 +57,7 @@ def _reply(encoder: Any, messages: list[dict[str, str]], ns: Any, generator: Any
                       generator=generator)
     if ns.compile:
         kwargs["compile"] = True
-    return mm.chat(encoder, messages, **kwargs)
+    return chat(encoder, messages, **kwargs)
 
 
 def main(args: list[str]) -> int:
