@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from multimodal.data.batch_augment import AffineNormalise, BatchImageTransform
+from multimodal.data.device_batches import ResidentSplit, resident_setting
 from multimodal.data.readers import (
     FileList,
     find_classes,
@@ -123,6 +125,16 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         resize: resize the shorter side to this (aspect kept), then centre-crop
             ``image_size`` (a pretrained model's preprocessing; None: plain resize).
         interpolation: ``bilinear`` (default), ``bicubic``, ``nearest``, ``lanczos``, ...
+        device_resident: ``auto`` (default): on an accelerator (the trainer's device is not
+            the CPU), a built-in dataset whose splits take at most ``device_resident_max_mb``
+            is held there whole as uint8, and batches are taken by index from the seeded
+            epoch permutation, shifted / flipped and normalised there in batches, with no
+            loader workers (:mod:`multimodal.data.device_batches`; one log line says so);
+            on the CPU the DataLoader path. ``true``: held also on the CPU (an error where
+            the data cannot be: your files, shards, ``random_resized_crop``,
+            ``auto_augment``); ``false``: always the DataLoader path. The same order, the
+            same augmentation distributions and the same exact mid-epoch resume either way.
+        device_resident_max_mb: the most the held splits may take for ``auto`` (MiB).
     """
 
     modality = "image"
@@ -158,8 +170,14 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         resize: int | None = None,
         interpolation: str = "bilinear",
         min_held_out_per_class: int = 0,
+        device_resident: bool | str = "auto",
+        device_resident_max_mb: float = 2048.0,
     ) -> None:
         super().__init__()
+        self.device_resident = resident_setting(device_resident)
+        if device_resident_max_mb < 0:
+            raise ValueError(f"device_resident_max_mb must be >= 0, got {device_resident_max_mb}")
+        self.device_resident_max_mb = float(device_resident_max_mb)
         self.min_held_out_per_class = check_min_per_class(min_held_out_per_class)
         if shards is not None and train is not None:
             raise ValueError("give train (files) or shards, not both")
@@ -370,6 +388,40 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
 
         return shard_image_dataset(self.shards, split, self.in_channels,  # type: ignore[arg-type]
                                    transform, shuffle, self.seed, self.skip_corrupt)
+
+    def _images_at_size(self, split: str) -> torch.Tensor:
+        """A built-in split's uint8 images resized once to ``image_size`` (cached)."""
+        images = self._load_splits()[split].images
+        if self.image_size == self._native_size:
+            return images
+        if split not in self._resized:
+            self._resized[split] = torch.cat(
+                [resize_images(chunk, self.image_size) for chunk in images.split(4096)]
+            )
+        return self._resized[split]
+
+    def resident_refusal(self) -> str | None:
+        if self.shards is not None:
+            return "shards are streamed, not held in memory"
+        if self._source is None:
+            return "your own image files are decoded one by one"
+        return None
+
+    def resident_split(self, split: str) -> ResidentSplit | None:
+        """A built-in split, resized once, for :class:`~.device_batches.DeviceBatches`:
+        the random shifts / flips of :class:`ShiftFlip` in training, then the normalisation
+        of :class:`TensorImageDataset`, done in batches (:mod:`.batch_augment`)."""
+        if self.resident_refusal() is not None:
+            return None
+        labels = self._load_splits()[split].labels
+        config = self.transform_config()
+        pad, flip = 0, False
+        if split == "train" and (config.shift or config.flip):
+            pad = max(1, self.image_size // 8) if config.shift else 0
+            flip = config.flip
+        transform = BatchImageTransform(pad, flip, AffineNormalise(self.mean, self.std,
+                                                                   self.in_channels))
+        return ResidentSplit([self._images_at_size(split), labels], transform)
 
     def split_dataset(self, split: str) -> Dataset:
         if self.shards is not None:

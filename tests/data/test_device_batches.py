@@ -1,0 +1,223 @@
+"""Device-resident splits (#50, item 2): batches taken on the device from the split held
+there whole, against the per-item DataLoader path (torchvision-style per-sample
+transforms). Run with device="cpu" here; the code is the same on an accelerator."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from multimodal.data.batch_augment import BatchImageTransform, shift_flip
+from multimodal.data.device_batches import DeviceBatches, resident_setting
+from multimodal.data.pixels import PixelDataModule
+from multimodal.data.sampling import EpochShuffleSampler, ResumableDataLoader
+from multimodal.data.vision import ImageClassificationDataModule
+from multimodal.data.vision_transforms import ShiftFlip
+
+# ------------------------------------------------------------------ batched transforms
+
+
+def _shift_reference(image: torch.Tensor, flip: bool, dy: int, dx: int) -> torch.Tensor:
+    """out[y, x] = f[y - dy, x - dx] (0 outside), f the image mirrored when ``flip``:
+    written out pixel by pixel."""
+    _, h, w = image.shape
+    out = torch.zeros_like(image)
+    for y in range(h):
+        for x in range(w):
+            sy, sx = y - dy, x - dx
+            if 0 <= sy < h and 0 <= sx < w:
+                out[:, y, x] = image[:, sy, w - 1 - sx] if flip else image[:, sy, sx]
+    return out
+
+
+def test_shift_flip_is_the_formula_pixel_by_pixel():
+    gen = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (6, 2, 5, 7), dtype=torch.uint8, generator=gen)
+    flips = torch.tensor([False, True, False, True, True, False])
+    offsets = torch.tensor([[0, 0], [0, 0], [2, -1], [-2, 2], [1, 1], [-2, -2]])
+    out = shift_flip(images, flips, offsets, pad=2)
+    for i in range(6):
+        dy, dx = offsets[i].tolist()
+        assert torch.equal(out[i], _shift_reference(images[i], bool(flips[i]), dy, dx)), i
+
+
+@pytest.mark.parametrize(("pad", "flip"), [(3, True), (3, False), (0, True)])
+def test_batched_shift_flip_gives_the_per_item_images_for_the_same_draws(pad, flip):
+    """ShiftFlip (the per-item transform) draws flip then (dy, dx) from the global
+    generator; replaying its draws into the batched transform gives its images bit for bit."""
+    gen = torch.Generator().manual_seed(2)
+    images = torch.randint(0, 256, (40, 3, 12, 12), dtype=torch.uint8, generator=gen)
+    per_item, flips, offsets = [], [], []
+    for i in range(len(images)):
+        torch.manual_seed(100 + i)
+        per_item.append(ShiftFlip(pad, flip)(images[i]))
+        torch.manual_seed(100 + i)  # the same draws, in ShiftFlip's order
+        flips.append(bool(torch.rand(()) < 0.5) if flip else False)
+        offsets.append(torch.randint(-pad, pad + 1, (2,)) if pad else torch.zeros(2).long())
+    batched = BatchImageTransform(pad, flip)(images, torch.tensor(flips), torch.stack(offsets))
+    assert torch.equal(batched, torch.stack(per_item))
+
+
+def test_the_draws_have_the_per_item_distribution():
+    """flip ~ Bernoulli(1/2), (dy, dx) uniform on {-pad..pad}^2, independent: chi-square
+    of the 2 x 9 x 9 cells against the uniform law (df = 161; mean 161, sd 18)."""
+    pad, n = 4, 162_000
+    flips, offsets = BatchImageTransform(pad, True).draw(n, torch.Generator().manual_seed(3))
+    cell = flips.long() * 81 + (offsets[:, 0] + pad) * 9 + (offsets[:, 1] + pad)
+    counts = torch.bincount(cell, minlength=162).double()
+    assert counts.numel() == 162
+    expected = n / 162
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 161 + 6 * math.sqrt(2 * 161), chi2
+
+
+def test_augmented_images_have_the_per_item_statistics():
+    """One image augmented 3000 times per item (ShiftFlip) and in a batch: the mean image
+    and the fraction of zero-filled pixels agree within sampling error."""
+    gen = torch.Generator().manual_seed(4)
+    image = torch.randint(1, 256, (1, 8, 8), dtype=torch.uint8, generator=gen)
+    n, pad = 3000, 2
+    torch.manual_seed(5)
+    per_item = torch.stack([ShiftFlip(pad, True)(image) for _ in range(n)]).double()
+    transform = BatchImageTransform(pad, True)
+    batched = transform(image.expand(n, 1, 8, 8),
+                        *transform.draw(n, torch.Generator().manual_seed(6))).double()
+    se = torch.sqrt((per_item.var(0) + batched.var(0)) / n).clamp_min(1.0)
+    assert ((per_item.mean(0) - batched.mean(0)).abs() / se).max() < 5
+    zeros_a, zeros_b = (per_item == 0).double().mean(0), (batched == 0).double().mean(0)
+    p = (zeros_a + zeros_b) / 2
+    assert ((zeros_a - zeros_b).abs() <= 5 * torch.sqrt(2 * p * (1 - p) / n) + 1e-9).all()
+
+
+# ------------------------------------------------------------------ the loader
+
+
+def test_train_order_is_the_epoch_shuffle_samplers_and_ranks_share_it():
+    n, world = 37, 3
+    ids = torch.arange(n)
+    loaders = [DeviceBatches([ids], 4, shuffle=True, seed=7, world=world, rank=r)
+               for r in range(world)]
+    for loader in loaders:
+        loader.sampler.set_epoch(2)
+    assert len({len(loader) for loader in loaders}) == 1  # the ranks step together
+    got = [torch.cat([b[0] for b in loader]) for loader in loaders]
+    sampler = EpochShuffleSampler(n, 7)
+    sampler.set_epoch(2)
+    order = list(sampler)
+    padded = order + order[: -(-n // world) * world - n]
+    for r in range(world):
+        assert got[r].tolist() == padded[r::world]
+    union = Counter(torch.cat(got).tolist())
+    assert set(union) == set(range(n)) and sum(union.values()) == len(padded)
+
+
+def test_eval_order_is_in_order_and_each_item_once_over_ranks():
+    n = 23
+    loaders = [DeviceBatches([torch.arange(n)], 5, shuffle=False, world=2, rank=r)
+               for r in range(2)]
+    got = [torch.cat([b[0] for b in loader]).tolist() for loader in loaders]
+    assert got == [list(range(0, n, 2)), list(range(1, n, 2))]
+
+
+def test_resident_setting_spellings():
+    assert resident_setting(True) == "true" and resident_setting("off") == "false"
+    assert resident_setting("AUTO") == "auto"
+    with pytest.raises(ValueError, match="device_resident must be"):
+        resident_setting("sometimes")
+
+
+def _pairs(loader, epoch):
+    loader.sampler.set_epoch(epoch)
+    return list(loader)
+
+
+@pytest.mark.parametrize("image_size", [None, 10])
+def test_resident_batches_are_the_dataloader_batches(image_size):
+    """No augmentation: the same batches, bit for bit, as the DataLoader path (the same
+    epoch permutation, the same resize, the same normalisation), in every split."""
+    kw = dict(batch_size=16, val_size=32, augment=False, image_size=image_size)
+    a = ImageClassificationDataModule("digits", device_resident=False, **kw)
+    b = ImageClassificationDataModule("digits", device_resident=True, **kw)
+    a.setup("fit"), b.setup("fit")
+    assert isinstance(a.train_dataloader(), ResumableDataLoader)
+    assert isinstance(b.train_dataloader(), DeviceBatches)
+    for epoch in (0, 1):
+        xa = _pairs(a.train_dataloader(), epoch)
+        xb = _pairs(b.train_dataloader(), epoch)
+        assert len(xa) == len(xb)
+        for (ia, la), (ib, lb) in zip(xa, xb, strict=True):
+            assert torch.equal(ia, ib) and torch.equal(la, lb)
+    for split in ("val", "test"):
+        got_a = list(getattr(a, f"{split}_dataloader")())
+        got_b = list(getattr(b, f"{split}_dataloader")())
+        for (ia, la), (ib, lb) in zip(got_a, got_b, strict=True):
+            assert torch.equal(ia, ib) and torch.equal(la, lb)
+
+
+def test_augmented_resident_epoch_has_each_image_once_in_the_same_order():
+    kw = dict(batch_size=16, val_size=32, augment=True, flip=True)
+    a = ImageClassificationDataModule("digits", device_resident=False, **kw)
+    b = ImageClassificationDataModule("digits", device_resident=True, **kw)
+    a.setup("fit"), b.setup("fit")
+    la = torch.cat([y for _, y in _pairs(a.train_dataloader(), 3)])
+    xb = _pairs(b.train_dataloader(), 3)
+    assert torch.equal(la, torch.cat([y for _, y in xb]))
+    # the augmented images are shifted copies: the unshifted ones equal the DataLoader's
+    # normalised originals (digits are 8x8: pad 1)
+    assert xb[0][0].shape == (16, 1, 8, 8) and xb[0][0].dtype == torch.float32
+
+
+def test_pixels_resident_batches_are_the_raw_uint8_batches():
+    kw = dict(batch_size=32, val_size=64, limit_eval=50)
+    a, b = PixelDataModule("digits", device_resident=False, **kw), \
+        PixelDataModule("digits", device_resident=True, **kw)
+    a.setup("fit"), b.setup("fit")
+    for (ia, la), (ib, lb) in zip(_pairs(a.train_dataloader(), 1), _pairs(b.train_dataloader(), 1),
+                                  strict=True):
+        assert ib.dtype == torch.uint8 and torch.equal(ia, ib) and torch.equal(la, lb)
+    for (ia, _), (ib, _) in zip(a.val_dataloader(), b.val_dataloader(), strict=True):
+        assert torch.equal(ia, ib)
+
+
+class _Strategy:
+    def __init__(self, device: str) -> None:
+        self.root_device = torch.device(device)
+
+
+class _Trainer:
+    def __init__(self, device: str) -> None:
+        self.strategy, self.world_size, self.global_rank = _Strategy(device), 1, 0
+
+
+def test_auto_holds_the_data_on_an_accelerator_only_and_under_the_limit(caplog):
+    data = ImageClassificationDataModule("digits", batch_size=16, val_size=32)
+    data.setup("fit")
+    assert isinstance(data.train_dataloader(), ResumableDataLoader)  # CPU: today's path
+    data.trainer = _Trainer("meta")  # an accelerator (no memory needed to decide)
+    assert data.resident_device() == torch.device("meta")
+    small = ImageClassificationDataModule("digits", batch_size=16, val_size=32,
+                                          device_resident_max_mb=0.01)
+    small.setup("fit")
+    small.trainer = _Trainer("meta")
+    assert small.resident_device() is None  # 0.1 MiB > 0.01 MiB
+    off = ImageClassificationDataModule("digits", batch_size=16, device_resident=False)
+    off.trainer = _Trainer("meta")
+    assert off.resident_device() is None
+
+
+def test_true_where_the_data_cannot_be_held_is_an_error(tmp_path):
+    from torchvision.io import write_png
+
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(4):
+            write_png(torch.full((3, 8, 8), 40 * i, dtype=torch.uint8),
+                      str(tmp_path / c / f"{i}.png"))
+    data = ImageClassificationDataModule(train=str(tmp_path), image_size=8, val_size=0,
+                                         test_size=0, device_resident=True)
+    data.setup("fit")
+    with pytest.raises(ValueError, match="device_resident=true: your own image files"):
+        data.train_dataloader()
