@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import SequentialSampler
 
 from multimodal.data.batch_augment import BatchImageTransform
 from multimodal.data.sampling import LoaderPosition, set_rng_state
@@ -121,7 +122,11 @@ class DeviceBatches:
         self.world, self.rank = world, rank
         self.host_items, self.assemble = host_items, assemble
         self.drop_last = drop_last
-        self.sampler = EpochCounter()
+        # what Lightning looks at: set_epoch is called on ``sampler`` every epoch, and an
+        # evaluation loader must not look shuffled (a SequentialSampler says so)
+        self.sampler: EpochCounter | SequentialSampler = \
+            EpochCounter() if shuffle else SequentialSampler(range(self.items_per_rank))
+        self.batch_sampler = None
 
     # -- sizes ----------------------------------------------------------------------------
     @property
@@ -161,7 +166,7 @@ class DeviceBatches:
         return self._pass()
 
     def _pass(self) -> Iterator[Any]:
-        epoch = self.sampler.epoch
+        epoch = getattr(self.sampler, "epoch", 0)
         skip = 0
         pending = None
         if self.shuffle:

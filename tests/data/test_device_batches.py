@@ -221,3 +221,40 @@ def test_true_where_the_data_cannot_be_held_is_an_error(tmp_path):
     data.setup("fit")
     with pytest.raises(ValueError, match="device_resident=true: your own image files"):
         data.train_dataloader()
+
+
+# ------------------------------------------------------------------ through Lightning
+
+
+def test_resident_fit_resumes_mid_epoch_exactly(tmp_path):
+    """A fit on held data killed after steps 7 and 12 and resumed from their checkpoints
+    trains on the batches of the uninterrupted fit (shifts and flips included) and ends
+    with its weights, bit for bit; the loader Lightning got is the resident one."""
+    import multimodal as mm
+    from multimodal.tasks import ClassificationTask
+    from tests.resume_runs import assert_each_once_per_epoch, assert_same_run, fit, interrupted
+
+    loaders = []
+
+    def make():
+        task = ClassificationTask(mm.ViT(mm.ViTConfig(
+            image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=32, depth=2,
+            heads=4, mlp_dim=64, pool="mean")), optimizer={"lr": 3e-3})
+        data = ImageClassificationDataModule("digits", batch_size=16, val_size=32,
+                                             limit_train=80, augment=True, flip=True,
+                                             device_resident=True)
+        original = data.train_dataloader
+
+        def train_dataloader():
+            loaders.append(original())
+            return loaders[-1]
+        data.train_dataloader = train_dataloader
+        return task, data
+
+    whole, record = fit(make, tmp_path / "whole", epochs=3)
+    resumed, seen = interrupted(make, tmp_path / "cut", epochs=3, kills=[7, 12])
+    assert all(isinstance(loader, DeviceBatches) for loader in loaders)
+    assert [s for _, s, _ in seen] == list(range(15))
+    assert seen == record.seen
+    assert_each_once_per_epoch(seen, 80)
+    assert_same_run(whole, resumed)
