@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import lightning as L
 import pytest
 import torch
 
@@ -258,3 +259,53 @@ def test_resident_fit_resumes_mid_epoch_exactly(tmp_path):
     assert seen == record.seen
     assert_each_once_per_epoch(seen, 80)
     assert_same_run(whole, resumed)
+
+
+class _RecordRank(L.Callback):
+    """Writes each rank's training example ids (epoch, loader type, ids), one batch a line."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        from tests.resume_runs import example_ids
+
+        loader = type(trainer.train_dataloader).__name__
+        with open(f"{self.folder}/rank{trainer.global_rank}.txt", "a") as f:
+            f.write(f"{trainer.current_epoch} {loader} {' '.join(example_ids(batch))}\n")
+
+
+@pytest.mark.slow  # ~50 s on 2 busy cores (two spawned processes)
+def test_ddp_ranks_take_slices_of_one_permutation(tmp_path):
+    """Two CPU processes (gloo): each rank's held batches are its own share of the shared
+    permutation, and together they are the epoch, each training image once."""
+    import multimodal as mm
+    from multimodal.tasks import ClassificationTask
+    from tests.resume_runs import example_ids
+
+    kw = dict(batch_size=16, val_size=32, limit_train=80, augment=False)
+    reference = ImageClassificationDataModule("digits", device_resident=False, **kw)
+    reference.setup("fit")
+    expected = Counter(i for batch in reference.train_dataloader() for i in example_ids(batch))
+    assert sum(expected.values()) == 80
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(
+        image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=1, heads=2,
+        mlp_dim=32, pool="mean")))
+    data = ImageClassificationDataModule("digits", device_resident=True, **kw)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2,
+                        limit_val_batches=0, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path,
+                        callbacks=[_RecordRank(str(tmp_path))])
+    trainer.fit(task, data)
+    by_epoch: dict[int, list[list[str]]] = {}
+    for rank in (0, 1):
+        rows = [line.split() for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
+        assert {row[1] for row in rows} == {"DeviceBatches"}
+        for epoch in (0, 1):
+            by_epoch.setdefault(epoch, []).append(
+                [i for row in rows if int(row[0]) == epoch for i in row[2:]])
+    for epoch, shares in by_epoch.items():
+        assert [len(s) for s in shares] == [40, 40], epoch
+        assert Counter(shares[0] + shares[1]) == expected, epoch
+    assert by_epoch[0][0] != by_epoch[1][0]  # a new permutation each epoch
