@@ -15,9 +15,9 @@ moved by two gathers over the zero-padded batch: the same distributions as the p
 transform, and, for the same draws, the same images bit for bit.
 
 Normalisation, per channel, in float32: ``x = pixel * (1 / (255 std)) + (-mean / std)``
-(:class:`AffineNormalise`, the in-memory datasets' order of operations) or
-``x = (pixel * (1 / 255) - mean) / std`` (:class:`DivideNormalise`, torchvision's and the
-caption datasets'); each gives the bits of the per-item path it stands for.
+(:class:`AffineNormalise`, the in-memory image datasets' order of operations) or
+``x = (pixel / 255 - mean) / std`` (:class:`DivideNormalise`, the caption datasets'); each
+gives the bits of the per-item path it stands for.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ class AffineNormalise:
 
 
 class DivideNormalise:
-    """uint8 (B, C, H, W) -> float32 ``(pixel * (1 / 255) - mean) / std`` (torchvision's
-    ``ToDtype(float32, scale=True)`` then ``Normalize(mean, std)``)."""
+    """uint8 (B, C, H, W) -> float32 ``(pixel / 255 - mean) / std`` (what
+    :class:`~multimodal.data.captions.CaptionDataset` computes per item)."""
 
     def __init__(self, mean: float | Sequence[float] | torch.Tensor,
                  std: float | Sequence[float] | torch.Tensor, channels: int) -> None:
@@ -73,7 +73,7 @@ class DivideNormalise:
         return self
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        return images.float().mul_(1.0 / 255).sub_(self.mean).div_(self.std)
+        return images.float().div_(255.0).sub_(self.mean).div_(self.std)
 
 
 def shift_flip(images: torch.Tensor, flips: torch.Tensor | None, offsets: torch.Tensor | None,

@@ -309,3 +309,20 @@ def test_ddp_ranks_take_slices_of_one_permutation(tmp_path):
         assert [len(s) for s in shares] == [40, 40], epoch
         assert Counter(shares[0] + shares[1]) == expected, epoch
     assert by_epoch[0][0] != by_epoch[1][0]  # a new permutation each epoch
+
+
+def test_resident_scene_batches_are_the_dataloader_batches():
+    """Captions: the same normalised images and the same caption strings, in every split."""
+    from multimodal.data.captions import CaptionDataModule
+
+    kw = dict(num_train=40, num_val=12, num_test=12, image_size=16, batch_size=8)
+    a = CaptionDataModule("scenes", device_resident=False, **kw)
+    b = CaptionDataModule("scenes", device_resident=True, **kw)
+    a.setup("fit"), b.setup("fit")
+    assert isinstance(b.train_dataloader(), DeviceBatches)
+    pairs = list(zip(_pairs(a.train_dataloader(), 2), _pairs(b.train_dataloader(), 2),
+                     strict=True))
+    pairs += list(zip(a.val_dataloader(), b.val_dataloader(), strict=True))
+    for x, y in pairs:
+        assert x["captions"] == y["captions"]
+        assert torch.equal(x["images"], y["images"])
