@@ -60,20 +60,26 @@ class AffineNormalise:
 
 
 class DivideNormalise:
-    """uint8 (B, C, H, W) -> float32 ``(pixel / 255 - mean) / std`` (what
-    :class:`~multimodal.data.captions.CaptionDataset` computes per item)."""
+    """uint8 (B, C, H, W) -> float32 ``(pixel / 255 - mean) / std``: what
+    :class:`~multimodal.data.captions.CaptionDataset` computes per item, or with
+    ``torchvision=True`` as torchvision's ``ToDtype(float32, scale=True)`` + ``Normalize``
+    round it (``pixel * (1 / 255)``, your image files' pipeline)."""
 
     def __init__(self, mean: float | Sequence[float] | torch.Tensor,
-                 std: float | Sequence[float] | torch.Tensor, channels: int) -> None:
+                 std: float | Sequence[float] | torch.Tensor, channels: int,
+                 torchvision: bool = False) -> None:
         self.mean = _channels(mean, channels, "mean")
         self.std = _channels(std, channels, "std")
+        self.torchvision = torchvision
 
     def to(self, device: torch.device | str) -> DivideNormalise:
         self.mean, self.std = self.mean.to(device), self.std.to(device)
         return self
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        return images.float().div_(255.0).sub_(self.mean).div_(self.std)
+        x = images.float()
+        x = x.mul_(1.0 / 255) if self.torchvision else x.div_(255.0)
+        return x.sub_(self.mean).div_(self.std)
 
 
 def shift_flip(images: torch.Tensor, flips: torch.Tensor | None, offsets: torch.Tensor | None,

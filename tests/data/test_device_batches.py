@@ -14,6 +14,7 @@ import torch
 from multimodal.data.batch_augment import BatchImageTransform, shift_flip
 from multimodal.data.device_batches import DeviceBatches, resident_setting
 from multimodal.data.pixels import PixelDataModule
+from multimodal.data.readers import CorruptFileError
 from multimodal.data.sampling import EpochShuffleSampler, ResumableDataLoader
 from multimodal.data.vision import ImageClassificationDataModule
 from multimodal.data.vision_transforms import ShiftFlip
@@ -209,19 +210,59 @@ def test_auto_holds_the_data_on_an_accelerator_only_and_under_the_limit(caplog):
     assert off.resident_device() is None
 
 
-def test_true_where_the_data_cannot_be_held_is_an_error(tmp_path):
+def _image_folder(root, n=6, size=(9, 11)):
+    """Two classes of ``n`` RGB PNGs each, of size ``size`` (not the model's)."""
     from torchvision.io import write_png
 
+    gen = torch.Generator().manual_seed(8)
     for c in ("a", "b"):
-        (tmp_path / c).mkdir()
-        for i in range(4):
-            write_png(torch.full((3, 8, 8), 40 * i, dtype=torch.uint8),
-                      str(tmp_path / c / f"{i}.png"))
-    data = ImageClassificationDataModule(train=str(tmp_path), image_size=8, val_size=0,
-                                         test_size=0, device_resident=True)
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            image = torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=gen)
+            write_png(image, str(root / c / f"{i}.png"))
+    return str(root)
+
+
+def test_true_where_the_data_cannot_be_held_is_an_error(tmp_path):
+    data = ImageClassificationDataModule(train=_image_folder(tmp_path), image_size=8,
+                                         val_size=0, test_size=0, auto_augment="trivial",
+                                         device_resident=True)
     data.setup("fit")
-    with pytest.raises(ValueError, match="device_resident=true: your own image files"):
+    with pytest.raises(ValueError, match="device_resident=true: random_resized_crop"):
         data.train_dataloader()
+
+
+@pytest.mark.parametrize("resize", [None, 10])
+def test_your_image_files_decoded_once_give_the_dataloader_batches(tmp_path, resize):
+    """Your files, decoded and resized once (plain, or shorter side + centre crop): the
+    DataLoader path's normalised images bit for bit, in every split."""
+    kw = dict(train=_image_folder(tmp_path), image_size=8, val_size=2, test_size=2,
+              batch_size=4, augment=False, resize=resize)
+    a = ImageClassificationDataModule(device_resident=False, **kw)
+    b = ImageClassificationDataModule(device_resident=True, **kw)
+    a.setup("fit"), b.setup("fit")
+    assert b.resident_bytes() == 12 * (3 * 8 * 8 + 8)
+    got = list(zip(_pairs(a.train_dataloader(), 1), _pairs(b.train_dataloader(), 1),
+                   strict=True))
+    got += list(zip(a.val_dataloader(), b.val_dataloader(), strict=True))
+    got += list(zip(a.test_dataloader(), b.test_dataloader(), strict=True))
+    for (xa, ya), (xb, yb) in got:
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_a_corrupt_file_is_skipped_once_when_asked(tmp_path, caplog):
+    root = _image_folder(tmp_path)
+    (tmp_path / "a" / "9.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    kw = dict(train=root, image_size=8, val_size=0, test_size=0, batch_size=4,
+              device_resident=True)
+    data = ImageClassificationDataModule(skip_corrupt=True, **kw)
+    data.setup("fit")
+    assert sum(len(y) for _, y in data.train_dataloader()) == 12
+    assert "skipped 1 corrupt image file(s) of 13" in caplog.text
+    strict = ImageClassificationDataModule(**kw)
+    with pytest.raises(CorruptFileError, match=r"9\.png"):
+        strict.setup("fit")  # the statistics read it first, as on the DataLoader path
+        strict.train_dataloader()
 
 
 # ------------------------------------------------------------------ through Lightning
