@@ -208,9 +208,14 @@ class SplitDataModule(L.LightningDataModule):
         return total
 
     def _trainer_device(self) -> tuple[torch.device, int, int]:
-        """The trainer's root device, world size and global rank (the CPU, 1, 0 without)."""
+        """The trainer's root device, world size and global rank (without a trainer: the
+        CPU, and the initialised process group's world and rank, else 1 and 0)."""
         trainer = getattr(self, "trainer", None)
         if trainer is None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return torch.device("cpu"), dist.get_world_size(), dist.get_rank()
             return torch.device("cpu"), 1, 0
         return (torch.device(trainer.strategy.root_device), int(trainer.world_size),
                 int(trainer.global_rank))

@@ -316,6 +316,61 @@ class _RecordRank(L.Callback):
             f.write(f"{trainer.current_epoch} {loader} {' '.join(example_ids(batch))}\n")
 
 
+def _gloo_rank(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from tests.resume_runs import example_ids
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        data = ImageClassificationDataModule("digits", batch_size=16, val_size=32,
+                                             limit_train=69, augment=True,
+                                             device_resident=True)
+        data.setup("fit")
+        loader = data.train_dataloader()
+        loader.sampler.set_epoch(1)
+        labels = [y for _, y in loader]
+        mine = {"n": len(loader), "labels": torch.cat(labels).tolist(),
+                "val": [i for b in data.val_dataloader() for i in example_ids(b)]}
+        shares: list = [None] * world
+        dist.all_gather_object(shares, mine)
+        if rank == 0:
+            torch.save(shares, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gloo_ranks_take_slices_of_one_permutation(tmp_path):
+    """Two processes with a gloo group, no Lightning: each rank's held training batches are
+    its slice of the shared epoch permutation (69 images: padded to 70 by repeating the
+    head), and the validation split is shared out without repeats."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "shares.pt")
+    mp.start_processes(_gloo_rank, args=(2, port, out), nprocs=2, start_method="fork")
+    shares = torch.load(out)
+    reference = ImageClassificationDataModule("digits", batch_size=16, val_size=32,
+                                              limit_train=69, device_resident=False)
+    reference.setup("fit")
+    sampler = EpochShuffleSampler(69, 0)
+    sampler.set_epoch(1)
+    order = list(sampler)
+    labels = reference._load_splits()["train"].labels
+    padded = [int(labels[i]) for i in order + order[:1]]
+    assert [s["n"] for s in shares] == [3, 3]
+    assert shares[0]["labels"] == padded[0::2] and shares[1]["labels"] == padded[1::2]
+    from tests.resume_runs import example_ids
+
+    val = [i for b in reference.val_dataloader() for i in example_ids(b)]
+    assert sorted(shares[0]["val"] + shares[1]["val"]) == sorted(val)  # each once
+
+
 @pytest.mark.slow  # ~50 s on 2 busy cores (two spawned processes)
 def test_ddp_ranks_take_slices_of_one_permutation(tmp_path):
     """Two CPU processes (gloo): each rank's held batches are its own share of the shared
