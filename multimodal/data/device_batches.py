@@ -127,6 +127,8 @@ class DeviceBatches:
         self.sampler: EpochCounter | SequentialSampler = \
             EpochCounter() if shuffle else SequentialSampler(range(self.items_per_rank))
         self.batch_sampler = None
+        # ``len(loader.dataset)`` is how the tasks and callbacks count a split's examples
+        self.dataset = range(n)
 
     # -- sizes ----------------------------------------------------------------------------
     @property

@@ -146,6 +146,9 @@ def test_resident_batches_are_the_dataloader_batches(image_size):
     a.setup("fit"), b.setup("fit")
     assert isinstance(a.train_dataloader(), ResumableDataLoader)
     assert isinstance(b.train_dataloader(), DeviceBatches)
+    for split in ("train", "val", "test"):  # how tasks and callbacks count examples
+        made = getattr(b, f"{split}_dataloader")()
+        assert len(made.dataset) == len(getattr(a, f"{split}_dataloader")().dataset)
     for epoch in (0, 1):
         xa = _pairs(a.train_dataloader(), epoch)
         xb = _pairs(b.train_dataloader(), epoch)
