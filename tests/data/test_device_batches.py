@@ -425,3 +425,38 @@ def test_resident_scene_batches_are_the_dataloader_batches():
     for x, y in pairs:
         assert x["captions"] == y["captions"]
         assert torch.equal(x["images"], y["images"])
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_held_on_cuda_the_batches_are_the_cpu_ones():
+    """The same seed gives the same augmented, normalised batches on the GPU as on the CPU
+    (the order and the draws come from the host generator; the pixel maths is exact)."""
+    data = ImageClassificationDataModule("digits", batch_size=32, val_size=32, augment=True,
+                                         flip=True, device_resident=True)
+    data.setup("fit")
+    cpu = data.train_dataloader()
+    held = data.resident_split("train")
+    gpu = DeviceBatches([a.cuda() for a in held.arrays], 32, shuffle=True,
+                        transform=held.transform.to("cuda"))
+    for (xa, ya), (xb, yb) in zip(_pairs(cpu, 1), _pairs(gpu, 1), strict=True):
+        assert xb.is_cuda and torch.equal(xa, xb.cpu()) and torch.equal(ya, yb.cpu())
+
+
+@cuda
+def test_auto_holds_the_data_on_the_gpu_in_a_fit(tmp_path):
+    import multimodal as mm
+    from multimodal.tasks import ClassificationTask
+
+    task = ClassificationTask(mm.ViT(mm.ViTConfig(
+        image_size=8, patch_size=2, in_channels=1, num_classes=10, dim=16, depth=1, heads=2,
+        mlp_dim=32, pool="mean")))
+    data = ImageClassificationDataModule("digits", batch_size=32, val_size=64)
+    trainer = L.Trainer(accelerator="gpu", devices=1, max_epochs=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(task, data)
+    assert isinstance(trainer.train_dataloader, DeviceBatches)
+    assert trainer.train_dataloader.device.type == "cuda"
