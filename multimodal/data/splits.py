@@ -241,7 +241,7 @@ class SplitDataModule(L.LightningDataModule):
                     chosen = device
                     rank_zero_info(
                         f"device-resident data: the splits ({mib:.1f} MiB) are held on "
-                        f"{device} and batched, augmented and normalised there, no loader "
+                        f"{device}; batches are indexed and transformed there, no loader "
                         f"workers (device_resident=false: the DataLoader path)")
                 else:
                     rank_zero_info(

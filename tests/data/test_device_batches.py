@@ -198,16 +198,23 @@ class _Trainer:
 
 
 def test_auto_holds_the_data_on_an_accelerator_only_and_under_the_limit(caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
     data = ImageClassificationDataModule("digits", batch_size=16, val_size=32)
     data.setup("fit")
     assert isinstance(data.train_dataloader(), ResumableDataLoader)  # CPU: today's path
+    assert "device-resident" not in caplog.text
     data.trainer = _Trainer("meta")  # an accelerator (no memory needed to decide)
     assert data.resident_device() == torch.device("meta")
+    data.resident_device()
+    assert caplog.text.count("device-resident data: the splits (0.1 MiB) are held on meta") == 1
     small = ImageClassificationDataModule("digits", batch_size=16, val_size=32,
                                           device_resident_max_mb=0.01)
     small.setup("fit")
     small.trainer = _Trainer("meta")
     assert small.resident_device() is None  # 0.1 MiB > 0.01 MiB
+    assert "not used, the splits take 0.1 MiB, over device_resident_max_mb 0.01" in caplog.text
     off = ImageClassificationDataModule("digits", batch_size=16, device_resident=False)
     off.trainer = _Trainer("meta")
     assert off.resident_device() is None
