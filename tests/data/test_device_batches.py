@@ -467,3 +467,31 @@ def test_auto_holds_the_data_on_the_gpu_in_a_fit(tmp_path):
     trainer.fit(task, data)
     assert isinstance(trainer.train_dataloader, DeviceBatches)
     assert trainer.train_dataloader.device.type == "cuda"
+
+
+def test_a_position_saved_on_one_path_resumes_on_the_other():
+    """The position in the epoch means the same on both paths (the same permutation): a run
+    checkpointed with the DataLoader (say on a CPU) resumes held on the device with the
+    batches it had not trained on, and the other way round."""
+    kw = dict(batch_size=16, val_size=32, limit_train=100, augment=False)
+    runs = {}
+    for held in (False, True):
+        data = ImageClassificationDataModule("digits", device_resident=held, **kw)
+        data.setup("fit")
+        runs[held] = data
+    for saved, resumed in ((False, True), (True, False)):
+        loader = runs[saved].train_dataloader()
+        loader.sampler.set_epoch(2)
+        whole = list(loader)
+        loader.sampler.set_epoch(2)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = runs[saved].state_dict()
+        again = ImageClassificationDataModule("digits", device_resident=resumed, **kw)
+        again.setup("fit")
+        again.load_state_dict(state)
+        rest = _pairs(again.train_dataloader(), 2)
+        assert len(rest) == len(whole) - 3
+        for (xa, ya), (xb, yb) in zip(whole[3:], rest, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
