@@ -217,8 +217,11 @@ class SplitDataModule(L.LightningDataModule):
             if dist.is_available() and dist.is_initialized():
                 return torch.device("cpu"), dist.get_world_size(), dist.get_rank()
             return torch.device("cpu"), 1, 0
-        return (torch.device(trainer.strategy.root_device), int(trainer.world_size),
-                int(trainer.global_rank))
+        device = torch.device(trainer.strategy.root_device)
+        connector = getattr(trainer, "_accelerator_connector", None)
+        if not getattr(connector, "use_distributed_sampler", True):
+            return device, 1, 0  # Trainer(use_distributed_sampler=False): every rank all
+        return device, int(trainer.world_size), int(trainer.global_rank)
 
     def resident_device(self) -> torch.device | None:
         """Where the splits are held (None: not held), decided once per device with

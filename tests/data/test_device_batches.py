@@ -495,3 +495,19 @@ def test_a_position_saved_on_one_path_resumes_on_the_other():
         assert len(rest) == len(whole) - 3
         for (xa, ya), (xb, yb) in zip(whole[3:], rest, strict=True):
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_ranks_share_the_epoch_unless_lightning_is_told_not_to():
+    """Trainer(use_distributed_sampler=False) gives every rank the whole split on the
+    DataLoader path; held data do the same."""
+    from types import SimpleNamespace
+
+    data = ImageClassificationDataModule("digits", batch_size=16, val_size=32,
+                                         limit_train=40, device_resident=True)
+    data.setup("fit")
+    data.trainer = SimpleNamespace(strategy=_Strategy("cpu"), world_size=2, global_rank=1,
+                                   _accelerator_connector=SimpleNamespace(
+                                       use_distributed_sampler=True))
+    assert data.train_dataloader().items_per_rank == 20
+    data.trainer._accelerator_connector.use_distributed_sampler = False
+    assert data.train_dataloader().items_per_rank == 40
