@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from multimodal.data.batch_augment import BatchImageTransform, DivideNormalise
 from multimodal.data.captions_files import (
     CaptionFiles,
     CaptionShardDecoder,
@@ -24,6 +25,7 @@ from multimodal.data.captions_files import (
     read_caption_files,
     split_by_image,
 )
+from multimodal.data.device_batches import ResidentSplit, resident_setting
 from multimodal.data.shards import ShardLoaderMixin, read_shard_file, read_shard_meta, shard_dataset
 from multimodal.data.sources.emoji import find_package_dir, load_emoji
 from multimodal.data.sources.scenes import (
@@ -68,6 +70,10 @@ def collate_captions(items: list[tuple[torch.Tensor, str]]) -> dict[str, Any]:
     return {"images": torch.stack(images), "captions": list(captions)}
 
 
+def _caption_batch(arrays: list[torch.Tensor], captions: list[str] | None) -> dict[str, Any]:
+    return {"images": arrays[0], "captions": list(captions or [])}
+
+
 def channel_stats(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and std of uint8 images (N, 3, H, W) scaled to [0, 1]."""
     x = images.float().div_(255.0)
@@ -104,6 +110,13 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
 
     ``val_fraction`` / ``test_fraction``: the old names of ``val_size`` / ``test_size``
     (deprecated; still read).
+
+    ``device_resident``: ``auto`` (default) holds the scenes' or emoji's uint8 images on the
+    accelerator (the trainer's device, when it is not the CPU and they take at most
+    ``device_resident_max_mb``), batched and normalised there, the captions indexed on the
+    host with the same permutation (:mod:`multimodal.data.device_batches`; one log line says
+    so); ``true`` also on the CPU (an error for your files or shards); ``false``: the
+    DataLoader path. The same batches either way.
     """
 
     modality = "image+text"
@@ -134,8 +147,14 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
         std: list[float] | None = None,
         val_fraction: int | float | None = None,
         test_fraction: int | float | None = None,
+        device_resident: bool | str = "auto",
+        device_resident_max_mb: float = 2048.0,
     ) -> None:
         super().__init__()
+        self.device_resident = resident_setting(device_resident)
+        if device_resident_max_mb < 0:
+            raise ValueError(f"device_resident_max_mb must be >= 0, got {device_resident_max_mb}")
+        self.device_resident_max_mb = float(device_resident_max_mb)
         val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         if (mean is None) != (std is None):
             raise ValueError("give mean and std together (or neither: training statistics)")
@@ -377,6 +396,23 @@ class CaptionDataModule(ShardLoaderMixin, SplitDataModule):
 
     def collate_fn(self) -> Callable[..., dict[str, Any]]:
         return collate_captions
+
+    def resident_refusal(self) -> str | None:
+        if self.dataset in ("files", "shards"):
+            return f"your own {'shards are streamed' if self.shards else 'images are files'}, " \
+                   "decoded one by one"
+        return None
+
+    def resident_split(self, split: str) -> ResidentSplit | None:
+        """The uint8 images of a generated / emoji split with their captions (host), for
+        :class:`~multimodal.data.device_batches.DeviceBatches`: normalised in batches as
+        :class:`CaptionDataset` does per item."""
+        if self.resident_refusal() is not None:
+            return None
+        images, captions = self._load()[split]
+        transform = BatchImageTransform(normalise=DivideNormalise(self.mean, self.std, 3))
+        return ResidentSplit([images], transform, host_items=captions,
+                             assemble=_caption_batch)
 
     def zero_shot_set(self, pairs: str = "heldout", n: int = 500) -> dict[str, Any]:
         """Single-shape scenes for zero-shot classification among every colour x shape

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
+from multimodal.data.device_batches import ResidentSplit
 from multimodal.data.vision import ImageClassificationDataModule
 
 __all__ = ["PixelDataModule", "RawImageDataset"]
@@ -49,7 +50,10 @@ class PixelDataModule(ImageClassificationDataModule):
     """Fashion-MNIST, MNIST-5k or 8x8 digits as uint8 (B, C, H, W) batches + int64 labels.
 
     Arguments as :class:`ImageClassificationDataModule` (``augment`` is always off);
-    ``image_size`` resizes (antialiased) once, in memory.
+    ``image_size`` resizes (antialiased) once, in memory. ``device_resident`` /
+    ``device_resident_max_mb`` as there: on an accelerator (``auto``) the uint8 splits are
+    held on it and batched there (:mod:`multimodal.data.device_batches`); the pixels reach
+    the task unchanged either way (the task quantises them to its levels on the device).
     """
 
     def __init__(
@@ -65,11 +69,14 @@ class PixelDataModule(ImageClassificationDataModule):
         download: bool = False,
         limit_train: int | None = None,
         limit_eval: int | None = None,
+        device_resident: bool | str = "auto",
+        device_resident_max_mb: float = 2048.0,
     ) -> None:
         super().__init__(dataset=dataset, root=root, batch_size=batch_size,
                          num_workers=num_workers, val_size=val_size, test_size=test_size,
                          augment=False, image_size=image_size, seed=seed, download=download,
-                         limit_train=limit_train)
+                         limit_train=limit_train, device_resident=device_resident,
+                         device_resident_max_mb=device_resident_max_mb)
         if limit_eval is not None and limit_eval < 1:
             raise ValueError(f"limit_eval must be >= 1 or None, got {limit_eval}")
         self.limit_eval = limit_eval
@@ -83,6 +90,11 @@ class PixelDataModule(ImageClassificationDataModule):
                 images, labels = images[: self.limit_eval], labels[: self.limit_eval]
             self._raw[split] = RawImageDataset(images, labels)
         return self._raw[split]
+
+    def resident_split(self, split: str) -> ResidentSplit | None:
+        """The uint8 split of :meth:`split_dataset`, untransformed."""
+        data = self.split_dataset(split)
+        return ResidentSplit([data.images, data.labels])
 
     def predict_dataloader(self) -> None:  # type: ignore[override]
         raise ValueError("PixelDataModule has no predict split; sample images with "

@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from multimodal.data.contract import follow_settings
+from multimodal.data.device_batches import DeviceBatches, ResidentSplit, resident_setting
 from multimodal.data.sampling import (
     EpochShuffleSampler,
     EvalShardSampler,
@@ -161,13 +162,122 @@ class SplitDataModule(L.LightningDataModule):
         return DataLoader(dataset, sampler=EvalShardSampler(n), **options)
 
     def train_dataloader(self) -> DataLoader:
+        resident = self.resident_loader("train")
+        if resident is not None:
+            return resident  # type: ignore[return-value]
         return self.loader(self.split_dataset("train"), shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
+        resident = self.resident_loader("val")
+        if resident is not None:
+            return resident  # type: ignore[return-value]
         return self.loader(self.split_dataset("val"), shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
+        resident = self.resident_loader("test")
+        if resident is not None:
+            return resident  # type: ignore[return-value]
         return self.loader(self.split_dataset("test"), shuffle=False)
+
+    # -- device-resident splits (multimodal.data.device_batches) ----------------------------
+    device_resident: str = "false"
+    """``auto``: hold the splits on the accelerator when the trainer's device is not the CPU
+    and they fit in ``device_resident_max_mb``; ``true``: always where the data allow (also
+    on the CPU); ``false``: the DataLoader path. Modules that can hold their data set it from
+    their ``device_resident`` argument; the others keep ``false``."""
+    device_resident_max_mb: float = 2048.0
+
+    def resident_split(self, split: str) -> ResidentSplit | None:
+        """``split`` as host tensors to hold on the device, with its batch transform; None
+        where this module cannot hold it (files decoded per item, shards): see
+        :meth:`resident_refusal`."""
+        return None
+
+    def resident_refusal(self) -> str | None:
+        """Why the splits cannot be held on the device (None: they can)."""
+        return f"{type(self).__name__} reads its items one by one"
+
+    def resident_bytes(self) -> int:
+        """Bytes the train / val / test splits take held as :meth:`resident_split` gives
+        them (0 for a split that is empty or absent)."""
+        total = 0
+        for split in ("train", "val", "test"):
+            held = self.resident_split(split)
+            if held is not None:
+                total += sum(a.numel() * a.element_size() for a in held.arrays)
+        return total
+
+    def _trainer_device(self) -> tuple[torch.device, int, int]:
+        """The trainer's root device, world size and global rank (without a trainer: the
+        CPU, and the initialised process group's world and rank, else 1 and 0)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return torch.device("cpu"), dist.get_world_size(), dist.get_rank()
+            return torch.device("cpu"), 1, 0
+        device = torch.device(trainer.strategy.root_device)
+        connector = getattr(trainer, "_accelerator_connector", None)
+        if not getattr(connector, "use_distributed_sampler", True):
+            return device, 1, 0  # Trainer(use_distributed_sampler=False): every rank all
+        return device, int(trainer.world_size), int(trainer.global_rank)
+
+    def resident_device(self) -> torch.device | None:
+        """Where the splits are held (None: not held), decided once per device with
+        ``device_resident`` and said in one log line."""
+        device, _, _ = self._trainer_device()
+        cache = self.__dict__.setdefault("_resident_choice", {})
+        if str(device) in cache:
+            return cache[str(device)]
+        setting = resident_setting(self.device_resident)
+        chosen: torch.device | None = None
+        if setting != "false":
+            refusal = self.resident_refusal()
+            if refusal is not None:
+                if setting == "true":
+                    raise ValueError(f"device_resident=true: {refusal}; use "
+                                     f"device_resident=false (or auto)")
+            elif setting == "true" or device.type != "cpu":
+                mib = self.resident_bytes() / 2**20
+                if setting == "true" or mib <= self.device_resident_max_mb:
+                    chosen = device
+                    rank_zero_info(
+                        f"device-resident data: the splits ({mib:.1f} MiB) are held on "
+                        f"{device}; batches are indexed and transformed there, no loader "
+                        f"workers (device_resident=false: the DataLoader path)")
+                else:
+                    rank_zero_info(
+                        f"device-resident data: not used, the splits take {mib:.1f} MiB, "
+                        f"over device_resident_max_mb {self.device_resident_max_mb:g}")
+        cache[str(device)] = chosen
+        return chosen
+
+    def resident_loader(self, split: str) -> DeviceBatches | None:
+        """The :class:`DeviceBatches` of ``split`` where the splits are held on the device
+        (:meth:`resident_device`), else None (the DataLoader path)."""
+        if resident_setting(self.device_resident) == "false":
+            return None
+        device = self.resident_device()
+        if device is None:
+            return None
+        held = self.resident_split(split)
+        if held is None:
+            return None
+        _, world, rank = self._trainer_device()
+        cache = self.__dict__.setdefault("_resident_arrays", {})
+        key = (split, str(device))
+        if key not in cache:
+            for other in [k for k in cache if k[1] != str(device)]:
+                del cache[other]  # one device's copies at a time
+            cache[key] = [a.to(device) for a in held.arrays]
+        transform = held.transform.to(device) if held.transform is not None else None
+        train = split == "train"
+        return DeviceBatches(cache[key], self.batch_size, shuffle=train, seed=self.seed,
+                             transform=transform,
+                             position=self.train_position if train else None,
+                             world=world, rank=rank, host_items=held.host_items,
+                             assemble=held.assemble)
 
     def state_dict(self) -> dict[str, Any]:
         """The training loader's position (beside what other bases save). Lightning saves

@@ -16,8 +16,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from multimodal.data.batch_augment import AffineNormalise, BatchImageTransform, DivideNormalise
+from multimodal.data.device_batches import ResidentSplit, resident_setting
 from multimodal.data.readers import (
+    CorruptFileError,
     FileList,
+    decode_image_file,
     find_classes,
     is_manifest,
     read_labelled_manifest,
@@ -45,6 +49,7 @@ from multimodal.data.vision_datasets import (
 from multimodal.data.vision_transforms import (
     ImageTransformConfig,
     ShiftFlip,
+    geometry_steps,
     image_transform,
     per_channel,
 )
@@ -123,6 +128,16 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         resize: resize the shorter side to this (aspect kept), then centre-crop
             ``image_size`` (a pretrained model's preprocessing; None: plain resize).
         interpolation: ``bilinear`` (default), ``bicubic``, ``nearest``, ``lanczos``, ...
+        device_resident: ``auto`` (default): on an accelerator (the trainer's device is not
+            the CPU), a built-in dataset whose splits take at most ``device_resident_max_mb``
+            is held there whole as uint8, and batches are taken by index from the seeded
+            epoch permutation, shifted / flipped and normalised there in batches, with no
+            loader workers (:mod:`multimodal.data.device_batches`; one log line says so);
+            on the CPU the DataLoader path. ``true``: held also on the CPU (an error where
+            the data cannot be: your files, shards, ``random_resized_crop``,
+            ``auto_augment``); ``false``: always the DataLoader path. The same order, the
+            same augmentation distributions and the same exact mid-epoch resume either way.
+        device_resident_max_mb: the most the held splits may take for ``auto`` (MiB).
     """
 
     modality = "image"
@@ -158,8 +173,14 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         resize: int | None = None,
         interpolation: str = "bilinear",
         min_held_out_per_class: int = 0,
+        device_resident: bool | str = "auto",
+        device_resident_max_mb: float = 2048.0,
     ) -> None:
         super().__init__()
+        self.device_resident = resident_setting(device_resident)
+        if device_resident_max_mb < 0:
+            raise ValueError(f"device_resident_max_mb must be >= 0, got {device_resident_max_mb}")
+        self.device_resident_max_mb = float(device_resident_max_mb)
         self.min_held_out_per_class = check_min_per_class(min_held_out_per_class)
         if shards is not None and train is not None:
             raise ValueError("give train (files) or shards, not both")
@@ -370,6 +391,87 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
 
         return shard_image_dataset(self.shards, split, self.in_channels,  # type: ignore[arg-type]
                                    transform, shuffle, self.seed, self.skip_corrupt)
+
+    def _images_at_size(self, split: str) -> torch.Tensor:
+        """A built-in split's uint8 images resized once to ``image_size`` (cached)."""
+        images = self._load_splits()[split].images
+        if self.image_size == self._native_size:
+            return images
+        if split not in self._resized:
+            self._resized[split] = torch.cat(
+                [resize_images(chunk, self.image_size) for chunk in images.split(4096)]
+            )
+        return self._resized[split]
+
+    def resident_refusal(self) -> str | None:
+        if self.shards is not None:
+            return "shards are streamed, not held in memory"
+        if self._source is None and (self.random_resized_crop is not None
+                                     or self.auto_augment):
+            return "random_resized_crop and auto_augment are applied image by image"
+        return None
+
+    def resident_bytes(self) -> int:
+        """Bytes of the uint8 splits at ``image_size`` and their int64 labels, known before
+        any file is decoded."""
+        if self._source is None:
+            sizes = [len(files) for files in self._load_file_splits().values()]
+        else:
+            sizes = [len(data) for data in self._load_splits().values()]
+        return sum(sizes) * (self.in_channels * self.image_size**2 + 8)
+
+    def _decoded_files(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Your images of ``split`` decoded once and resized (uint8 (N, C, S, S), labels);
+        an undecodable file raises, or with ``skip_corrupt`` is left out and counted in one
+        log line."""
+        from torchvision.transforms import v2
+
+        decoded = self.__dict__.setdefault("_decoded", {})
+        if split not in decoded:
+            files = self._load_file_splits()[split]
+            geometry = v2.Compose(geometry_steps(self.transform_config()))
+            images, labels, skipped = [], [], 0
+            for path, label in zip(files.paths, files.labels.tolist(), strict=True):  # type: ignore[union-attr]
+                try:
+                    image = decode_image_file(str(path), self.in_channels)
+                except CorruptFileError:
+                    if not self.skip_corrupt:
+                        raise
+                    skipped += 1
+                    continue
+                images.append(geometry(image))
+                labels.append(label)
+            if skipped:
+                log.warning("%s: skipped %d corrupt image file(s) of %d", split, skipped,
+                            len(files))
+            shape = (0, self.in_channels, self.image_size, self.image_size)
+            stacked = torch.stack(images) if images else torch.empty(shape, dtype=torch.uint8)
+            decoded[split] = (stacked, torch.tensor(labels, dtype=torch.int64))
+        return decoded[split]
+
+    def resident_split(self, split: str) -> ResidentSplit | None:
+        """A split held whole for :class:`~.device_batches.DeviceBatches`: a built-in one
+        resized once, your files decoded and resized once; in training the random shifts /
+        flips of :class:`ShiftFlip`, then the normalisation of the DataLoader path
+        (:class:`TensorImageDataset`'s, or torchvision's for files), done in batches
+        (:mod:`.batch_augment`)."""
+        if self.resident_refusal() is not None:
+            return None
+        config = self.transform_config()
+        pad, flip = 0, False
+        if split == "train" and (config.shift or config.flip):
+            pad = max(1, self.image_size // 8) if config.shift else 0
+            flip = config.flip
+        if self._source is None:
+            if split not in self._load_file_splits():
+                return None
+            images, labels = self._decoded_files(split)
+            normalise: AffineNormalise | DivideNormalise = DivideNormalise(
+                self.mean, self.std, self.in_channels, torchvision=True)
+        else:
+            images, labels = self._images_at_size(split), self._load_splits()[split].labels
+            normalise = AffineNormalise(self.mean, self.std, self.in_channels)
+        return ResidentSplit([images, labels], BatchImageTransform(pad, flip, normalise))
 
     def split_dataset(self, split: str) -> Dataset:
         if self.shards is not None:

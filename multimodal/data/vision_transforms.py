@@ -14,7 +14,8 @@ import torch
 
 from multimodal.tokenizers.image_geometry import CenterCrop
 
-__all__ = ["AUTO_AUGMENT", "ImageTransformConfig", "ShiftFlip", "image_transform"]
+__all__ = ["AUTO_AUGMENT", "ImageTransformConfig", "ShiftFlip", "geometry_steps",
+           "image_transform"]
 
 AUTO_AUGMENT = ("rand", "trivial")
 
@@ -103,11 +104,8 @@ def image_transform(
     if train and config.random_resized_crop is not None:
         steps.append(v2.RandomResizedCrop(size, scale=(config.random_resized_crop, 1.0),
                                           interpolation=mode))
-    elif config.resize is not None:
-        steps += [v2.Resize(config.resize, interpolation=mode, antialias=True),
-                  CenterCrop(size)]  # transformers' offsets (floored), not v2's (rounded)
     else:
-        steps.append(v2.Resize(size, interpolation=mode, antialias=True))
+        steps += geometry_steps(config)
     if train and (config.shift or config.flip):
         steps.append(ShiftFlip(max(1, config.image_size // 8) if config.shift else 0,
                                config.flip))
@@ -120,6 +118,20 @@ def image_transform(
         v2.Normalize(list(config.mean), list(config.std)),
     ]
     return v2.Compose(steps)
+
+
+def geometry_steps(config: ImageTransformConfig) -> list[Callable]:
+    """The deterministic resizing of :func:`image_transform` (uint8 -> uint8 (C,
+    image_size, image_size)): ``Resize`` to the square, or the shorter side to ``resize``
+    and a centre crop."""
+    from torchvision.transforms import v2
+
+    size = [config.image_size, config.image_size]
+    mode = v2.InterpolationMode(config.interpolation)
+    if config.resize is not None:
+        return [v2.Resize(config.resize, interpolation=mode, antialias=True),
+                CenterCrop(size)]  # transformers' offsets (floored), not v2's (rounded)
+    return [v2.Resize(size, interpolation=mode, antialias=True)]
 
 
 def per_channel(value: float | Sequence[float], channels: int, name: str) -> tuple[float, ...]:
