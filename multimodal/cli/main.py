@@ -440,6 +440,26 @@ def fold_optimizer_options(config: Namespace, argv: list[str]) -> None:
     init["optimizer"] = block
 
 
+LIMIT_OPTIONS = ("max_epochs", "max_steps")
+"""The trainer's limits that, typed on the command line, win over a config's budget."""
+
+
+def command_line_limits(argv: list[str]) -> dict[str, int]:
+    """The limits of :data:`LIMIT_OPTIONS` typed in ``argv`` (``--trainer.max_epochs 1`` or
+    ``--trainer.max_epochs=1``), by name: the user's intent, over a config's step budget
+    (``trainer.min_steps``, ``--budget_minutes``) and a task's own length. A value that is
+    not an integer is left to the parser to report."""
+    given = {}
+    for name in LIMIT_OPTIONS:
+        value = _option(argv, f"--trainer.{name}")
+        if value is not None:
+            try:
+                given[name] = int(value)
+            except ValueError:
+                continue
+    return given
+
+
 def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
@@ -476,8 +496,14 @@ class MultimodalCLI(LightningCLI):
         if not any(isinstance(c, Preemption) for c in trainer.callbacks):
             minutes = self._get(self.config, "checkpoint_every_minutes", default=None)
             trainer.callbacks.append(Preemption(every_minutes=minutes))
+        # a limit typed on the command line wins over the config's budget (StepBudget, and a
+        # task's own length, e.g. finetune.contrastive_epochs, read it from the trainer)
+        given = command_line_limits(getattr(self, "argv", []))
+        trainer.command_line_limits = given  # type: ignore[attr-defined]
         if not any(isinstance(c, StepBudget) for c in trainer.callbacks):
-            trainer.callbacks.append(StepBudget())  # trainer.min_steps raises max_epochs
+            minutes = self._get(self.config, "budget_minutes", default=None)
+            # trainer.min_steps raises max_epochs; --budget_minutes sizes it by time too
+            trainer.callbacks.append(StepBudget(minutes=minutes, given=given))
         return trainer
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -505,6 +531,10 @@ class MultimodalCLI(LightningCLI):
         parser.add_argument("--early_stopping", type=int | None, default=None,
                             help="stop once val/loss has not improved for N validations "
                                  "(after trainer.min_steps; the own-data configs set 3)")
+        parser.add_argument("--budget_minutes", type=float | None, default=None,
+                            help="size the trainer.min_steps budget by time too: a run whose "
+                                 "epochs were raised for it is cut to the steps that fit in "
+                                 "N minutes (the own-data configs set it)")
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")

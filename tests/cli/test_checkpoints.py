@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from multimodal.cli.callbacks import Preemption, RunCheckpoint, StepBudget, resume_checkpoint
 from multimodal.cli.main import MultimodalCLI
+from multimodal.tasks import ClassificationTask
 from tests.cli.test_resume import digits
 from tests.resume_runs import Record, assert_same_run, fit
 
@@ -281,13 +282,65 @@ def test_min_steps_below_max_epochs_changes_nothing(tmp_path):
     assert budget.message is not None and "already gives 10" in budget.message
 
 
-def test_the_cli_default_budget_and_test_after_fit_say_what_they_do(tmp_path, caplog, capsys):
-    """Through ``multimodal fit``: the default checkpoint is a RunCheckpoint, ``min_steps``
-    raises ``max_epochs`` (one line says so), last.ckpt holds the final step, and the test
-    after fit names the checkpoint it reads and why."""
-    import logging
+def _budget_run(tmp_path, budget: StepBudget, min_steps: int = 40, max_epochs: int = 1,
+                **trainer_args) -> tuple[L.Trainer, ClassificationTask]:
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=max_epochs, min_steps=min_steps,
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, enable_checkpointing=False,
+                        limit_val_batches=0, callbacks=[budget], **trainer_args)
+    trainer.fit(task, data)
+    return trainer, task
 
-    from multimodal.cli.main import main as cli_main
+
+def test_a_max_epochs_on_the_command_line_is_not_raised_by_the_budget(tmp_path):
+    budget = StepBudget(given={"max_epochs": 1})
+    trainer, _ = _budget_run(tmp_path, budget)
+    assert trainer.max_epochs == 1 and trainer.global_step == STEPS_PER_EPOCH
+    assert budget.message == ("step budget: 5 optimiser steps: --trainer.max_epochs 1 on the "
+                              "command line limits the run (5 an epoch), not trainer.min_steps "
+                              "40")
+
+
+@pytest.mark.parametrize("given", [{"max_steps": 7}, {}])
+def test_max_steps_caps_the_budget_and_the_line_says_so(tmp_path, given):
+    budget = StepBudget(given=given)
+    trainer, _ = _budget_run(tmp_path, budget, max_steps=7)
+    assert trainer.global_step == 7 and trainer.max_epochs == 2  # ceil(7 / 5), not 8
+    who = "--trainer.max_steps 7 on the command line" if given else "trainer.max_steps 7"
+    assert budget.message == (f"step budget: 7 optimiser steps ({who} caps trainer.min_steps "
+                              "40), 5 an epoch: max_epochs 1 raised to 2")
+
+
+def test_a_time_budget_cuts_a_raised_run_and_rescales_its_schedule(tmp_path, monkeypatch):
+    """A fake clock, one second a call: 2 steps timed at 1 s each, 20 s of budget -> the
+    40-step budget (8 epochs of 5) is cut to 20 steps (4 epochs), and the warm-up + cosine
+    schedule, rescaled, still ends at its floor at the last step."""
+    import multimodal.cli.callbacks as callbacks
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(callbacks, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    monkeypatch.setattr(StepBudget, "TIME_AFTER_STEPS", 2)
+    monkeypatch.setattr(StepBudget, "TIME_AFTER_SECONDS", 0.0)
+    budget = StepBudget(minutes=20 / 60)
+    trainer, task = _budget_run(tmp_path, budget)
+    assert trainer.global_step == 20 and trainer.max_epochs == 4
+    assert budget.time_message == (
+        "time budget: 40 steps would take ~0.7 min at 1.00 s a step; the run is cut to 20 "
+        "steps (4 epochs) to fit 0.333333 min (--budget_minutes); the learning-rate "
+        "schedule is rescaled to end with it")
+    opt = task.optimizer_config
+    lr = trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0]
+    assert lr == pytest.approx(opt.lr * opt.min_lr_ratio, rel=1e-6, abs=1e-12)
+    # a limit typed on the command line is not cut by the time budget
+    ticks = iter(range(1000))
+    budget = StepBudget(minutes=20 / 60, given={"max_steps": 30})
+    trainer, _ = _budget_run(tmp_path, budget, max_steps=30)
+    assert trainer.global_step == 30 and budget.time_message is None
+
+
+def _digits_config(tmp_path: Path) -> Path:
     from tests.cli.test_resume import DIGITS_VIT
 
     vit = "\n".join(f"          {k}: {v}" for k, v in DIGITS_VIT.items())
@@ -314,6 +367,18 @@ trainer:
   enable_model_summary: false
   default_root_dir: {tmp_path / "run"}
 """)
+    return cfg
+
+
+def test_the_cli_default_budget_and_test_after_fit_say_what_they_do(tmp_path, caplog, capsys):
+    """Through ``multimodal fit``: the default checkpoint is a RunCheckpoint, ``min_steps``
+    raises ``max_epochs`` (one line says so), last.ckpt holds the final step, and the test
+    after fit names the checkpoint it reads and why."""
+    import logging
+
+    from multimodal.cli.main import main as cli_main
+
+    cfg = _digits_config(tmp_path)
     with caplog.at_level(logging.INFO):
         cli_main(["fit", "--config", str(cfg)])
     text = caplog.text + capsys.readouterr().out
@@ -325,6 +390,29 @@ trainer:
     (line,) = [ln for ln in text.splitlines() if "test after fit: " in ln]
     assert f"test after fit: {folder / 'last.ckpt'} (the latest state: 32 validation " \
         "examples (< 50) are too few to rank checkpoints by val/acc_macro)" in line
+
+
+def test_a_limit_typed_on_the_command_line_wins_over_the_configs_budget(tmp_path, caplog,
+                                                                        capsys):
+    """``multimodal fit --config X --trainer.max_epochs 1`` trains one epoch (2 steps), not
+    the config's min_steps 5, and the budget line names the limit that ran."""
+    import logging
+
+    from multimodal.cli.main import command_line_limits
+    from multimodal.cli.main import main as cli_main
+
+    assert command_line_limits(["fit", "--trainer.max_epochs", "1", "--trainer.max_steps=9",
+                                "--trainer.min_steps", "3"]) == {"max_epochs": 1,
+                                                                 "max_steps": 9}
+    cfg = _digits_config(tmp_path)
+    with caplog.at_level(logging.INFO):
+        cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "1",
+                  "--test_after_fit", "false"])
+    text = caplog.text + capsys.readouterr().out
+    assert "step budget: 2 optimiser steps: --trainer.max_epochs 1 on the command line " \
+        "limits the run (2 an epoch), not trainer.min_steps 5" in text
+    (last,) = (tmp_path / "run").glob("**/last.ckpt")
+    assert step_of(last) == 2
 
 
 OWN_DATA_CONFIGS = ("finetune_text", "finetune_image", "finetune_audio", "finetune_clip",
