@@ -697,7 +697,9 @@ def resume_checkpoint(trainer: L.Trainer, ckpt_path: str | os.PathLike[str] | No
     """The checkpoint to resume ``trainer`` from for ``ckpt_path``.
 
     ``"last"``: the newest whole checkpoint (``*.ckpt`` by modification time) in the
-    folders of the trainer's ``ModelCheckpoint`` callbacks and in
+    folders of the trainer's ``ModelCheckpoint`` callbacks, in every
+    ``<default_root_dir>/version_*/checkpoints`` (one per run, the CLI's layout; and every
+    ``version_*`` beside a callback's ``version_N/checkpoints``) and in
     ``<default_root_dir>/checkpoints``; a newer damaged one is skipped with a warning naming
     it and what is wrong; none at all (or none whole): None, the run starts afresh, with a
     warning. A path: checked, and a damaged file is an error naming it. Anything else
@@ -710,10 +712,15 @@ def resume_checkpoint(trainer: L.Trainer, ckpt_path: str | os.PathLike[str] | No
         if problem is not None:
             raise ValueError(f"cannot resume from {ckpt_path}: {problem}")
         return str(ckpt_path)
-    folders = {Preemption.folder(trainer), Path(trainer.default_root_dir) / "checkpoints"}
+    root = Path(trainer.default_root_dir)
+    folders = {Preemption.folder(trainer), root / "checkpoints",
+               *root.glob("version_*/checkpoints")}
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             folders.add(Path(callback.dirpath))
+    for folder in list(folders):  # a run's version_N/checkpoints: every version's
+        if folder.name == "checkpoints" and folder.parent.name.startswith("version_"):
+            folders.update(folder.parent.parent.glob("version_*/checkpoints"))
     found = [p for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")
              if p.is_file()]
     found.sort(key=lambda p: (p.stat().st_mtime, p.name.startswith("last")), reverse=True)

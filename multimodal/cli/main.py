@@ -6,7 +6,7 @@ the other verbs are in :mod:`multimodal.cli.inference`).
     multimodal validate --config ... --ckpt_path best
     multimodal test     --config ... --ckpt_path last
     multimodal predict  --config ... --ckpt_path best --data.init_args.predict my_images/
-    multimodal predict  --ckpt_path run/checkpoints/last.ckpt --data.init_args.predict D
+    multimodal predict  --ckpt_path run/version_0/checkpoints/last.ckpt --data.init_args.predict D
     multimodal speak    --model tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
     multimodal embed    --model FOLDER --inputs DIR|MANIFEST --out emb.safetensors
     multimodal zero-shot --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
@@ -39,7 +39,9 @@ shows the preset, its overrides and the data section, where each size is written
 
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
-checkpoints go to ``<root>/checkpoints`` unless a ModelCheckpoint names its own ``dirpath``,
+checkpoints go to ``<root>/version_N/checkpoints`` (N: the run's number, as its logs'; a
+re-run never replaces an earlier run's checkpoints) unless a ModelCheckpoint names its own
+``dirpath``,
 and the string ``${trainer.default_root_dir}`` in any config value (the loggers' ``save_dir``,
 a task's ``save_dir``, a tokenizer file) is replaced by the root after the command-line
 overrides are read. See :func:`place_run_outputs`.
@@ -114,18 +116,23 @@ def place_run_outputs(config: Namespace) -> str:
 
     * ``${trainer.default_root_dir}`` inside any string value becomes the root
       (``save_dir: ${trainer.default_root_dir}`` for the loggers gives ``<root>/version_N``);
-    * a ``ModelCheckpoint`` without ``dirpath`` gets ``<root>/checkpoints``. A fixed folder, not
-      Lightning's default (inside the new logger version), so that ``--ckpt_path last`` finds
-      the ``last.ckpt`` of the interrupted run: Lightning looks for it only in the checkpoint
-      callbacks' folders;
-    * loggers that share one folder (TensorBoard + CSV) and name no ``version`` get the same
-      next free ``version_N``: each would otherwise count the other's folder and the logs of
-      one run would be split over two versions.
+    * the run is ``<root>/version_N``, N the next free number there (:func:`next_version`);
+      the loggers writing into ``<root>`` with no name and no ``version`` (the defaults:
+      TensorBoard + CSV) get that N, and so do the checkpoints: a ``ModelCheckpoint`` without
+      ``dirpath`` gets ``<root>/version_N/checkpoints``, so a second run of a config never
+      replaces the first one's checkpoints. ``--ckpt_path last`` looks in every
+      ``<root>/version_*/checkpoints`` (and the ``<root>/checkpoints`` of runs made before)
+      and takes the newest whole checkpoint
+      (:func:`~multimodal.cli.callbacks.resume_checkpoint`);
+    * loggers elsewhere that share one folder (TensorBoard + CSV) and name no ``version`` get
+      the same next free ``version_N``: each would otherwise count the other's folder and the
+      logs of one run would be split over two versions.
 
     The root is the current directory when ``default_root_dir`` is not set (Lightning's default).
     """
     root = str(config.get("trainer.default_root_dir") or os.getcwd())
     _substitute(config, root)
+    version = _root_logger_version(config.get("trainer.logger"), root)
     callbacks = config.get("trainer.callbacks")
     for callback in callbacks if isinstance(callbacks, list) else []:
         if not isinstance(callback, Namespace) or not _is_model_checkpoint(
@@ -134,9 +141,47 @@ def place_run_outputs(config: Namespace) -> str:
         if callback.get("init_args") is None:
             callback["init_args"] = Namespace()
         if callback.get("init_args.dirpath") is None:
-            callback["init_args.dirpath"] = os.path.join(root, "checkpoints")
+            callback["init_args.dirpath"] = os.path.join(root, f"version_{version}",
+                                                          "checkpoints")
     _share_logger_version(config.get("trainer.logger"))
     return root
+
+
+def next_version(folder: str | os.PathLike[str]) -> int:
+    """One more than the highest ``version_N`` folder in ``folder`` (0 when there is none):
+    the number the loggers give a new run there."""
+    taken = [int(p.name[len("version_"):]) for p in Path(folder).glob("version_*")
+             if p.is_dir() and p.name[len("version_"):].isdigit()]
+    return max(taken, default=-1) + 1
+
+
+def _root_logger_version(loggers: Any, root: str) -> int:
+    """The ``version_N`` of the run in ``root``: a version given to a logger writing there
+    (no name), else :func:`next_version`, which is then given to every such logger."""
+    mine = []
+    for logger in loggers if isinstance(loggers, list) else []:
+        args = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if isinstance(args, Namespace) and args.get("save_dir") is not None \
+                and not args.get("name") and "version" in args \
+                and os.path.normpath(str(args.save_dir)) == os.path.normpath(root):
+            mine.append(args)
+    fixed = [a.get("version") for a in mine if isinstance(a.get("version"), int)]
+    version = fixed[0] if fixed else next_version(root)
+    for args in mine:
+        if args.get("version") is None:
+            args["version"] = version
+    if len(mine) > 1:
+        _quiet_second_logger(os.path.join(root, ""), version)
+    return version
+
+
+def _quiet_second_logger(folder: str, version: int) -> None:
+    # the folder is new: the second logger finds the first one's files in it, and the
+    # CSV logger's "exists and is not empty ... will be deleted" would be a false alarm
+    warnings.filterwarnings(
+        "ignore", message="Experiment logs directory .*" + re.escape(
+            os.path.join(os.path.basename(os.path.normpath(folder)), f"version_{version}"))
+        + " exists and is not empty")
 
 
 DEFAULT_LOGGERS = ("lightning.pytorch.loggers.TensorBoardLogger",
@@ -234,17 +279,10 @@ def _share_logger_version(loggers: Any) -> None:
     for folder, shared in folders.items():
         if len(shared) < 2:
             continue
-        taken = [int(p.name[len("version_"):]) for p in Path(folder).glob("version_*")
-                 if p.is_dir() and p.name[len("version_"):].isdigit()]
-        version = max(taken, default=-1) + 1
+        version = next_version(folder)
         for args in shared:
             args["version"] = version
-        # the folder is new: the second logger finds the first one's files in it, and the
-        # CSV logger's "exists and is not empty ... will be deleted" would be a false alarm
-        warnings.filterwarnings(
-            "ignore", message="Experiment logs directory .*" + re.escape(
-                os.path.join(os.path.basename(os.path.normpath(folder)), f"version_{version}"))
-            + " exists and is not empty")
+        _quiet_second_logger(folder, version)
 
 
 def place_evaluation_outputs(subcommand: str | None, config: Namespace) -> None:
@@ -252,7 +290,9 @@ def place_evaluation_outputs(subcommand: str | None, config: Namespace) -> None:
     given a checkpoint file and no ``trainer.default_root_dir``, the run folder of the
     checkpoint (``<root>`` of ``<root>/checkpoints/x.ckpt``) is the root, so their logs and
     figures go to ``<root>/version_N`` beside the training run's; ``predict`` (which logs
-    nothing) runs without loggers unless the config or command line names some."""
+    nothing) runs without loggers unless the config or command line names some. A checkpoint
+    in ``<root>/version_N/checkpoints`` (or ``<root>/checkpoints``, runs made before) has the
+    root ``<root>``."""
     trainer = config.get("trainer")
     if subcommand not in ("test", "validate", "predict") or not isinstance(trainer, Namespace):
         return
@@ -260,9 +300,35 @@ def place_evaluation_outputs(subcommand: str | None, config: Namespace) -> None:
         trainer["logger"] = False
     ckpt = config.get("ckpt_path")
     if trainer.get("default_root_dir") is None and ckpt and Path(str(ckpt)).is_file():
-        folder = Path(str(ckpt)).resolve().parent
-        trainer["default_root_dir"] = str(folder.parent if folder.name == "checkpoints"
-                                          else folder)
+        trainer["default_root_dir"] = str(run_root(ckpt))
+
+
+def run_root(ckpt: str | os.PathLike[str]) -> Path:
+    """The run folder a checkpoint file belongs to: ``<root>`` of
+    ``<root>/version_N/checkpoints/x.ckpt`` and of ``<root>/checkpoints/x.ckpt``; else the
+    file's folder."""
+    folder = Path(str(ckpt)).resolve().parent
+    if folder.name != "checkpoints":
+        return folder
+    run = folder.parent
+    return run.parent if re.fullmatch(r"version_\d+", run.name) else run
+
+
+def continue_in_its_folder(trainer: L.Trainer, ckpt_path: str) -> None:
+    """A resumed ``fit`` continues the run it resumes: a checkpoint callback writing to a
+    fresh ``<root>/version_N/checkpoints`` of the same root writes to the resumed
+    checkpoint's ``version_K/checkpoints`` instead (the run's ``last.ckpt`` moves on, its
+    best checkpoints stay ranked: Lightning reloads them only from the same folder); its
+    logs still go to a new ``version_N``."""
+    folder = Path(ckpt_path).resolve().parent
+    if folder.name != "checkpoints" or not re.fullmatch(r"version_\d+", folder.parent.name):
+        return
+    for callback in trainer.checkpoint_callbacks:
+        mine = Path(str(getattr(callback, "dirpath", "") or "")).resolve()
+        if isinstance(callback, ModelCheckpoint) and mine.name == "checkpoints" \
+                and re.fullmatch(r"version_\d+", mine.parent.name) \
+                and mine.parent.parent == folder.parent.parent and mine != folder:
+            callback.dirpath = str(folder)
 
 
 def resolve_precision(trainer_config: dict[str, Any], model: Any) -> tuple[Any, str]:
@@ -546,6 +612,8 @@ class MultimodalCLI(LightningCLI):
         kwargs = super()._prepare_subcommand_kwargs(subcommand)
         if kwargs.get("ckpt_path") is not None:
             kwargs["ckpt_path"] = resume_checkpoint(self.trainer, kwargs["ckpt_path"])
+        if subcommand == "fit" and kwargs.get("ckpt_path"):
+            continue_in_its_folder(self.trainer, kwargs["ckpt_path"])
         return kwargs
 
     def after_fit(self) -> None:
@@ -660,7 +728,9 @@ def check_ckpt_path(ckpt_path: str) -> None:
         return
     path = Path(ckpt_path)
     if path.is_dir():
-        found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+        found = sorted(path.glob("*.ckpt")) or sorted(
+            [*path.glob("checkpoints/*.ckpt"), *path.glob("version_*/checkpoints/*.ckpt")],
+            key=lambda p: p.stat().st_mtime)
         hint = f": give a .ckpt file, e.g. {found[-1]}" if found else \
             " and holds no .ckpt file: give a checkpoint file"
         raise UsageError(f"{path} is a folder, not a checkpoint{hint}", "--ckpt_path")

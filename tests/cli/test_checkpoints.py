@@ -385,7 +385,7 @@ def test_the_cli_default_budget_and_test_after_fit_say_what_they_do(tmp_path, ca
     # 2 steps an epoch: ceil(5 / 2) = 3 epochs
     assert "step budget: at least 5 optimiser steps (trainer.min_steps), 2 an epoch: " \
         "max_epochs 1 raised to 3" in text
-    folder = tmp_path / "run" / "checkpoints"
+    folder = tmp_path / "run" / "version_0" / "checkpoints"
     assert step_of(folder / "last.ckpt") == 6
     (line,) = [ln for ln in text.splitlines() if "test after fit: " in ln]
     assert f"test after fit: {folder / 'last.ckpt'} (the latest state: 32 validation " \
@@ -413,6 +413,44 @@ def test_a_limit_typed_on_the_command_line_wins_over_the_configs_budget(tmp_path
         "limits the run (2 an epoch), not trainer.min_steps 5" in text
     (last,) = (tmp_path / "run").glob("**/last.ckpt")
     assert step_of(last) == 2
+
+
+def test_a_rerun_keeps_the_first_runs_checkpoints_and_last_finds_the_newest(tmp_path):
+    """Two ``fit`` of one config: each run's checkpoints in its own ``version_N/checkpoints``
+    (the logs' N), the first run's files byte for byte as they were; ``--ckpt_path last``
+    resumes from the newest across versions, and ``test`` given a checkpoint logs under the
+    run folder."""
+    from multimodal.cli.main import main as cli_main
+    from multimodal.cli.main import run_root
+
+    cfg = _digits_config(tmp_path)
+    short = ["--trainer.min_steps", "0", "--test_after_fit", "false"]
+    root = tmp_path / "run"
+    cli_main(["fit", "--config", str(cfg), *short])
+    first = root / "version_0" / "checkpoints" / "last.ckpt"
+    before = first.read_bytes()
+    cli_main(["fit", "--config", str(cfg), *short, "--trainer.max_epochs", "2"])
+    second = root / "version_1" / "checkpoints" / "last.ckpt"
+    assert first.read_bytes() == before and step_of(first) == 2 and step_of(second) == 4
+    assert (root / "version_1" / "metrics.csv").is_file()  # the logs' version, the same N
+    assert not (root / "checkpoints").exists()
+    # --ckpt_path last: the newest whole checkpoint, whichever version holds it
+    probe = L.Trainer(accelerator="cpu", logger=False, default_root_dir=root,
+                      callbacks=[RunCheckpoint(dirpath=root / "version_2" / "checkpoints")])
+    assert resume_checkpoint(probe, "last") == str(second)
+    # a resumed run continues the run it resumes, in that run's folder (its best is kept)
+    cli_main(["fit", "--config", str(cfg), *short, "--trainer.max_epochs", "3",
+              "--ckpt_path", "last"])
+    assert step_of(second) == 6 and first.read_bytes() == before
+    assert not (root / "version_2" / "checkpoints").exists()
+    assert (root / "version_2" / "metrics.csv").is_file()  # its logs: a new version
+    os.utime(first, (time.time() + 60, time.time() + 60))
+    assert resume_checkpoint(probe, "last") == str(first)
+    # test given a checkpoint and no root: its logs go to the run folder, as a new version
+    assert run_root(first) == run_root(root / "checkpoints" / "old.ckpt") == root
+    cli_main(["test", "--config", str(cfg), "--ckpt_path", str(second),
+              "--trainer.default_root_dir", "null", "--trainer.limit_test_batches", "1"])
+    assert (root / "version_3" / "metrics.csv").is_file()
 
 
 OWN_DATA_CONFIGS = ("finetune_text", "finetune_image", "finetune_audio", "finetune_clip",
