@@ -58,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import logging
 import os
 import re
 import sys
@@ -319,15 +320,18 @@ def continue_in_its_folder(trainer: L.Trainer, ckpt_path: str) -> None:
     fresh ``<root>/version_N/checkpoints`` of the same root writes to the resumed
     checkpoint's ``version_K/checkpoints`` instead (the run's ``last.ckpt`` moves on, its
     best checkpoints stay ranked: Lightning reloads them only from the same folder); its
-    logs still go to a new ``version_N``."""
+    logs still go to a new ``version_N``. Likewise for ``test`` / ``predict`` (which write no
+    checkpoint), so Lightning does not warn that the folder changed; a checkpoint in the
+    ``<root>/checkpoints`` of a run made before counts as that run's folder."""
     folder = Path(ckpt_path).resolve().parent
-    if folder.name != "checkpoints" or not re.fullmatch(r"version_\d+", folder.parent.name):
+    if folder.name != "checkpoints":
         return
+    root = run_root(ckpt_path)
     for callback in trainer.checkpoint_callbacks:
         mine = Path(str(getattr(callback, "dirpath", "") or "")).resolve()
         if isinstance(callback, ModelCheckpoint) and mine.name == "checkpoints" \
                 and re.fullmatch(r"version_\d+", mine.parent.name) \
-                and mine.parent.parent == folder.parent.parent and mine != folder:
+                and mine.parent.parent == root and mine != folder:
             callback.dirpath = str(folder)
 
 
@@ -384,6 +388,9 @@ def follow_pretrained(config: Namespace) -> list[str]:
         data["init_args"] = Namespace()
     follow = getattr(data_cls, "follow", None)  # the data-module contract
     settings = data_settings(init["pretrained"])
+    implied = {"image": "image_size", "text": "tokenizer"}.get(str(init.get("modality")))
+    if implied is not None and implied not in settings:  # e.g. a text model, image data
+        _check_pretrained_part(config, str(init["pretrained"]), init.get("modality"))
     source = f"the pretrained model {init['pretrained']}"
     args = data["init_args"]
     given = {k: args.get(k) for k in settings if k in args}
@@ -397,8 +404,49 @@ def follow_pretrained(config: Namespace) -> list[str]:
     return warnings
 
 
-DATA_PATH_KEYS = ("train", "val", "test", "predict", "predict_dir", "shards", "tokenizer")
-"""The data module arguments that name the user's files."""
+def check_model_source(config: Namespace) -> None:
+    """A task that takes ``pretrained`` but is given none of ``pretrained``, ``preset`` or
+    ``model`` (``configs/finetune_image.yaml`` as shipped, ``pretrained: null``) is a
+    :class:`UsageError` before anything is built: the data module would otherwise fail
+    first on a size that the pretrained model was to give (``image_size is needed``)."""
+    init = config.get("model.init_args")
+    if not isinstance(init, Namespace) or "pretrained" not in init or any(
+            init.get(k) is not None for k in ("pretrained", "preset", "model")):
+        return
+    task = str(config.get("model.class_path") or "the task").rsplit(".", 1)[-1]
+    raise UsageError(f"{task} needs a model to start from: --model.init_args.pretrained "
+                     "FOLDER|NAME|CKPT (a model folder, an installed model's name from "
+                     "`multimodal models`, or one of our checkpoints)",
+                     "--model.init_args.pretrained")
+
+
+def _check_pretrained_part(config: Namespace, pretrained: str, modality: str | None) -> None:
+    """Where the pretrained model implies no data setting (a text model given to an image
+    task), whether it has a part the task can train, before the data module is made: its one
+    message (:func:`multimodal.loading.select_part`), not the data's ``image_size is
+    needed`` first."""
+    task = _class_of(str(config.get("model.class_path") or ""))
+    accepts = getattr(task, "accepts", None)
+    if task is None or not isinstance(accepts, tuple) or modality is None:
+        return
+    from multimodal.loading import select_part
+    from multimodal.tasks.pretrained import load_pretrained
+
+    try:
+        source = load_pretrained(pretrained)
+    except (FileNotFoundError, ValueError, OSError):  # the task's own load reports it
+        return
+    try:
+        select_part(source.model, modality, accepts, source.path, task.__name__)
+    except ValueError as err:
+        raise UsageError(str(err), "--model.init_args.pretrained") from None
+
+
+DATA_PATH_KEYS = ("train", "val", "test", "shards", "tokenizer")
+"""The data module arguments that name the user's files and that a checkpoint keeps for a
+later ``test`` / ``predict`` run. ``predict`` is not among them: it is read by the run that
+names it, in its own directory, and the ids printed for it are its paths as given
+(``new.txt:1``, not ``/home/.../new.txt:1``)."""
 
 
 def absolute_data_paths(config: Namespace) -> list[str]:
@@ -549,6 +597,16 @@ class MultimodalCLI(LightningCLI):
                 and init.get("pretrained") is not None:
             # the checkpoint holds the whole model: no need for the folder it started from
             init["pretrained"] = str(ckpt_path)
+        elif ckpt_path and Path(str(ckpt_path)).is_file() and isinstance(init, Namespace) \
+                and "pretrained" in init and self.subcommand in ("test", "validate", "predict"):
+            # the trained model, head included, is built from the checkpoint (not a preset's
+            # fresh head, then overwritten: "new head of 3 classes (was 1000)" read as if the
+            # trained head were thrown away)
+            init["pretrained"] = str(ckpt_path)
+            for key in ("preset", "overrides", "model", "init_from"):
+                if init.get(key) is not None:
+                    init[key] = None
+        check_model_source(config)
         follow_pretrained(config)
         fold_optimizer_options(config, getattr(self, "argv", []))
         apply_skip_corrupt(config)
@@ -612,7 +670,7 @@ class MultimodalCLI(LightningCLI):
         kwargs = super()._prepare_subcommand_kwargs(subcommand)
         if kwargs.get("ckpt_path") is not None:
             kwargs["ckpt_path"] = resume_checkpoint(self.trainer, kwargs["ckpt_path"])
-        if subcommand == "fit" and kwargs.get("ckpt_path"):
+        if kwargs.get("ckpt_path"):  # (test / predict write none: no "dirpath changed")
             continue_in_its_folder(self.trainer, kwargs["ckpt_path"])
         return kwargs
 
@@ -793,6 +851,31 @@ def check_checkpoint_task(argv: list[str]) -> None:
                          "checkpoint names its task)", "--ckpt_path")
 
 
+ADVERTS = ("\N{ELECTRIC LIGHT BULB} Tip:",)
+"""Lightning's info lines that advertise a product (litlogger, litmodels): not printed."""
+
+
+class _NoAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(ADVERTS)
+
+
+def quiet_lightning(subcommand: str | None) -> None:
+    """What every run printed and nobody acts on, silenced: Lightning's product tips
+    (:data:`ADVERTS`, a filter on its rank-zero loggers), torch's ``LeafSpec``
+    deprecation raised inside Lightning's own code, and, for ``test`` / ``validate`` /
+    ``predict``, the advice to pass the training run's callbacks (early stopping plays no
+    part in them). Call inside a ``warnings.catch_warnings()`` block."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoAdverts) for f in logger.filters):
+            logger.addFilter(_NoAdverts())
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    if subcommand in ("test", "validate", "predict"):
+        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, "
+                                "callbacks used to create the checkpoint")
+
+
 def run_lightning(argv: list[str]) -> int:
     """``multimodal fit / validate / test / predict ...`` (``argv`` starts with the verb)
     through :class:`MultimodalCLI`. Errors are raised (the caller prints them on one
@@ -817,6 +900,7 @@ def run_lightning(argv: list[str]) -> int:
     quiet = {"exit_on_error": False}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
+        quiet_lightning(argv[0] if argv else None)
         MultimodalCLI(
             L.LightningModule,
             L.LightningDataModule,
