@@ -479,3 +479,7 @@ def test_every_own_data_config_has_a_step_budget_and_early_stopping(stem):
     assert "whatever the data size (trainer.min_steps" in text  # the comment says so
     if trainer.get("max_steps") is None:  # epochs: the budget fits in them for large data
         assert trainer["max_epochs"] >= 5
+    # sized by time as well (#52): a budget raised for small data is cut to what fits
+    assert 0 < parsed["budget_minutes"] <= 10
+    workers = parsed["data"]["init_args"].get("num_workers", 0)
+    assert workers in (0, "auto")  # data in memory: none; files: chosen for the machine
