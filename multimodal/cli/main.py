@@ -606,11 +606,16 @@ class MultimodalCLI(LightningCLI):
             for key in ("preset", "overrides", "model", "init_from"):
                 if init.get(key) is not None:
                     init[key] = None
-        check_model_source(config)
         follow_pretrained(config)
         fold_optimizer_options(config, getattr(self, "argv", []))
         apply_skip_corrupt(config)
         absolute_data_paths(config)
+
+    def instantiate_classes(self) -> None:
+        """LightningCLI's, after :func:`check_model_source` (a task with no model to start
+        from is named before the data module fails on a size the model was to give)."""
+        check_model_source(self.config[self.subcommand] if self.subcommand else self.config)
+        super().instantiate_classes()
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
