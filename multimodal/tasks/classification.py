@@ -165,8 +165,9 @@ class ClassificationTask(ModelTask):
     def _new_head(model: nn.Module, n: int) -> None:
         old = model.config.num_classes
         model.reset_classifier(n, generator=torch.Generator().manual_seed(HEAD_SEED))
-        rank_zero_info(f"classifier: new head of {n} classes for {type(model).__name__} "
-                       f"(was {old})")
+        # a preset's or a model's default count is a placeholder, not weights being lost
+        rank_zero_info(f"classifier: a head of {n} classes (the data's) for "
+                       f"{type(model).__name__}, drawn new (the architecture's default: {old})")
 
     def _build_metrics(self) -> None:
         """Accuracy (top-1, top-5 with >= 5 classes) and the confusion matrix for
