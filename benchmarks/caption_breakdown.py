@@ -7,7 +7,8 @@ named object (size, colour and shape at its place in the caption) split by wheth
 and the most frequent confusions (true pair -> named pair).
 
 Run:
-    PYTHONPATH=. python benchmarks/caption_breakdown.py runs/caption_scenes/checkpoints/last.ckpt
+    PYTHONPATH=. python benchmarks/caption_breakdown.py \\
+        runs/caption_scenes/version_0/checkpoints/last.ckpt
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 configs/clip_emoji.yaml, against chance.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/clip_emoji.py \
-        runs/clip_emoji/checkpoints/last.ckpt
+        runs/clip_emoji/version_0/checkpoints/last.ckpt
 
 Each test caption ("an emoji of a red apple") ranks every test emoji picture (emoji never
 seen in training); recall@k is the share whose own picture is among the top k (a

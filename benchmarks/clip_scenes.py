@@ -1,8 +1,8 @@
 """Contrastive (CLIP) vs generative (captioner) on the held-out scenes, one run.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/clip_scenes.py \
-        --clip runs/clip_scenes/checkpoints/last.ckpt \
-        --captioner runs/caption_scenes/checkpoints/last.ckpt [--figures docs/figures]
+        --clip runs/clip_scenes/version_0/checkpoints/last.ckpt \
+        --captioner runs/caption_scenes/version_0/checkpoints/last.ckpt [--figures docs/figures]
 
 (a) zero-shot classification of single-shape scenes among all 24 "colour shape" classes,
     on held-out pairs (never in training) and on seen pairs separately;

@@ -1,6 +1,6 @@
 """Write a few text-to-speech samples (and their reference voices) for docs/samples/tts/.
 
-    python benchmarks/tts_samples.py --ckpt runs/tts_voices/checkpoints/last.ckpt \
+    python benchmarks/tts_samples.py --ckpt runs/tts_voices/version_0/checkpoints/last.ckpt \
         --out docs/samples/tts --texts "yes" "go" "stop" "the lord is my shepherd"
 
 Each text is spoken in the voice of a held-out (test) voice of the TTS data set: the prompt

@@ -238,7 +238,11 @@ def select_part(model: nn.Module, modality: str | None, accept: tuple[type, ...]
         return parts[modality]
     held = type(model).__name__
     kind = getattr(model, "modality", "?")
-    wanted = " or ".join(c.__name__ for c in accept)
+    # the parts of the modality asked for (an image task refuses a TextEncoder: not "needs a
+    # ViT or AudioClassifier or TextEncoder")
+    fitting = [c for c in accept if modality is None or getattr(c, "modality", None) in
+               (None, modality)]
+    wanted = " or ".join(c.__name__ for c in fitting or accept)
     what = f" as {'an' if modality in ('image', 'audio') else 'a'} {modality} model" \
         if modality else ""
     raise ValueError(f"pretrained: {path} holds a {held} ({kind} model): it has no part "

@@ -72,7 +72,7 @@ def _fit_text_classifier(root: Path) -> Path:
                   "--data.val_size", "2", "--data.test_size", "0",
                   "--trainer.max_steps", "2", "--trainer.default_root_dir", str(root / "run"),
                   "--trainer.enable_progress_bar", "false", "--test_after_fit", "false"])
-    return root / "run" / "checkpoints" / "last.ckpt"
+    return root / "run" / "version_0" / "checkpoints" / "last.ckpt"
 
 
 def _predict(ckpt: Path, texts: Path, capsys: pytest.CaptureFixture[str]) -> list[list[str]]:

@@ -267,60 +267,205 @@ class RunCheckpoint(ModelCheckpoint):
 
 class StepBudget(L.Callback):
     """Make ``trainer.min_steps`` a promise: at least that many optimiser steps, whatever the
-    size of the data. Lightning's ``min_steps`` only keeps early stopping from ending the run
-    sooner; ``max_epochs`` still ends it. Once the training loader's length is known (in
-    ``setup``, before the optimiser and its schedule are made, so a warm-up + cosine schedule
-    spans the whole run), ``max_epochs`` is raised to::
+    size of the data, within the limits the user set. Lightning's ``min_steps`` only keeps
+    early stopping from ending the run sooner; ``max_epochs`` still ends it. Once the
+    training loader's length is known (in ``setup``, before the optimiser and its schedule
+    are made, so a warm-up + cosine schedule spans the whole run), ``max_epochs`` is raised
+    to::
 
-        ceil(min_steps / steps_per_epoch),  steps_per_epoch = ceil(batches / accumulate)
+        ceil(budget / steps_per_epoch),  steps_per_epoch = ceil(batches / accumulate)
 
     when it is below that. A run of 36 labelled texts (2 steps an epoch) with
-    ``min_steps: 300`` trains 150 epochs; one of 10 000 keeps its ``max_epochs``. Logs one
-    line saying what it chose, with the early stopping that may end the run after the
-    budget (an ``EarlyStopping`` callback's metric and patience).
+    ``min_steps: 300`` trains 150 epochs; one of 10 000 keeps its ``max_epochs``.
+
+    The budget actually applied is ``min_steps`` capped by ``trainer.max_steps``, and, when
+    ``given`` (the limits typed on the command line, ``{"max_epochs": 1}``) names
+    ``max_epochs``, by that many epochs, which are not raised: a limit on the command line
+    is the user's, and wins over a config's budget. Logs one line saying what it chose and
+    which limit ends the run, with the early stopping that may end it after the budget (an
+    ``EarlyStopping`` callback's metric and patience).
+
+    ``minutes`` (``--budget_minutes``; the own-data configs set it): the budget is sized by
+    time as well. Once the first steps are timed (:attr:`TIME_AFTER_STEPS` steps and
+    :attr:`TIME_AFTER_SECONDS` s of training, validation included), a run whose epochs were
+    raised for the budget and would outlast ``minutes`` is cut to the steps that fit (never
+    below the config's own ``max_epochs``), and every per-step ``LambdaLR`` schedule is
+    rescaled so that what was left of it spans what is left of the run (the cosine still
+    ends at its floor); a run that kept its ``max_epochs`` keeps them, and early stopping
+    may end it once the steps that fit in ``minutes`` are done. Not applied when a limit was
+    given on the command line. One line says what it did.
     """
 
-    def __init__(self) -> None:
+    TIME_AFTER_STEPS = 10
+    TIME_AFTER_SECONDS = 5.0
+
+    def __init__(self, minutes: float | None = None,
+                 given: dict[str, int] | None = None) -> None:
+        if minutes is not None and minutes <= 0:
+            raise ValueError(f"budget minutes must be > 0 or None, got {minutes}")
+        self.minutes, self.given = minutes, dict(given or {})
         self.message: str | None = None
+        self.time_message: str | None = None
         self._chosen: tuple[int, str] | None = None  # (min_steps, what setup chose)
+        self._raised: tuple[int, int] | None = None  # (config's max_epochs, steps an epoch)
+        self._cut: list[float] | None = None  # [at step, old total, new total]: the schedule
+        self._timer: tuple[float, int] | None = None
+
+    def _given(self, trainer: L.Trainer) -> dict[str, int]:
+        return self.given or dict(getattr(trainer, "command_line_limits", None) or {})
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.message = self._chosen = None
+        self.message = self._chosen = self._raised = self.time_message = None
         if stage != "fit":
             return
         loop = trainer.fit_loop
         min_steps = loop.min_steps
         if not min_steps or min_steps <= 0 or trainer.fast_dev_run:
             return
-        head = f"step budget: at least {min_steps} optimiser steps (trainer.min_steps)"
+        given = self._given(trainer)
+        max_steps = loop.max_steps if loop.max_steps is not None and loop.max_steps >= 0 \
+            else None
+        budget, head = min_steps, f"at least {min_steps} optimiser steps (trainer.min_steps)"
+        if max_steps is not None and max_steps < min_steps:
+            who = f"--trainer.max_steps {max_steps} on the command line" \
+                if "max_steps" in given else f"trainer.max_steps {max_steps}"
+            budget = max_steps
+            head = f"{max_steps} optimiser steps ({who} caps trainer.min_steps {min_steps})"
         if loop.max_epochs in (None, -1):
-            self._chosen = (min_steps, f"{head}, no epoch limit (max_steps {loop.max_steps})")
+            loop.epoch_loop.min_steps = budget
+            self._chosen = (budget, f"step budget: {head}, no epoch limit "
+                                    f"(max_steps {loop.max_steps})")
             return
         loop.setup_data()  # what estimated_stepping_batches does: the loader is reused
         batches = trainer.num_training_batches
         if not batches or batches == float("inf"):
             return
         per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
-        needed = math.ceil(min_steps / per_epoch)
         old = loop.max_epochs
+        if "max_epochs" in given:
+            steps = min(budget, old * per_epoch)
+            loop.epoch_loop.min_steps = steps
+            self._chosen = (steps, f"step budget: {steps} optimiser steps: --trainer.max_epochs "
+                                   f"{old} on the command line limits the run ({per_epoch} an "
+                                   f"epoch), not trainer.min_steps {min_steps}")
+            return
+        needed = math.ceil(budget / per_epoch)
         if needed > old:
             loop.max_epochs = needed
+            self._raised = (old, per_epoch)
+        loop.epoch_loop.min_steps = budget
         chosen = f"max_epochs {old} raised to {needed}" if needed > old else \
             f"max_epochs {old} already gives {old * per_epoch}"
-        self._chosen = (min_steps, f"{head}, {per_epoch} an epoch: {chosen}")
+        self._chosen = (budget, f"step budget: {head}, {per_epoch} an epoch: {chosen}")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The line, once the task's own ``setup`` has run: a task that sets its own length
         (a solved or fixed-length regime clears ``min_steps``, and says so) gets none, and
         the early stopping named is the one the run keeps."""
         if self._chosen is None or trainer.fit_loop.min_steps != self._chosen[0]:
+            self._raised = None
             return
         stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
+        loop = trainer.fit_loop
+        ends = loop.max_steps is not None and 0 <= loop.max_steps <= self._chosen[0]
         after = "; then early stopping on " + ", ".join(
             f"{c.monitor} (patience {c.patience} validations)" for c in stops) \
-            if stops else ""
+            if stops and not ends else ""
         self.message = self._chosen[1] + after
         rank_zero_info(self.message)
+
+    # -- the time budget -------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._timer = None
+        if self._cut is not None and self._raised is not None:  # resumed after a cut
+            at, old_total, new_total = self._cut
+            self._apply_cut(trainer, int(at), int(old_total), int(new_total))
+            return
+        if self.minutes is None or self._chosen is None or self._given(trainer) \
+                or self.message is None:
+            return
+        self._timer = (time.monotonic(), trainer.global_step)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._timer is None or self.minutes is None:
+            return
+        start, first = self._timer
+        elapsed, done = time.monotonic() - start, trainer.global_step - first
+        if done < self.TIME_AFTER_STEPS or elapsed < self.TIME_AFTER_SECONDS:
+            return
+        self._timer = None
+        per_step = elapsed / done
+        fit = trainer.global_step + int(max(self.minutes * 60 - elapsed, 0) / per_step)
+        loop = trainer.fit_loop
+        if fit >= loop.min_steps:
+            return
+        wanted = loop.min_steps
+        if self._raised is None:  # the config's own epochs: early stopping may come sooner
+            loop.epoch_loop.min_steps = max(fit, trainer.global_step)
+            self.time_message = (
+                f"time budget: {wanted} steps would take ~{wanted * per_step / 60:.1f} min at "
+                f"{per_step:.2f} s a step; early stopping may end the run after "
+                f"{loop.min_steps} steps ({self.minutes:g} min, --budget_minutes)")
+            rank_zero_info(self.time_message)
+            return
+        config_epochs, per_epoch = self._raised
+        old_total = loop.max_epochs * per_epoch
+        if loop.max_steps is not None and loop.max_steps >= 0:
+            old_total = min(old_total, loop.max_steps)
+        epochs = max(math.ceil(fit / per_epoch), config_epochs,
+                     trainer.current_epoch + 1)
+        new_total = epochs * per_epoch
+        if new_total >= old_total:
+            return
+        self._cut = [trainer.global_step, old_total, new_total]
+        rescaled = self._apply_cut(trainer, trainer.global_step, old_total, new_total)
+        self.time_message = (
+            f"time budget: {wanted} steps would take ~{wanted * per_step / 60:.1f} min at "
+            f"{per_step:.2f} s a step; the run is cut to {new_total} steps ({epochs} epochs) "
+            f"to fit {self.minutes:g} min (--budget_minutes)"
+            + ("; the learning-rate schedule is rescaled to end with it" if rescaled else
+               "; the learning-rate schedule is not a per-step LambdaLR and is kept"))
+        rank_zero_info(self.time_message)
+
+    def _apply_cut(self, trainer: L.Trainer, at: int, old_total: int, new_total: int
+                   ) -> bool:
+        """Run ``new_total`` steps instead of ``old_total`` from step ``at`` on; ``True``
+        when every scheduler could be rescaled."""
+        loop = trainer.fit_loop
+        per_epoch = self._raised[1] if self._raised else 1
+        loop.max_epochs = math.ceil(new_total / per_epoch)
+        loop.epoch_loop.min_steps = min(loop.min_steps or 0, new_total)
+        rescaled = True
+        for config in trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if config.interval != "step" or not isinstance(
+                    scheduler, torch.optim.lr_scheduler.LambdaLR):
+                rescaled = False
+                continue
+            scheduler.lr_lambdas = [_warp(f, at, old_total, new_total)
+                                    for f in scheduler.lr_lambdas]
+        return rescaled
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cut": self._cut} if self._cut is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        cut = state_dict.get("cut")
+        self._cut = [float(x) for x in cut] if cut else None
+
+
+def _warp(factor: Any, at: int, old_total: int, new_total: int) -> Any:
+    """A schedule over ``old_total`` steps made to span ``new_total``: unchanged before step
+    ``at``; after it, step ``s`` reads the old schedule at
+    ``at + (s - at) (old_total - at) / (new_total - at)``, so the rest of the old schedule
+    (the cosine's decay to its floor) fits in the steps that are left."""
+    scale = (old_total - at) / max(new_total - at, 1)
+
+    def warped(step: int) -> float:
+        return factor(step if step <= at else at + (step - at) * scale)
+
+    return warped
 
 
 class Preemption(L.Callback):
@@ -552,7 +697,9 @@ def resume_checkpoint(trainer: L.Trainer, ckpt_path: str | os.PathLike[str] | No
     """The checkpoint to resume ``trainer`` from for ``ckpt_path``.
 
     ``"last"``: the newest whole checkpoint (``*.ckpt`` by modification time) in the
-    folders of the trainer's ``ModelCheckpoint`` callbacks and in
+    folders of the trainer's ``ModelCheckpoint`` callbacks, in every
+    ``<default_root_dir>/version_*/checkpoints`` (one per run, the CLI's layout; and every
+    ``version_*`` beside a callback's ``version_N/checkpoints``) and in
     ``<default_root_dir>/checkpoints``; a newer damaged one is skipped with a warning naming
     it and what is wrong; none at all (or none whole): None, the run starts afresh, with a
     warning. A path: checked, and a damaged file is an error naming it. Anything else
@@ -565,10 +712,15 @@ def resume_checkpoint(trainer: L.Trainer, ckpt_path: str | os.PathLike[str] | No
         if problem is not None:
             raise ValueError(f"cannot resume from {ckpt_path}: {problem}")
         return str(ckpt_path)
-    folders = {Preemption.folder(trainer), Path(trainer.default_root_dir) / "checkpoints"}
+    root = Path(trainer.default_root_dir)
+    folders = {Preemption.folder(trainer), root / "checkpoints",
+               *root.glob("version_*/checkpoints")}
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             folders.add(Path(callback.dirpath))
+    for folder in list(folders):  # a run's version_N/checkpoints: every version's
+        if folder.name == "checkpoints" and folder.parent.name.startswith("version_"):
+            folders.update(folder.parent.parent.glob("version_*/checkpoints"))
     found = [p for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")
              if p.is_file()]
     found.sort(key=lambda p: (p.stat().st_mtime, p.name.startswith("last")), reverse=True)

@@ -6,7 +6,7 @@ the other verbs are in :mod:`multimodal.cli.inference`).
     multimodal validate --config ... --ckpt_path best
     multimodal test     --config ... --ckpt_path last
     multimodal predict  --config ... --ckpt_path best --data.init_args.predict my_images/
-    multimodal predict  --ckpt_path run/checkpoints/last.ckpt --data.init_args.predict D
+    multimodal predict  --ckpt_path run/version_0/checkpoints/last.ckpt --data.init_args.predict D
     multimodal speak    --model tts.ckpt --text "Hello there." --prompt voice.wav --out out.wav
     multimodal embed    --model FOLDER --inputs DIR|MANIFEST --out emb.safetensors
     multimodal zero-shot --model CLIP_FOLDER --labels "cat,dog" --inputs DIR [--out p.csv]
@@ -39,7 +39,9 @@ shows the preset, its overrides and the data section, where each size is written
 
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
-checkpoints go to ``<root>/checkpoints`` unless a ModelCheckpoint names its own ``dirpath``,
+checkpoints go to ``<root>/version_N/checkpoints`` (N: the run's number, as its logs'; a
+re-run never replaces an earlier run's checkpoints) unless a ModelCheckpoint names its own
+``dirpath``,
 and the string ``${trainer.default_root_dir}`` in any config value (the loggers' ``save_dir``,
 a task's ``save_dir``, a tokenizer file) is replaced by the root after the command-line
 overrides are read. See :func:`place_run_outputs`.
@@ -56,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import logging
 import os
 import re
 import sys
@@ -114,18 +117,23 @@ def place_run_outputs(config: Namespace) -> str:
 
     * ``${trainer.default_root_dir}`` inside any string value becomes the root
       (``save_dir: ${trainer.default_root_dir}`` for the loggers gives ``<root>/version_N``);
-    * a ``ModelCheckpoint`` without ``dirpath`` gets ``<root>/checkpoints``. A fixed folder, not
-      Lightning's default (inside the new logger version), so that ``--ckpt_path last`` finds
-      the ``last.ckpt`` of the interrupted run: Lightning looks for it only in the checkpoint
-      callbacks' folders;
-    * loggers that share one folder (TensorBoard + CSV) and name no ``version`` get the same
-      next free ``version_N``: each would otherwise count the other's folder and the logs of
-      one run would be split over two versions.
+    * the run is ``<root>/version_N``, N the next free number there (:func:`next_version`);
+      the loggers writing into ``<root>`` with no name and no ``version`` (the defaults:
+      TensorBoard + CSV) get that N, and so do the checkpoints: a ``ModelCheckpoint`` without
+      ``dirpath`` gets ``<root>/version_N/checkpoints``, so a second run of a config never
+      replaces the first one's checkpoints. ``--ckpt_path last`` looks in every
+      ``<root>/version_*/checkpoints`` (and the ``<root>/checkpoints`` of runs made before)
+      and takes the newest whole checkpoint
+      (:func:`~multimodal.cli.callbacks.resume_checkpoint`);
+    * loggers elsewhere that share one folder (TensorBoard + CSV) and name no ``version`` get
+      the same next free ``version_N``: each would otherwise count the other's folder and the
+      logs of one run would be split over two versions.
 
     The root is the current directory when ``default_root_dir`` is not set (Lightning's default).
     """
     root = str(config.get("trainer.default_root_dir") or os.getcwd())
     _substitute(config, root)
+    version = _root_logger_version(config.get("trainer.logger"), root)
     callbacks = config.get("trainer.callbacks")
     for callback in callbacks if isinstance(callbacks, list) else []:
         if not isinstance(callback, Namespace) or not _is_model_checkpoint(
@@ -134,9 +142,47 @@ def place_run_outputs(config: Namespace) -> str:
         if callback.get("init_args") is None:
             callback["init_args"] = Namespace()
         if callback.get("init_args.dirpath") is None:
-            callback["init_args.dirpath"] = os.path.join(root, "checkpoints")
+            callback["init_args.dirpath"] = os.path.join(root, f"version_{version}",
+                                                          "checkpoints")
     _share_logger_version(config.get("trainer.logger"))
     return root
+
+
+def next_version(folder: str | os.PathLike[str]) -> int:
+    """One more than the highest ``version_N`` folder in ``folder`` (0 when there is none):
+    the number the loggers give a new run there."""
+    taken = [int(p.name[len("version_"):]) for p in Path(folder).glob("version_*")
+             if p.is_dir() and p.name[len("version_"):].isdigit()]
+    return max(taken, default=-1) + 1
+
+
+def _root_logger_version(loggers: Any, root: str) -> int:
+    """The ``version_N`` of the run in ``root``: a version given to a logger writing there
+    (no name), else :func:`next_version`, which is then given to every such logger."""
+    mine = []
+    for logger in loggers if isinstance(loggers, list) else []:
+        args = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if isinstance(args, Namespace) and args.get("save_dir") is not None \
+                and not args.get("name") and "version" in args \
+                and os.path.normpath(str(args.save_dir)) == os.path.normpath(root):
+            mine.append(args)
+    fixed = [a.get("version") for a in mine if isinstance(a.get("version"), int)]
+    version = fixed[0] if fixed else next_version(root)
+    for args in mine:
+        if args.get("version") is None:
+            args["version"] = version
+    if len(mine) > 1:
+        _quiet_second_logger(os.path.join(root, ""), version)
+    return version
+
+
+def _quiet_second_logger(folder: str, version: int) -> None:
+    # the folder is new: the second logger finds the first one's files in it, and the
+    # CSV logger's "exists and is not empty ... will be deleted" would be a false alarm
+    warnings.filterwarnings(
+        "ignore", message="Experiment logs directory .*" + re.escape(
+            os.path.join(os.path.basename(os.path.normpath(folder)), f"version_{version}"))
+        + " exists and is not empty")
 
 
 DEFAULT_LOGGERS = ("lightning.pytorch.loggers.TensorBoardLogger",
@@ -234,17 +280,10 @@ def _share_logger_version(loggers: Any) -> None:
     for folder, shared in folders.items():
         if len(shared) < 2:
             continue
-        taken = [int(p.name[len("version_"):]) for p in Path(folder).glob("version_*")
-                 if p.is_dir() and p.name[len("version_"):].isdigit()]
-        version = max(taken, default=-1) + 1
+        version = next_version(folder)
         for args in shared:
             args["version"] = version
-        # the folder is new: the second logger finds the first one's files in it, and the
-        # CSV logger's "exists and is not empty ... will be deleted" would be a false alarm
-        warnings.filterwarnings(
-            "ignore", message="Experiment logs directory .*" + re.escape(
-                os.path.join(os.path.basename(os.path.normpath(folder)), f"version_{version}"))
-            + " exists and is not empty")
+        _quiet_second_logger(folder, version)
 
 
 def place_evaluation_outputs(subcommand: str | None, config: Namespace) -> None:
@@ -252,7 +291,9 @@ def place_evaluation_outputs(subcommand: str | None, config: Namespace) -> None:
     given a checkpoint file and no ``trainer.default_root_dir``, the run folder of the
     checkpoint (``<root>`` of ``<root>/checkpoints/x.ckpt``) is the root, so their logs and
     figures go to ``<root>/version_N`` beside the training run's; ``predict`` (which logs
-    nothing) runs without loggers unless the config or command line names some."""
+    nothing) runs without loggers unless the config or command line names some. A checkpoint
+    in ``<root>/version_N/checkpoints`` (or ``<root>/checkpoints``, runs made before) has the
+    root ``<root>``."""
     trainer = config.get("trainer")
     if subcommand not in ("test", "validate", "predict") or not isinstance(trainer, Namespace):
         return
@@ -260,9 +301,38 @@ def place_evaluation_outputs(subcommand: str | None, config: Namespace) -> None:
         trainer["logger"] = False
     ckpt = config.get("ckpt_path")
     if trainer.get("default_root_dir") is None and ckpt and Path(str(ckpt)).is_file():
-        folder = Path(str(ckpt)).resolve().parent
-        trainer["default_root_dir"] = str(folder.parent if folder.name == "checkpoints"
-                                          else folder)
+        trainer["default_root_dir"] = str(run_root(ckpt))
+
+
+def run_root(ckpt: str | os.PathLike[str]) -> Path:
+    """The run folder a checkpoint file belongs to: ``<root>`` of
+    ``<root>/version_N/checkpoints/x.ckpt`` and of ``<root>/checkpoints/x.ckpt``; else the
+    file's folder."""
+    folder = Path(str(ckpt)).resolve().parent
+    if folder.name != "checkpoints":
+        return folder
+    run = folder.parent
+    return run.parent if re.fullmatch(r"version_\d+", run.name) else run
+
+
+def continue_in_its_folder(trainer: L.Trainer, ckpt_path: str) -> None:
+    """A resumed ``fit`` continues the run it resumes: a checkpoint callback writing to a
+    fresh ``<root>/version_N/checkpoints`` of the same root writes to the resumed
+    checkpoint's ``version_K/checkpoints`` instead (the run's ``last.ckpt`` moves on, its
+    best checkpoints stay ranked: Lightning reloads them only from the same folder); its
+    logs still go to a new ``version_N``. Likewise for ``test`` / ``predict`` (which write no
+    checkpoint), so Lightning does not warn that the folder changed; a checkpoint in the
+    ``<root>/checkpoints`` of a run made before counts as that run's folder."""
+    folder = Path(ckpt_path).resolve().parent
+    if folder.name != "checkpoints":
+        return
+    root = run_root(ckpt_path)
+    for callback in trainer.checkpoint_callbacks:
+        mine = Path(str(getattr(callback, "dirpath", "") or "")).resolve()
+        if isinstance(callback, ModelCheckpoint) and mine.name == "checkpoints" \
+                and re.fullmatch(r"version_\d+", mine.parent.name) \
+                and mine.parent.parent == root and mine != folder:
+            callback.dirpath = str(folder)
 
 
 def resolve_precision(trainer_config: dict[str, Any], model: Any) -> tuple[Any, str]:
@@ -318,6 +388,9 @@ def follow_pretrained(config: Namespace) -> list[str]:
         data["init_args"] = Namespace()
     follow = getattr(data_cls, "follow", None)  # the data-module contract
     settings = data_settings(init["pretrained"])
+    implied = {"image": "image_size", "text": "tokenizer"}.get(str(init.get("modality")))
+    if implied is not None and implied not in settings:  # e.g. a text model, image data
+        _check_pretrained_part(config, str(init["pretrained"]), init.get("modality"))
     source = f"the pretrained model {init['pretrained']}"
     args = data["init_args"]
     given = {k: args.get(k) for k in settings if k in args}
@@ -331,8 +404,49 @@ def follow_pretrained(config: Namespace) -> list[str]:
     return warnings
 
 
-DATA_PATH_KEYS = ("train", "val", "test", "predict", "predict_dir", "shards", "tokenizer")
-"""The data module arguments that name the user's files."""
+def check_model_source(config: Namespace) -> None:
+    """A task that takes ``pretrained`` but is given none of ``pretrained``, ``preset`` or
+    ``model`` (``configs/finetune_image.yaml`` as shipped, ``pretrained: null``) is a
+    :class:`UsageError` before anything is built: the data module would otherwise fail
+    first on a size that the pretrained model was to give (``image_size is needed``)."""
+    init = config.get("model.init_args")
+    if not isinstance(init, Namespace) or "pretrained" not in init or any(
+            init.get(k) is not None for k in ("pretrained", "preset", "model")):
+        return
+    task = str(config.get("model.class_path") or "the task").rsplit(".", 1)[-1]
+    raise UsageError(f"{task} needs a model to start from: --model.init_args.pretrained "
+                     "FOLDER|NAME|CKPT (a model folder, an installed model's name from "
+                     "`multimodal models`, or one of our checkpoints)",
+                     "--model.init_args.pretrained")
+
+
+def _check_pretrained_part(config: Namespace, pretrained: str, modality: str | None) -> None:
+    """Where the pretrained model implies no data setting (a text model given to an image
+    task), whether it has a part the task can train, before the data module is made: its one
+    message (:func:`multimodal.loading.select_part`), not the data's ``image_size is
+    needed`` first."""
+    task = _class_of(str(config.get("model.class_path") or ""))
+    accepts = getattr(task, "accepts", None)
+    if task is None or not isinstance(accepts, tuple) or modality is None:
+        return
+    from multimodal.loading import select_part
+    from multimodal.tasks.pretrained import load_pretrained
+
+    try:
+        source = load_pretrained(pretrained)
+    except (FileNotFoundError, ValueError, OSError):  # the task's own load reports it
+        return
+    try:
+        select_part(source.model, modality, accepts, source.path, task.__name__)
+    except ValueError as err:
+        raise UsageError(str(err), "--model.init_args.pretrained") from None
+
+
+DATA_PATH_KEYS = ("train", "val", "test", "shards", "tokenizer")
+"""The data module arguments that name the user's files and that a checkpoint keeps for a
+later ``test`` / ``predict`` run. ``predict`` is not among them: it is read by the run that
+names it, in its own directory, and the ids printed for it are its paths as given
+(``new.txt:1``, not ``/home/.../new.txt:1``)."""
 
 
 def absolute_data_paths(config: Namespace) -> list[str]:
@@ -440,6 +554,26 @@ def fold_optimizer_options(config: Namespace, argv: list[str]) -> None:
     init["optimizer"] = block
 
 
+LIMIT_OPTIONS = ("max_epochs", "max_steps")
+"""The trainer's limits that, typed on the command line, win over a config's budget."""
+
+
+def command_line_limits(argv: list[str]) -> dict[str, int]:
+    """The limits of :data:`LIMIT_OPTIONS` typed in ``argv`` (``--trainer.max_epochs 1`` or
+    ``--trainer.max_epochs=1``), by name: the user's intent, over a config's step budget
+    (``trainer.min_steps``, ``--budget_minutes``) and a task's own length. A value that is
+    not an integer is left to the parser to report."""
+    given = {}
+    for name in LIMIT_OPTIONS:
+        value = _option(argv, f"--trainer.{name}")
+        if value is not None:
+            try:
+                given[name] = int(value)
+            except ValueError:
+                continue
+    return given
+
+
 def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
@@ -463,10 +597,25 @@ class MultimodalCLI(LightningCLI):
                 and init.get("pretrained") is not None:
             # the checkpoint holds the whole model: no need for the folder it started from
             init["pretrained"] = str(ckpt_path)
+        elif ckpt_path and Path(str(ckpt_path)).is_file() and isinstance(init, Namespace) \
+                and "pretrained" in init and self.subcommand in ("test", "validate", "predict"):
+            # the trained model, head included, is built from the checkpoint (not a preset's
+            # fresh head, then overwritten: "new head of 3 classes (was 1000)" read as if the
+            # trained head were thrown away)
+            init["pretrained"] = str(ckpt_path)
+            for key in ("preset", "overrides", "model", "init_from"):
+                if init.get(key) is not None:
+                    init[key] = None
         follow_pretrained(config)
         fold_optimizer_options(config, getattr(self, "argv", []))
         apply_skip_corrupt(config)
         absolute_data_paths(config)
+
+    def instantiate_classes(self) -> None:
+        """LightningCLI's, after :func:`check_model_source` (a task with no model to start
+        from is named before the data module fails on a size the model was to give)."""
+        check_model_source(self.config[self.subcommand] if self.subcommand else self.config)
+        super().instantiate_classes()
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
@@ -476,8 +625,14 @@ class MultimodalCLI(LightningCLI):
         if not any(isinstance(c, Preemption) for c in trainer.callbacks):
             minutes = self._get(self.config, "checkpoint_every_minutes", default=None)
             trainer.callbacks.append(Preemption(every_minutes=minutes))
+        # a limit typed on the command line wins over the config's budget (StepBudget, and a
+        # task's own length, e.g. finetune.contrastive_epochs, read it from the trainer)
+        given = command_line_limits(getattr(self, "argv", []))
+        trainer.command_line_limits = given  # type: ignore[attr-defined]
         if not any(isinstance(c, StepBudget) for c in trainer.callbacks):
-            trainer.callbacks.append(StepBudget())  # trainer.min_steps raises max_epochs
+            minutes = self._get(self.config, "budget_minutes", default=None)
+            # trainer.min_steps raises max_epochs; --budget_minutes sizes it by time too
+            trainer.callbacks.append(StepBudget(minutes=minutes, given=given))
         return trainer
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -505,6 +660,10 @@ class MultimodalCLI(LightningCLI):
         parser.add_argument("--early_stopping", type=int | None, default=None,
                             help="stop once val/loss has not improved for N validations "
                                  "(after trainer.min_steps; the own-data configs set 3)")
+        parser.add_argument("--budget_minutes", type=float | None, default=None,
+                            help="size the trainer.min_steps budget by time too: a run whose "
+                                 "epochs were raised for it is cut to the steps that fit in "
+                                 "N minutes (the own-data configs set it)")
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")
@@ -516,6 +675,8 @@ class MultimodalCLI(LightningCLI):
         kwargs = super()._prepare_subcommand_kwargs(subcommand)
         if kwargs.get("ckpt_path") is not None:
             kwargs["ckpt_path"] = resume_checkpoint(self.trainer, kwargs["ckpt_path"])
+        if kwargs.get("ckpt_path"):  # (test / predict write none: no "dirpath changed")
+            continue_in_its_folder(self.trainer, kwargs["ckpt_path"])
         return kwargs
 
     def after_fit(self) -> None:
@@ -630,7 +791,9 @@ def check_ckpt_path(ckpt_path: str) -> None:
         return
     path = Path(ckpt_path)
     if path.is_dir():
-        found = sorted(path.glob("*.ckpt")) or sorted(path.glob("checkpoints/*.ckpt"))
+        found = sorted(path.glob("*.ckpt")) or sorted(
+            [*path.glob("checkpoints/*.ckpt"), *path.glob("version_*/checkpoints/*.ckpt")],
+            key=lambda p: p.stat().st_mtime)
         hint = f": give a .ckpt file, e.g. {found[-1]}" if found else \
             " and holds no .ckpt file: give a checkpoint file"
         raise UsageError(f"{path} is a folder, not a checkpoint{hint}", "--ckpt_path")
@@ -693,6 +856,31 @@ def check_checkpoint_task(argv: list[str]) -> None:
                          "checkpoint names its task)", "--ckpt_path")
 
 
+ADVERTS = ("\N{ELECTRIC LIGHT BULB} Tip:",)
+"""Lightning's info lines that advertise a product (litlogger, litmodels): not printed."""
+
+
+class _NoAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(ADVERTS)
+
+
+def quiet_lightning(subcommand: str | None) -> None:
+    """What every run printed and nobody acts on, silenced: Lightning's product tips
+    (:data:`ADVERTS`, a filter on its rank-zero loggers), torch's ``LeafSpec``
+    deprecation raised inside Lightning's own code, and, for ``test`` / ``validate`` /
+    ``predict``, the advice to pass the training run's callbacks (early stopping plays no
+    part in them). Call inside a ``warnings.catch_warnings()`` block."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoAdverts) for f in logger.filters):
+            logger.addFilter(_NoAdverts())
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    if subcommand in ("test", "validate", "predict"):
+        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, "
+                                "callbacks used to create the checkpoint")
+
+
 def run_lightning(argv: list[str]) -> int:
     """``multimodal fit / validate / test / predict ...`` (``argv`` starts with the verb)
     through :class:`MultimodalCLI`. Errors are raised (the caller prints them on one
@@ -717,6 +905,7 @@ def run_lightning(argv: list[str]) -> int:
     quiet = {"exit_on_error": False}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
+        quiet_lightning(argv[0] if argv else None)
         MultimodalCLI(
             L.LightningModule,
             L.LightningDataModule,

@@ -67,7 +67,7 @@ def usage() -> str:
               "", "Examples:",
               "  multimodal fit --config configs/finetune_text.yaml "
               "--data.init_args.train my_texts.csv",
-              "  multimodal predict --ckpt_path runs/finetune_text/checkpoints/last.ckpt "
+              "  multimodal predict --ckpt_path runs/finetune_text/version_0/checkpoints/last.ckpt "
               "--data.init_args.predict new.txt",
               "  multimodal embed --model FOLDER --inputs photos/ --out emb.safetensors"]
     return "\n".join(lines)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -58,6 +60,31 @@ def check_min_per_class(value: int) -> int:
     return value
 
 
+SMALL_SPLIT_BATCHES = 2
+"""With ``num_workers: auto``, a split of at most this many batches is read in the training
+process: a worker's start costs more than decoding a batch or two (a 60-image folder)."""
+
+
+def machine_workers() -> int:
+    """The loader processes ``num_workers: auto`` asks for on this machine: one per usable
+    core but one (the training process keeps one), at most 4; 0 on one core."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(0, min(4, cores - 1))
+
+
+def resolve_workers(num_workers: int | str) -> tuple[int, bool]:
+    """``(processes, auto)`` for a data module's ``num_workers``: an int as given, ``"auto"``
+    :func:`machine_workers`; anything else a ValueError."""
+    if num_workers == "auto":
+        return machine_workers(), True
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+    return num_workers, False
+
+
 class SplitDataModule(L.LightningDataModule):
     """A LightningDataModule whose loaders differ only in the split.
 
@@ -92,6 +119,9 @@ class SplitDataModule(L.LightningDataModule):
     batch_size: int
     seed: int = 0
     num_workers: int = 0
+    auto_workers: bool = False
+    """``num_workers: auto`` was given: :func:`machine_workers` processes, none for a split
+    of at most :data:`SMALL_SPLIT_BATCHES` batches."""
     predict: str | None = None  # what ``predict`` reads (the same key in every data module)
 
     @property
@@ -146,15 +176,18 @@ class SplitDataModule(L.LightningDataModule):
     def loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         """``shuffle``: the training recipe (:class:`ResumableDataLoader` over an
         :class:`EpochShuffleSampler`); else in order, unpadded across processes."""
+        n = len(dataset)  # type: ignore[arg-type]
+        workers = self.num_workers
+        if self.auto_workers and math.ceil(n / max(self.batch_size, 1)) <= SMALL_SPLIT_BATCHES:
+            workers = 0  # starting the workers costs more than the few batches they would read
         options: dict[str, Any] = dict(
             batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            num_workers=workers,
+            persistent_workers=workers > 0,
             collate_fn=self.collate_fn(),
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator().manual_seed(self.seed),
         )
-        n = len(dataset)  # type: ignore[arg-type]
         if shuffle:
             return ResumableDataLoader(dataset, sampler=EpochShuffleSampler(n, self.seed),
                                        position=self.train_position, item_seed=self.seed,

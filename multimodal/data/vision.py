@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -34,6 +34,7 @@ from multimodal.data.splits import (
     check_min_per_class,
     held_out,
     predict_source,
+    resolve_workers,
 )
 from multimodal.data.vision_datasets import (
     FileImageDataset,
@@ -100,7 +101,9 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
             sorted distinct manifest labels of ``train``.
         in_channels: channels the images are converted to (1, 3 or 4; files default 3).
         batch_size: items per batch.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes (persistent), or ``auto``: one per core
+            but one, at most 4, and none for a split of at most two batches
+            (:func:`~multimodal.data.splits.machine_workers`).
         val_size: fraction (< 1) or number of training images held out for validation.
         min_held_out_per_class: hold no validation (test) split out of ``train`` where a
             fractional ``val_size`` (``test_size``) gives fewer images than this per
@@ -147,7 +150,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         dataset: str = "fashion_mnist",
         root: str | None = None,
         batch_size: int = 128,
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         val_size: int | float = 0.1,
         test_size: int | float = 0.2,
         augment: bool = True,
@@ -201,7 +204,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
             raise ValueError("give mean and std together (or neither: training statistics)")
         self.save_hyperparameters()
         self.root = root
-        self.batch_size, self.num_workers = batch_size, num_workers
+        self.batch_size = batch_size
+        self.num_workers, self.auto_workers = resolve_workers(num_workers)
         self.val_size, self.test_size = val_size, test_size
         self.augment, self.seed, self.download = augment, seed, download
         self.limit_train = limit_train

@@ -4,7 +4,7 @@ cross-attention over the image, one panel per generated token.
 Drawn from a trained checkpoint of :class:`~multimodal.tasks.captioning.CaptioningTask` by
 ``multimodal plot attention CKPT`` (:mod:`multimodal.cli.plots`)::
 
-    multimodal plot attention runs/caption_scenes/checkpoints/last.ckpt \\
+    multimodal plot attention runs/caption_scenes/version_0/checkpoints/last.ckpt \\
         --out docs/figures --name caption_scenes --split test --num 8
 
 writes ``<name>_captions.png`` and ``<name>_attention.png`` (first image of the split).

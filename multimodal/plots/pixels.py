@@ -3,7 +3,7 @@ from their top half (original / prompt / completion), from a trained ImageGPT ch
 drawn by ``multimodal plot pixels CKPT`` (:mod:`multimodal.cli.plots`)::
 
     multimodal plot pixels \\
-        runs/igpt_mnist5k/checkpoints/last.ckpt \\
+        runs/igpt_mnist5k/version_0/checkpoints/last.ckpt \\
         --out docs/figures --name igpt_mnist5k
 
 writes ``<name>_samples.png`` (one row per class, or a grid) and ``<name>_completion.png``.

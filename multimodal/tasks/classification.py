@@ -165,8 +165,9 @@ class ClassificationTask(ModelTask):
     def _new_head(model: nn.Module, n: int) -> None:
         old = model.config.num_classes
         model.reset_classifier(n, generator=torch.Generator().manual_seed(HEAD_SEED))
-        rank_zero_info(f"classifier: new head of {n} classes for {type(model).__name__} "
-                       f"(was {old})")
+        # a preset's or a model's default count is a placeholder, not weights being lost
+        rank_zero_info(f"classifier: a head of {n} classes (the data's) for "
+                       f"{type(model).__name__}, drawn new (the architecture's default: {old})")
 
     def _build_metrics(self) -> None:
         """Accuracy (top-1, top-5 with >= 5 classes) and the confusion matrix for
@@ -210,7 +211,9 @@ class ClassificationTask(ModelTask):
         """The solved regimes' own length, whatever the trainer's step budget (``min_steps``,
         ``max_epochs``): ``linear_probe`` reads the data once (one epoch); ``contrastive``
         tunes for ``finetune.contrastive_epochs`` epochs when that is set (see
-        :class:`~multimodal.tasks.finetune.FinetuneConfig`). A fixed length decides nothing
+        :class:`~multimodal.tasks.finetune.FinetuneConfig`), or fewer when a smaller
+        ``--trainer.max_epochs`` was typed on the command line (the CLI sets the trainer's
+        ``command_line_limits``): the user's limit wins. A fixed length decides nothing
         from validation, so the run validates once, at its end (``check_val_every_n_epoch``
         = its epochs), and the trainer's ``EarlyStopping`` callbacks are dropped: with few
         labels the held-out split is a handful of examples, and stopping on it picked an
@@ -226,6 +229,9 @@ class ClassificationTask(ModelTask):
             epochs, why = ft.contrastive_epochs, "finetune.contrastive_epochs"
         else:
             return
+        typed = (getattr(trainer, "command_line_limits", None) or {}).get("max_epochs")
+        if typed is not None and typed < epochs:  # the user's limit wins over the config's
+            epochs, why = typed, f"--trainer.max_epochs {typed} on the command line, over {why}"
         loop = trainer.fit_loop
         if loop.max_epochs == epochs and not loop.epoch_loop.min_steps \
                 and not any(isinstance(c, EarlyStopping) for c in trainer.callbacks) \

@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from multimodal.cli.callbacks import Preemption, RunCheckpoint, StepBudget, resume_checkpoint
 from multimodal.cli.main import MultimodalCLI
+from multimodal.tasks import ClassificationTask
 from tests.cli.test_resume import digits
 from tests.resume_runs import Record, assert_same_run, fit
 
@@ -281,13 +282,65 @@ def test_min_steps_below_max_epochs_changes_nothing(tmp_path):
     assert budget.message is not None and "already gives 10" in budget.message
 
 
-def test_the_cli_default_budget_and_test_after_fit_say_what_they_do(tmp_path, caplog, capsys):
-    """Through ``multimodal fit``: the default checkpoint is a RunCheckpoint, ``min_steps``
-    raises ``max_epochs`` (one line says so), last.ckpt holds the final step, and the test
-    after fit names the checkpoint it reads and why."""
-    import logging
+def _budget_run(tmp_path, budget: StepBudget, min_steps: int = 40, max_epochs: int = 1,
+                **trainer_args) -> tuple[L.Trainer, ClassificationTask]:
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=max_epochs, min_steps=min_steps,
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, enable_checkpointing=False,
+                        limit_val_batches=0, callbacks=[budget], **trainer_args)
+    trainer.fit(task, data)
+    return trainer, task
 
-    from multimodal.cli.main import main as cli_main
+
+def test_a_max_epochs_on_the_command_line_is_not_raised_by_the_budget(tmp_path):
+    budget = StepBudget(given={"max_epochs": 1})
+    trainer, _ = _budget_run(tmp_path, budget)
+    assert trainer.max_epochs == 1 and trainer.global_step == STEPS_PER_EPOCH
+    assert budget.message == ("step budget: 5 optimiser steps: --trainer.max_epochs 1 on the "
+                              "command line limits the run (5 an epoch), not trainer.min_steps "
+                              "40")
+
+
+@pytest.mark.parametrize("given", [{"max_steps": 7}, {}])
+def test_max_steps_caps_the_budget_and_the_line_says_so(tmp_path, given):
+    budget = StepBudget(given=given)
+    trainer, _ = _budget_run(tmp_path, budget, max_steps=7)
+    assert trainer.global_step == 7 and trainer.max_epochs == 2  # ceil(7 / 5), not 8
+    who = "--trainer.max_steps 7 on the command line" if given else "trainer.max_steps 7"
+    assert budget.message == (f"step budget: 7 optimiser steps ({who} caps trainer.min_steps "
+                              "40), 5 an epoch: max_epochs 1 raised to 2")
+
+
+def test_a_time_budget_cuts_a_raised_run_and_rescales_its_schedule(tmp_path, monkeypatch):
+    """A fake clock, one second a call: 2 steps timed at 1 s each, 20 s of budget -> the
+    40-step budget (8 epochs of 5) is cut to 20 steps (4 epochs), and the warm-up + cosine
+    schedule, rescaled, still ends at its floor at the last step."""
+    import multimodal.cli.callbacks as callbacks
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(callbacks, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    monkeypatch.setattr(StepBudget, "TIME_AFTER_STEPS", 2)
+    monkeypatch.setattr(StepBudget, "TIME_AFTER_SECONDS", 0.0)
+    budget = StepBudget(minutes=20 / 60)
+    trainer, task = _budget_run(tmp_path, budget)
+    assert trainer.global_step == 20 and trainer.max_epochs == 4
+    assert budget.time_message == (
+        "time budget: 40 steps would take ~0.7 min at 1.00 s a step; the run is cut to 20 "
+        "steps (4 epochs) to fit 0.333333 min (--budget_minutes); the learning-rate "
+        "schedule is rescaled to end with it")
+    opt = task.optimizer_config
+    lr = trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0]
+    assert lr == pytest.approx(opt.lr * opt.min_lr_ratio, rel=1e-6, abs=1e-12)
+    # a limit typed on the command line is not cut by the time budget
+    ticks = iter(range(1000))
+    budget = StepBudget(minutes=20 / 60, given={"max_steps": 30})
+    trainer, _ = _budget_run(tmp_path, budget, max_steps=30)
+    assert trainer.global_step == 30 and budget.time_message is None
+
+
+def _digits_config(tmp_path: Path) -> Path:
     from tests.cli.test_resume import DIGITS_VIT
 
     vit = "\n".join(f"          {k}: {v}" for k, v in DIGITS_VIT.items())
@@ -314,17 +367,90 @@ trainer:
   enable_model_summary: false
   default_root_dir: {tmp_path / "run"}
 """)
+    return cfg
+
+
+def test_the_cli_default_budget_and_test_after_fit_say_what_they_do(tmp_path, caplog, capsys):
+    """Through ``multimodal fit``: the default checkpoint is a RunCheckpoint, ``min_steps``
+    raises ``max_epochs`` (one line says so), last.ckpt holds the final step, and the test
+    after fit names the checkpoint it reads and why."""
+    import logging
+
+    from multimodal.cli.main import main as cli_main
+
+    cfg = _digits_config(tmp_path)
     with caplog.at_level(logging.INFO):
         cli_main(["fit", "--config", str(cfg)])
     text = caplog.text + capsys.readouterr().out
     # 2 steps an epoch: ceil(5 / 2) = 3 epochs
     assert "step budget: at least 5 optimiser steps (trainer.min_steps), 2 an epoch: " \
         "max_epochs 1 raised to 3" in text
-    folder = tmp_path / "run" / "checkpoints"
+    folder = tmp_path / "run" / "version_0" / "checkpoints"
     assert step_of(folder / "last.ckpt") == 6
     (line,) = [ln for ln in text.splitlines() if "test after fit: " in ln]
     assert f"test after fit: {folder / 'last.ckpt'} (the latest state: 32 validation " \
         "examples (< 50) are too few to rank checkpoints by val/acc_macro)" in line
+
+
+def test_a_limit_typed_on_the_command_line_wins_over_the_configs_budget(tmp_path, caplog,
+                                                                        capsys):
+    """``multimodal fit --config X --trainer.max_epochs 1`` trains one epoch (2 steps), not
+    the config's min_steps 5, and the budget line names the limit that ran."""
+    import logging
+
+    from multimodal.cli.main import command_line_limits
+    from multimodal.cli.main import main as cli_main
+
+    assert command_line_limits(["fit", "--trainer.max_epochs", "1", "--trainer.max_steps=9",
+                                "--trainer.min_steps", "3"]) == {"max_epochs": 1,
+                                                                 "max_steps": 9}
+    cfg = _digits_config(tmp_path)
+    with caplog.at_level(logging.INFO):
+        cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "1",
+                  "--test_after_fit", "false"])
+    text = caplog.text + capsys.readouterr().out
+    assert "step budget: 2 optimiser steps: --trainer.max_epochs 1 on the command line " \
+        "limits the run (2 an epoch), not trainer.min_steps 5" in text
+    (last,) = (tmp_path / "run").glob("**/last.ckpt")
+    assert step_of(last) == 2
+
+
+def test_a_rerun_keeps_the_first_runs_checkpoints_and_last_finds_the_newest(tmp_path):
+    """Two ``fit`` of one config: each run's checkpoints in its own ``version_N/checkpoints``
+    (the logs' N), the first run's files byte for byte as they were; ``--ckpt_path last``
+    resumes from the newest across versions, and ``test`` given a checkpoint logs under the
+    run folder."""
+    from multimodal.cli.main import main as cli_main
+    from multimodal.cli.main import run_root
+
+    cfg = _digits_config(tmp_path)
+    short = ["--trainer.min_steps", "0", "--test_after_fit", "false"]
+    root = tmp_path / "run"
+    cli_main(["fit", "--config", str(cfg), *short])
+    first = root / "version_0" / "checkpoints" / "last.ckpt"
+    before = first.read_bytes()
+    cli_main(["fit", "--config", str(cfg), *short, "--trainer.max_epochs", "2"])
+    second = root / "version_1" / "checkpoints" / "last.ckpt"
+    assert first.read_bytes() == before and step_of(first) == 2 and step_of(second) == 4
+    assert (root / "version_1" / "metrics.csv").is_file()  # the logs' version, the same N
+    assert not (root / "checkpoints").exists()
+    # --ckpt_path last: the newest whole checkpoint, whichever version holds it
+    probe = L.Trainer(accelerator="cpu", logger=False, default_root_dir=root,
+                      callbacks=[RunCheckpoint(dirpath=root / "version_2" / "checkpoints")])
+    assert resume_checkpoint(probe, "last") == str(second)
+    # a resumed run continues the run it resumes, in that run's folder (its best is kept)
+    cli_main(["fit", "--config", str(cfg), *short, "--trainer.max_epochs", "3",
+              "--ckpt_path", "last"])
+    assert step_of(second) == 6 and first.read_bytes() == before
+    assert not (root / "version_2" / "checkpoints").exists()
+    assert (root / "version_2" / "metrics.csv").is_file()  # its logs: a new version
+    os.utime(first, (time.time() + 60, time.time() + 60))
+    assert resume_checkpoint(probe, "last") == str(first)
+    # test given a checkpoint and no root: its logs go to the run folder, as a new version
+    assert run_root(first) == run_root(root / "checkpoints" / "old.ckpt") == root
+    cli_main(["test", "--config", str(cfg), "--ckpt_path", str(second),
+              "--trainer.default_root_dir", "null", "--trainer.limit_test_batches", "1"])
+    assert (root / "version_3" / "metrics.csv").is_file()
 
 
 OWN_DATA_CONFIGS = ("finetune_text", "finetune_image", "finetune_audio", "finetune_clip",
@@ -353,3 +479,7 @@ def test_every_own_data_config_has_a_step_budget_and_early_stopping(stem):
     assert "whatever the data size (trainer.min_steps" in text  # the comment says so
     if trainer.get("max_steps") is None:  # epochs: the budget fits in them for large data
         assert trainer["max_epochs"] >= 5
+    # sized by time as well (#52): a budget raised for small data is cut to what fits
+    assert 0 < parsed["budget_minutes"] <= 10
+    workers = parsed["data"]["init_args"].get("num_workers", 0)
+    assert workers in (0, "auto")  # data in memory: none; files: chosen for the machine

@@ -76,7 +76,7 @@ def test_config_parses_and_default_root_dir_moves_the_whole_run(
                    if c.class_path.endswith(("ModelCheckpoint", "RunCheckpoint"))]
     assert checkpoints, "every shipped config keeps a last.ckpt to resume from"
     for callback in checkpoints:
-        assert callback.init_args.dirpath == str(root / "checkpoints")
+        assert callback.init_args.dirpath == str(root / "version_0" / "checkpoints")
     loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else []
     for logger in loggers:
         assert logger.init_args.save_dir == str(root) and logger.init_args.name == ""
@@ -117,8 +117,8 @@ def test_a_moved_run_writes_only_under_its_root_and_resumes_from_last(
     out = capsys.readouterr().out  # not a terminal: no bar frames, one plain line per epoch
     assert "\r" not in out and [ln for ln in out.splitlines() if ln.startswith("epoch 1/1 ")]
     names = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-    assert "checkpoints/last.ckpt" in names
-    assert any(n.startswith("checkpoints/best-") for n in names)
+    assert "version_0/checkpoints/last.ckpt" in names
+    assert any(n.startswith("version_0/checkpoints/best-") for n in names)
     assert {"version_0/metrics.csv", "version_0/config.yaml",
             "version_0/confusion_matrix.png"} <= names
     assert any(n.startswith("version_0/events.out.tfevents") for n in names)
@@ -129,7 +129,8 @@ def test_a_moved_run_writes_only_under_its_root_and_resumes_from_last(
               if ln.startswith("epoch ")]
     assert epochs == ["2/2"]
     assert list(cwd.iterdir()) == []
-    ckpt = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    # ... continuing the run it resumes, in that run's checkpoint folder
+    ckpt = torch.load(root / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 4  # 2 batches in each of the 2 epochs
     # the resumed run logs in its own version, TensorBoard and CSV together
     assert (root / "version_1" / "metrics.csv").is_file()
@@ -178,7 +179,7 @@ def test_the_default_checkpoint_ranks_by_the_task_or_the_config(
     # last.ckpt at every epoch end, ties to the lower val/loss (tests/cli/test_checkpoints.py)
     assert [c.class_path for c in config.trainer.callbacks if isinstance(c, Namespace)
             and c.class_path.endswith("Checkpoint")] == ["multimodal.cli.callbacks.RunCheckpoint"]
-    assert args.dirpath == str(tmp_path / "checkpoints")
+    assert args.dirpath == str(tmp_path / "version_0" / "checkpoints")
     assert args.filename == f"best-{{epoch}}-{{{monitor}:.4f}}"
     loggers = [lg.class_path.rsplit(".", 1)[-1] for lg in config.trainer.logger]
     assert loggers == ["TensorBoardLogger", "CSVLogger"]
@@ -201,7 +202,8 @@ def test_no_logger_means_no_lr_monitor_and_a_config_checkpoint_is_kept(
                 if c.class_path.endswith(".LearningRateMonitor")]
     args = _checkpoint(config)  # the config's own, not a second one
     assert (args.monitor, args.every_n_epochs) == ("val/loss", 2)
-    assert args.dirpath == str(tmp_path / "checkpoints")
+    # no logger: the run still takes the next free version_N for its checkpoints
+    assert args.dirpath == str(tmp_path / "version_0" / "checkpoints")
 
 
 # 74 lines (configs/clip_scenes.yaml) before the defaults moved into the CLI

@@ -113,7 +113,7 @@ def test_own_images_fit_then_test_and_predict_from_the_checkpoint_only(cwd, caps
     raised = _run(["fit", "--config", str(ROOT / "configs/vit_imagefolder.yaml"),
                    "--data.init_args.train", "my_photos/", *SHORT])
     run = cwd / "runs" / "vit_imagefolder"
-    last = run / "checkpoints" / "last.ckpt"
+    last = run / "version_0" / "checkpoints" / "last.ckpt"
     assert last.is_file()
     assert not [m for m in raised if "will be deleted" in m], raised
     assert sorted(p.name for p in cwd.iterdir()) == ["my_photos", "runs"]
@@ -150,7 +150,7 @@ def test_too_few_images_to_hold_out_train_without_validation_and_test(cwd, caplo
     assert "no validation split, every row trains" in text
     assert "no validation split: validation and early stopping off" in text
     assert "test after fit: skipped, the data holds no test split" in text
-    assert (cwd / "runs" / "vit_imagefolder" / "checkpoints" / "last.ckpt").is_file()
+    assert (cwd / "runs" / "vit_imagefolder" / "version_0" / "checkpoints" / "last.ckpt").is_file()
     assert not [m for m in raised if "length" in m and "zero" in m], raised
 
 
@@ -162,7 +162,7 @@ def test_predict_from_another_directory_after_fit_with_relative_paths(cwd, tmp_p
     _photos(cwd / "my_photos")
     _run(["fit", "--config", str(ROOT / "configs/vit_imagefolder.yaml"),
           "--data.init_args.train", "my_photos/", *SHORT])
-    last = cwd / "runs" / "vit_imagefolder" / "checkpoints" / "last.ckpt"
+    last = cwd / "runs" / "vit_imagefolder" / "version_0" / "checkpoints" / "last.ckpt"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -187,7 +187,7 @@ def test_fine_tune_from_a_save_pretrained_vit_needs_no_image_size(cwd, capsys):
     _run(["fit", "--config", str(ROOT / "configs/finetune_image.yaml"),
           "--model.init_args.pretrained", "my_vit", "--data.init_args.train", "my_photos",
           *SHORT])
-    last = cwd / "runs" / "finetune_image" / "checkpoints" / "last.ckpt"
+    last = cwd / "runs" / "finetune_image" / "version_0" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     data = ckpt["datamodule_hyper_parameters"]
     assert data["image_size"] == 32 and data["in_channels"] == 3  # from the folder
@@ -227,7 +227,7 @@ def test_own_texts_fine_tune_the_real_minilm_by_name_then_predict_and_embed(cwd,
     _run(["fit", "--config", str(ROOT / "configs/finetune_text.yaml"),
           "--data.init_args.train", "reviews.jsonl", "--data.init_args.batch_size", "8",
           *SHORT[:6]])
-    last = cwd / "runs" / "finetune_text" / "checkpoints" / "last.ckpt"
+    last = cwd / "runs" / "finetune_text" / "version_0" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt["class_names"] == ["food", "sport"]
     assert ckpt["multimodal_model"]["model_config"]["backbone"]["dim"] == 384  # the real MiniLM
@@ -259,7 +259,7 @@ def test_own_clips_fit_and_predict(cwd, capsys):
           "--data.init_args.train", "my_clips/", "--data.init_args.clip_seconds", "1.0",
           "--data.init_args.val_size", "0.2", "--data.init_args.test_size", "0.2",
           *SHORT[:6]])
-    last = cwd / "runs" / "audio_folder" / "checkpoints" / "last.ckpt"
+    last = cwd / "runs" / "audio_folder" / "version_0" / "checkpoints" / "last.ckpt"
     assert last.is_file()
     capsys.readouterr()
     _run(["predict", "--ckpt_path", str(last), "--data.init_args.predict_dir", "my_clips/low"])
@@ -282,7 +282,7 @@ def test_the_readme_text_classifier_command_without_a_config(cwd):
           "--data", "multimodal.data.text_classification.TextClassificationDataModule",
           "--data.train", "reviews.jsonl", "--data.batch_size", "8",
           "--trainer.max_steps", "2", "--trainer.default_root_dir", "runs/text"])
-    ckpt = torch.load(cwd / "runs/text/checkpoints/last.ckpt", map_location="cpu",
+    ckpt = torch.load(cwd / "runs/text/version_0/checkpoints/last.ckpt", map_location="cpu",
                       weights_only=True)
     assert ckpt["class_names"] == ["food", "sport"]
     assert Path(ckpt["datamodule_hyper_parameters"]["tokenizer"]).resolve() == folder.resolve()
@@ -299,7 +299,7 @@ def test_own_clips_fine_tune_the_real_whisper_encoder_by_name(cwd):
     _run(["fit", "--config", str(ROOT / "configs/finetune_audio.yaml"),
           "--data.init_args.train", "my_clips", "--data.init_args.clip_seconds", "1.0",
           "--data.init_args.batch_size", "4", "--test_after_fit", "false", *SHORT[:6]])
-    ckpt = torch.load(cwd / "runs/finetune_audio/checkpoints/last.ckpt", map_location="cpu",
-                      weights_only=True)
+    ckpt = torch.load(cwd / "runs/finetune_audio/version_0/checkpoints/last.ckpt",
+                      map_location="cpu", weights_only=True)
     assert ckpt["class_names"] == ["high", "low"]
     assert ckpt["multimodal_model"]["model_type"] == "AudioClassifier"

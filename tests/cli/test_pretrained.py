@@ -62,7 +62,7 @@ def test_fit_from_a_folder_then_predict_with_only_the_checkpoint(tmp_path, capsy
               str(vit), "--test_after_fit", "false"])
     out = capsys.readouterr()
     assert "Total FLOPs: 0" not in out.out + out.err
-    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt["class_names"] == list(CLASSES)
     assert ckpt["multimodal_model"]["model_config"]["num_classes"] == 3
@@ -253,7 +253,7 @@ def test_text_fine_tuning_from_a_folder_through_the_cli(tmp_path, capsys):
               "--trainer.min_steps", "0",  # one epoch, not the config's step budget
               "--trainer.default_root_dir", str(tmp_path / "run"), "--test_after_fit",
               "false"])
-    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt["class_names"] == ["food", "sky"]
     assert ckpt["datamodule_hyper_parameters"]["tokenizer"] == str(bert)

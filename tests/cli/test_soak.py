@@ -64,8 +64,14 @@ def start(root: Path) -> subprocess.Popen:
 
 
 def steps_saved(root: Path) -> int:
-    steps = [int(p.stem.split("=")[1]) for p in (root / "checkpoints").glob("step=*.ckpt")]
+    # every restart is a new run, in its own version_N/checkpoints
+    steps = [int(p.stem.split("=")[1])
+             for p in root.glob("version_*/checkpoints/step=*.ckpt")]
     return max(steps, default=0)
+
+
+def newest_last(root: Path) -> Path:
+    return max(root.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -94,14 +100,15 @@ def test_killed_five_times_ends_like_the_uninterrupted_run(tmp_path):
         expected = -signal.SIGKILL if kind == signal.SIGKILL else 128 + signal.SIGTERM
         assert run.returncode == expected, (log, out[-3000:])
     # the disk filled up while last.ckpt was written: --ckpt_path last falls back
-    last = root / "checkpoints" / "last.ckpt"
+    last = newest_last(root)
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
     final = start(root)
     out, _ = final.communicate(timeout=600)
     assert final.returncode == 0, out[-3000:]
     assert "skipping" in out and "last.ckpt" in out, out[-3000:]
 
-    a = weights(tmp_path / "whole" / "checkpoints" / "last.ckpt")
+    a = weights(newest_last(tmp_path / "whole"))
+    last = newest_last(root)  # the final run's, in a version of its own
     b = weights(last)
     assert torch.load(last, weights_only=True)["global_step"] == STEPS
     assert a.keys() == b.keys()

@@ -108,6 +108,24 @@ def test_contrastive_epochs_override_the_trainer_step_budget(tmp_path, caplog):
     assert "contrastive runs 3 epochs (finetune.contrastive_epochs)" in caplog.text
 
 
+def test_a_max_epochs_typed_on_the_command_line_wins_over_contrastive_epochs(
+        tmp_path, caplog, monkeypatch):
+    """``--trainer.max_epochs 1`` (the CLI sets the trainer's ``command_line_limits``) over a
+    config's contrastive_epochs 3: one epoch of 4 steps, and the line says why."""
+    original = L.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.command_line_limits = {"max_epochs": 1}
+
+    monkeypatch.setattr(L.Trainer, "__init__", init)
+    task = _fit(tmp_path, few_labels=16, caplog=caplog, min_steps=40, contrastive_epochs=3)
+    assert task.trainer.current_epoch == 1 and task.trainer.global_step == 4
+    assert task.trainer.estimated_stepping_batches == 4
+    assert "contrastive runs 1 epoch (--trainer.max_epochs 1 on the command line, over " \
+        "finetune.contrastive_epochs)" in caplog.text
+
+
 def test_a_fixed_contrastive_length_validates_once_at_the_end(tmp_path, caplog):
     """contrastive_epochs fixes the run's length, so nothing is chosen from validation: the
     trainer's EarlyStopping is dropped (it would stop on the noise of a few held-out
