@@ -237,7 +237,8 @@ def describe(exc: BaseException, verb: str | None = None) -> str:
         what, where = text, _section(root)
         if isinstance(root, KeyError) and root.args:
             what = f"missing key {root.args[0]!r}"
-        if not isinstance(root, (ValueError, OSError, ImportError, argparse.ArgumentError)):
+        if not isinstance(root, (ValueError, OSError, ImportError, argparse.ArgumentError)) \
+                and not getattr(root, "plain", False):
             what = f"{type(root).__name__}: {what}"
     if where and where.startswith("--") and where in what:
         where = None

@@ -78,6 +78,7 @@ from multimodal.cli.callbacks import (
     resume_checkpoint,
 )
 from multimodal.cli.errors import UsageError
+from multimodal.cli.faults import RunGuard
 from multimodal.cli.precision import auto_precision
 from multimodal.files import sniff_torch_file
 from multimodal.progress import is_terminal
@@ -476,6 +477,10 @@ class MultimodalCLI(LightningCLI):
         if not any(isinstance(c, Preemption) for c in trainer.callbacks):
             minutes = self._get(self.config, "checkpoint_every_minutes", default=None)
             trainer.callbacks.append(Preemption(every_minutes=minutes))
+        if not any(isinstance(c, RunGuard) for c in trainer.callbacks):
+            trainer.callbacks.append(RunGuard(  # divergence, failed saves: multimodal.cli.faults
+                on_nonfinite=self._get(self.config, "on_nonfinite", default=None) or "stop",
+                on_save_error=self._get(self.config, "on_save_error", default=None) or "stop"))
         if not any(isinstance(c, StepBudget) for c in trainer.callbacks):
             trainer.callbacks.append(StepBudget())  # trainer.min_steps raises max_epochs
         return trainer
@@ -505,6 +510,13 @@ class MultimodalCLI(LightningCLI):
         parser.add_argument("--early_stopping", type=int | None, default=None,
                             help="stop once val/loss has not improved for N validations "
                                  "(after trainer.min_steps; the own-data configs set 3)")
+        parser.add_argument("--on_nonfinite", type=Literal["stop", "skip"], default="stop",
+                            help="a non-finite training loss or gradient norm: stop (save "
+                                 "last.ckpt, the last finite state, and exit) or skip the step")
+        parser.add_argument("--on_save_error", type=Literal["stop", "continue"],
+                            default="stop",
+                            help="a checkpoint that cannot be written (a full disk): stop, or "
+                                 "continue training without that save")
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")

@@ -1,0 +1,249 @@
+"""A long run survives what goes wrong on a cluster (#51): divergence stops the run at the
+last finite state, a failed checkpoint write keeps the previous files, loader workers ignore
+the job's signals, an out-of-memory error names the fix. Fault injection on CPU, tiny
+models (the digits ViT of tests/cli/test_resume.py)."""
+
+from __future__ import annotations
+
+import errno
+import math
+import re
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from multimodal.cli.callbacks import Preemption, RunCheckpoint
+from multimodal.cli.faults import (
+    CheckpointWriteError,
+    RunGuard,
+    TrainingDiverged,
+    nonfinite_parameter,
+)
+from multimodal.tasks import ClassificationTask
+from tests.cli.test_resume import DIGITS_VIT, digits
+
+
+def poison_loss(task: L.LightningModule, steps: set[int]) -> None:
+    """The training loss of the optimiser steps in ``steps`` (0-based) becomes NaN."""
+    step = task.training_step
+
+    def poisoned(batch, batch_idx):
+        loss = step(batch, batch_idx)
+        return loss * float("nan") if task.trainer.global_step in steps else loss
+
+    task.training_step = poisoned
+
+
+class Weights(L.Callback):
+    """The weights before and after every training step: ``(step, before, after)``."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, dict, dict]] = []
+        self._before: dict = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._before = {k: v.clone() for k, v in pl_module.state_dict().items()}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        after = {k: v.clone() for k, v in pl_module.state_dict().items()}
+        self.steps.append((trainer.global_step - 1, self._before, after))
+
+
+def trainer(folder: Path, *callbacks: L.Callback, epochs: int = 2, **kwargs) -> L.Trainer:
+    checkpoint = RunCheckpoint(dirpath=folder / "checkpoints", monitor="val/loss", mode="min",
+                               filename="best-{step}", save_top_k=2)
+    return L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False,
+                     enable_progress_bar=False, enable_model_summary=False,
+                     default_root_dir=folder, num_sanity_val_steps=0, limit_val_batches=1,
+                     callbacks=[checkpoint, Preemption(), *callbacks], **kwargs)
+
+
+def all_finite(path: Path) -> bool:
+    state = torch.load(path, weights_only=True)["state_dict"]
+    return all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point())
+
+
+# --- 3. divergence -------------------------------------------------------------------------
+
+
+def test_a_nan_loss_stops_the_run_and_last_holds_the_last_finite_step(tmp_path):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    poison_loss(task, {6})  # 5 steps an epoch: the second step of epoch 1
+    run = trainer(tmp_path, RunGuard())
+    with pytest.raises(TrainingDiverged) as stop:
+        run.fit(task, data)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    message = str(stop.value)
+    lr = run.optimizers[0].param_groups[0]["lr"]  # the schedule's, at step 7
+    assert message.startswith(f"the training loss is not finite at step 7 (epoch 1, lr {lr:.3g}): "
+                              f"the run stopped; {last} holds step 6, the last finite state")
+    assert torch.load(last, weights_only=True)["global_step"] == 6
+    # the poisoned step was not applied: the weights in memory are finite too
+    assert nonfinite_parameter(task) is None
+    files = sorted((tmp_path / "checkpoints").glob("*.ckpt"))
+    assert len(files) >= 2 and all(all_finite(f) for f in files)
+    assert not list((tmp_path / "checkpoints").glob(".*partial"))
+
+
+def test_skip_drops_the_nonfinite_steps_and_counts_them(tmp_path):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    poison_loss(task, {2, 3})
+    weights, guard = Weights(), RunGuard(on_nonfinite="skip")
+    with pytest.warns(UserWarning, match="not finite at step 3 .*step skipped"):
+        trainer(tmp_path, weights, guard).fit(task, data)
+    assert guard.skipped == 2
+    for step, before, after in weights.steps:
+        same = all(torch.equal(before[k], after[k]) for k in before)
+        assert same == (step in (2, 3)), step  # skipped steps leave the weights as they were
+    assert nonfinite_parameter(task) is None
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
+                      weights_only=True)["callbacks"]["RunGuard"] == {"skipped": 2}
+
+
+class InfGradient(L.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step:
+            next(p for p in pl_module.parameters() if p.grad is not None).grad[0] = math.inf
+
+
+def test_an_infinite_gradient_with_a_finite_loss_stops_too(tmp_path):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    with pytest.raises(TrainingDiverged, match="the gradient norm is not finite at step 3 "):
+        trainer(tmp_path, InfGradient(2), RunGuard()).fit(task, data)
+    assert nonfinite_parameter(task) is None
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
+                      weights_only=True)["global_step"] == 2
+
+
+def test_no_checkpoint_is_written_with_nonfinite_weights(tmp_path):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    run = trainer(tmp_path, RunGuard(), epochs=1)
+    run.fit(task, data)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    with torch.no_grad():
+        next(task.parameters())[0] = float("nan")
+    with pytest.raises(TrainingDiverged, match=r"weights are not finite at step 5 \(model\."):
+        Preemption().save(run, "test")
+    with pytest.raises(TrainingDiverged, match="not writing"):
+        run.checkpoint_callback._save_checkpoint(run, str(tmp_path / "checkpoints" / "x.ckpt"))
+    assert last.read_bytes() == before
+    assert not (tmp_path / "checkpoints" / "x.ckpt").exists()
+
+
+def test_the_cli_prints_one_line_and_skips_the_test_after_fit(tmp_path, monkeypatch, capsys):
+    from multimodal.cli.verbs import run
+
+    step = ClassificationTask.training_step
+
+    def poisoned(self, batch, batch_idx):
+        loss = step(self, batch, batch_idx)
+        return loss * float("nan") if self.trainer.global_step == 3 else loss
+
+    monkeypatch.setattr(ClassificationTask, "training_step", poisoned)
+    vit = "\n".join(f"          {k}: {v}" for k, v in DIGITS_VIT.items())
+    cfg = tmp_path / "digits.yaml"
+    cfg.write_text(f"""
+model:
+  class_path: multimodal.tasks.ClassificationTask
+  init_args:
+    model:
+      class_path: multimodal.ViT
+      init_args:
+        config:
+{vit}
+    optimizer: {{lr: 0.003}}
+data:
+  class_path: multimodal.data.vision.ImageClassificationDataModule
+  init_args: {{dataset: digits, batch_size: 16, val_size: 32, limit_train: 32,
+               augment: false}}
+trainer:
+  accelerator: cpu
+  max_epochs: 3
+  limit_val_batches: 1
+  logger: false
+  enable_model_summary: false
+  default_root_dir: {tmp_path / "run"}
+""")
+    code = run(["fit", "--config", str(cfg)])
+    err = capsys.readouterr().err
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1
+    assert re.match(r"error: the training loss is not finite at step 4 \(epoch 1, lr "
+                    r"[0-9.e+-]+\): the run stopped; " + re.escape(str(last)) +
+                    " holds step 3, the last finite state", lines[0])
+    assert "test after fit" not in err
+    assert torch.load(last, weights_only=True)["global_step"] == 3
+
+
+# --- 4. a full disk ------------------------------------------------------------------------
+
+
+def failing_writer(run: L.Trainer, monkeypatch, code: int = errno.ENOSPC) -> list[str]:
+    """The trainer's checkpoint writer writes half a file, then fails with ``code``."""
+    io, tried = run.strategy.checkpoint_io, []
+
+    def save_checkpoint(checkpoint, path, storage_options=None):
+        tried.append(str(path))
+        Path(path).write_bytes(b"PK\x03\x04" + b"\0" * 100)
+        raise OSError(code, {errno.ENOSPC: "No space left on device",
+                             errno.EIO: "Input/output error"}[code])
+
+    monkeypatch.setattr(io, "save_checkpoint", save_checkpoint)
+    return tried
+
+
+class FailFrom(L.Callback):
+    """From training step ``step`` on, every checkpoint write fails."""
+
+    def __init__(self, step: int, monkeypatch, code: int = errno.ENOSPC) -> None:
+        self.step, self.monkeypatch, self.code, self.tried = step, monkeypatch, code, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and self.tried is None:
+            self.tried = failing_writer(trainer, self.monkeypatch, self.code)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+def test_a_failed_write_keeps_last_and_best_and_stops_naming_the_path(tmp_path, monkeypatch,
+                                                                      code):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    fail = FailFrom(6, monkeypatch, code)
+    run = trainer(tmp_path, fail, RunGuard(), epochs=3)
+    folder = tmp_path / "checkpoints"
+    with pytest.raises(CheckpointWriteError) as stop:
+        run.fit(task, data)
+    reason = "No space left on device" if code == errno.ENOSPC else "Input/output error"
+    assert str(stop.value).startswith(f"could not write {folder}")
+    assert f": {reason} (" in str(stop.value) and " free in " in str(stop.value)
+    assert "the previous checkpoints are kept" in str(stop.value)
+    assert fail.tried  # it did try
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 5
+    assert all(all_finite(f) for f in folder.glob("*.ckpt"))  # all whole and readable
+    assert not list(folder.glob(".*partial"))
+
+
+def test_continue_goes_on_without_the_save(tmp_path, monkeypatch):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    guard = RunGuard(on_save_error="continue")
+    run = trainer(tmp_path, FailFrom(6, monkeypatch), guard, epochs=3)
+    with pytest.warns(UserWarning, match="the run goes on without this save"):
+        run.fit(task, data)
+    assert run.global_step == 15 and guard.failed_saves >= 2
+    folder = tmp_path / "checkpoints"
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 5
+    assert all(all_finite(f) for f in folder.glob("*.ckpt"))
+    cb = run.checkpoint_callback
+    assert all(Path(p).is_file() for p in cb.best_k_models)
