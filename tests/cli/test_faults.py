@@ -247,3 +247,33 @@ def test_continue_goes_on_without_the_save(tmp_path, monkeypatch):
     assert all(all_finite(f) for f in folder.glob("*.ckpt"))
     cb = run.checkpoint_callback
     assert all(Path(p).is_file() for p in cb.best_k_models)
+
+
+class NanOnRank(ClassificationTask):
+    """The loss of rank ``rank`` is NaN at step ``step`` (module level: ddp_spawn pickles)."""
+
+    poison = (1, 2)
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        rank, step = self.poison
+        return loss * float("nan") if (self.global_rank, self.trainer.global_step) == \
+            (rank, step) else loss
+
+
+@pytest.mark.slow  # two gloo processes: about 15 s
+def test_ddp_ranks_stop_together_at_a_nan_on_one_rank(tmp_path):
+    """Only rank 1's loss is NaN: the flag is all-reduced, both ranks stop at the same step
+    (no hang) and last.ckpt holds the step before."""
+    import multimodal as mm
+    from multimodal.data.vision import ImageClassificationDataModule
+
+    L.seed_everything(0, verbose=False)
+    task = NanOnRank(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), optimizer={"lr": 3e-3})
+    data = ImageClassificationDataModule("digits", batch_size=16, val_size=32, limit_train=80,
+                                         augment=False)
+    run = trainer(tmp_path, RunGuard(), devices=2, strategy="ddp_spawn")
+    with pytest.raises(Exception, match="training loss is not finite at step 3"):
+        run.fit(task, data)
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
+                      weights_only=True)["global_step"] == 2
