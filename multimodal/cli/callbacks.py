@@ -413,8 +413,20 @@ class Preemption(L.Callback):
         elif previous in (signal.SIG_DFL, None):
             os.kill(os.getpid(), signum)
 
+    def _stop_now(self, signum: int, frame: FrameType | None) -> None:
+        """Outside a fit (predict, test, validate): nothing to save; stop now, through the
+        trainer's teardown (loader workers shut down), with 128 + the signal."""
+        raise SystemExit(128 + signum)
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
+            if trainer.is_global_zero and trainer.world_size == 1:
+                for name in self.signals:
+                    signum = int(getattr(signal, name))
+                    with contextlib.suppress(ValueError):  # not the main thread
+                        previous = signal.signal(signum, self._stop_now)
+                        if previous not in (self._stop_now, self._handle):
+                            self._previous[signum] = previous
             return
         self.received, self.saved_path, self._active = None, None, True
         self._last_save = time.monotonic()

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -140,16 +145,8 @@ def test_no_checkpoint_is_written_with_nonfinite_weights(tmp_path):
     assert not (tmp_path / "checkpoints" / "x.ckpt").exists()
 
 
-def test_the_cli_prints_one_line_and_skips_the_test_after_fit(tmp_path, monkeypatch, capsys):
-    from multimodal.cli.verbs import run
-
-    step = ClassificationTask.training_step
-
-    def poisoned(self, batch, batch_idx):
-        loss = step(self, batch, batch_idx)
-        return loss * float("nan") if self.trainer.global_step == 3 else loss
-
-    monkeypatch.setattr(ClassificationTask, "training_step", poisoned)
+def digits_config(tmp_path: Path, trainer: str = "") -> Path:
+    """A CLI config of the digits ViT (32 training images, 2 steps an epoch)."""
     vit = "\n".join(f"          {k}: {v}" for k, v in DIGITS_VIT.items())
     cfg = tmp_path / "digits.yaml"
     cfg.write_text(f"""
@@ -168,12 +165,26 @@ data:
                augment: false}}
 trainer:
   accelerator: cpu
-  max_epochs: 3
   limit_val_batches: 1
   logger: false
   enable_model_summary: false
   default_root_dir: {tmp_path / "run"}
+  {trainer}
 """)
+    return cfg
+
+
+def test_the_cli_prints_one_line_and_skips_the_test_after_fit(tmp_path, monkeypatch, capsys):
+    from multimodal.cli.verbs import run
+
+    step = ClassificationTask.training_step
+
+    def poisoned(self, batch, batch_idx):
+        loss = step(self, batch, batch_idx)
+        return loss * float("nan") if self.trainer.global_step == 3 else loss
+
+    monkeypatch.setattr(ClassificationTask, "training_step", poisoned)
+    cfg = digits_config(tmp_path, "max_epochs: 3")
     code = run(["fit", "--config", str(cfg)])
     err = capsys.readouterr().err
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
@@ -277,3 +288,117 @@ def test_ddp_ranks_stop_together_at_a_nan_on_one_rank(tmp_path):
         run.fit(task, data)
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
                       weights_only=True)["global_step"] == 2
+
+
+# --- 1. the job's signal to the whole process group ------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GROUP_CONFIG = """
+seed_everything: 0
+model:
+  class_path: multimodal.tasks.ClassificationTask
+  init_args:
+    model:
+      class_path: multimodal.ViT
+      init_args:
+        config: {{image_size: 8, patch_size: 2, in_channels: 1, num_classes: 10, dim: 32,
+                  depth: 2, heads: 4, mlp_dim: 64, pool: mean}}
+    optimizer: {{lr: 0.003}}
+data:
+  class_path: multimodal.data.vision.ImageClassificationDataModule
+  init_args: {{dataset: digits, batch_size: 16, val_size: 32, limit_train: 80,
+               augment: false, num_workers: 2}}
+trainer:
+  max_epochs: 100
+  accelerator: cpu
+  precision: 32-true
+  logger: false
+  enable_progress_bar: false
+  limit_val_batches: 1
+  default_root_dir: {root}
+  callbacks:
+    - class_path: tests.resume_runs.Slow
+      init_args: {{seconds: 0.05}}
+    - class_path: tests.resume_runs.Mark
+      init_args: {{path: {root}/steps}}
+"""
+
+
+def start_group(args: list[str], root: Path) -> subprocess.Popen:
+    """``multimodal ARGS`` in a new session (its own process group, as under ``timeout`` or
+    a job manager), one CPU thread."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "multimodal.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def wait_for(check, seconds: float = 120.0) -> None:
+    end = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(
+    signal.SIGUSR1, marks=pytest.mark.slow)], ids=["SIGTERM", "SIGUSR1"])
+def test_the_job_signal_to_the_whole_group_saves_and_exits_128_plus(tmp_path, signum):
+    """2 loader workers; the signal to every process of the group: the workers ignore it,
+    the main process saves last.ckpt at the step in progress and exits 128 + the signal."""
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "config.yaml").write_text(GROUP_CONFIG.format(root=root))
+    run = start_group(["fit", "--config", str(root / "config.yaml"),
+                       "--test_after_fit", "false"], root)
+    steps = root / "steps"
+    wait_for(lambda: run.poll() is not None or (steps.is_file() and steps.read_text()
+                                                and int(steps.read_text()) >= 3))
+    os.killpg(run.pid, signum)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode == 128 + signum, out[-3000:]
+    assert "error:" not in out and "killed by signal" not in out
+    saved = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert saved == int(steps.read_text())  # the step in progress, finished and saved
+    assert f"received {signal.Signals(signum).name}: saved" in out
+
+
+@pytest.mark.slow  # a fit, then predict in its own process: about 40 s on a busy machine
+def test_the_job_signal_to_the_whole_group_stops_predict_without_a_crash(tmp_path):
+    """``multimodal predict`` with 2 loader workers, SIGTERM to the group: the process ends by
+    the signal (143 in a shell), no error about a dead worker, and writes no partial file."""
+    import numpy as np
+    from PIL import Image
+
+    from multimodal.cli.verbs import run
+
+    cfg = digits_config(tmp_path, "max_epochs: 1")
+    assert run(["fit", "--config", str(cfg), "--test_after_fit", "false"]) == 0
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(400):
+        Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8)).save(images / f"{i}.png")
+    root = tmp_path / "out"
+    root.mkdir()
+    before = set(tmp_path.rglob("*"))
+    run = start_group(["predict", "--config", str(cfg), "--ckpt_path", str(ckpt),
+                       "--data.init_args.predict", str(images), "--data.init_args.batch_size",
+                       "4", "--data.init_args.num_workers", "2",
+                       "--trainer.callbacks+=tests.resume_runs.Slow",
+                       "--trainer.callbacks.init_args.seconds=0.1",
+                       "--trainer.callbacks+=tests.resume_runs.Mark",
+                       f"--trainer.callbacks.init_args.path={root}/steps",
+                       "--trainer.default_root_dir", str(root)], root)
+    steps = root / "steps"
+    wait_for(lambda: run.poll() is not None or (steps.is_file() and steps.read_text()
+                                                and int(steps.read_text()) >= 3))
+    assert run.poll() is None, run.communicate()[0][-3000:]
+    os.killpg(run.pid, signal.SIGTERM)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode in (143, -signal.SIGTERM), out[-3000:]
+    assert "error:" not in out and "killed by signal" not in out
+    new = {p for p in set(tmp_path.rglob("*")) - before if p.is_file()}
+    assert new <= {root / "steps"}, new
