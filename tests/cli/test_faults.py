@@ -402,3 +402,79 @@ def test_the_job_signal_to_the_whole_group_stops_predict_without_a_crash(tmp_pat
     assert "error:" not in out and "killed by signal" not in out
     new = {p for p in set(tmp_path.rglob("*")) - before if p.is_file()}
     assert new <= {root / "steps"}, new
+
+
+# --- 2. an error in a loader worker is the error ------------------------------------------
+
+
+def broken_png(path: Path) -> None:
+    """A PNG whose header is valid and whose body is garbage."""
+    import numpy as np
+    from PIL import Image
+
+    Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(path)
+    data = bytearray(path.read_bytes())
+    data[40:] = bytes((i * 37 + 11) % 256 for i in range(len(data) - 40))
+    path.write_bytes(bytes(data))
+
+
+def image_folder(folder: Path, n: int = 6, broken: int | None = 3) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (folder / c).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(np.full((8, 8), 20 * i, dtype=np.uint8)).save(folder / c / f"{i}.png")
+    if broken is not None:
+        broken_png(folder / "a" / f"{broken}.png")
+    return folder
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_worker_error_is_the_one_line_of_no_workers(tmp_path, workers):
+    from torch.utils.data import DataLoader
+
+    from multimodal.cli.errors import describe
+    from multimodal.data.readers import scan_class_folders
+    from multimodal.data.vision import IMAGE_EXTENSIONS
+    from multimodal.data.vision_datasets import FileImageDataset
+
+    folder = image_folder(tmp_path / "imgs")
+    files = scan_class_folders(str(folder), IMAGE_EXTENSIONS)
+    dataset = FileImageDataset(files, 1, lambda x: x.float())
+    with pytest.raises(Exception) as caught:
+        list(DataLoader(dataset, batch_size=4, num_workers=workers))
+    line = describe(caught.value, "fit")
+    assert "\n" not in line and "Traceback" not in line and "DataLoader" not in line
+    assert str(folder / "a" / "3.png") in line
+    assert line.endswith("(--data)"), line
+
+
+def test_worker_error_text_is_parsed_to_its_message():
+    from multimodal.cli.errors import worker_error
+
+    text = ('Caught KeyError in DataLoader worker process 1.\nOriginal Traceback (most recent '
+            'call last):\n  File "/x/multimodal/data/readers.py", line 3, in read\n    row["y"]'
+            '\nKeyError: "row 7 of labels.csv has no column \'y\'"\n')
+    assert worker_error(text) == ('"row 7 of labels.csv has no column \'y\'"',
+                                  ["/x/multimodal/data/readers.py"], "KeyError")
+    assert worker_error("some other error") is None
+
+
+def test_skip_corrupt_is_the_same_with_and_without_workers(tmp_path):
+    from multimodal.data.vision import ImageClassificationDataModule
+
+    folder = image_folder(tmp_path / "imgs", n=8)
+    seen = {}
+    for workers in (0, 2):
+        data = ImageClassificationDataModule(train=str(folder), image_size=8, in_channels=1,
+                                             batch_size=4, val_size=0, test_size=0,
+                                             skip_corrupt=True, num_workers=workers,
+                                             augment=False)
+        data.setup("fit")
+        seen[workers] = [tuple(t.clone() for t in batch) for batch in data.train_dataloader()]
+    assert len(seen[0]) == len(seen[2]) == 4
+    for a, b in zip(seen[0], seen[2], strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert sum(int(batch[2]) for batch in seen[2]) == 1  # the broken file, skipped once
