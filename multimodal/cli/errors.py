@@ -266,6 +266,9 @@ def describe(exc: BaseException, verb: str | None = None) -> str:
         if type(root).__name__ != worker[2] or not isinstance(
                 root, (ValueError, OSError, ImportError, argparse.ArgumentError)):
             what = f"{worker[2]}: {what}"  # as torch could not rebuild it, or not a mistake
+    elif type(root).__name__ == "OutOfMemoryError":  # torch's, outside fit / predict
+        what = "out of GPU memory: try a smaller --batch_size (half), or --device cpu"
+        where = None
     elif _UNION in text:
         what, where = simplify(text)
     else:

@@ -26,13 +26,19 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-__all__ = ["CheckpointWriteError", "RunGuard", "TrainingDiverged", "nonfinite_parameter",
-           "out_of_memory_message", "worker_death", "write_checkpoint"]
+__all__ = ["CheckpointWriteError", "OutOfMemory", "RunGuard", "TrainingDiverged",
+           "nonfinite_parameter", "out_of_memory_message", "worker_death", "write_checkpoint"]
 
 
 class TrainingDiverged(RuntimeError):
     """Training stopped at a non-finite loss or gradient norm; the message is the line the
     CLI prints (no ``RuntimeError:`` prefix)."""
+
+    plain = True
+
+
+class OutOfMemory(RuntimeError):
+    """Out of (GPU or CPU) memory, with what to try (:func:`out_of_memory_message`)."""
 
     plain = True
 
@@ -256,5 +262,4 @@ def out_of_memory_message(exc: BaseException, batch_size: Any, model: str) -> st
     smaller = max(1, int(batch_size) // 2) if isinstance(batch_size, int) else 64
     return (f"out of {where} memory with batch size {batch_size} ({model}): try "
             f"--data.init_args.batch_size {smaller}, --trainer.accumulate_grad_batches 2 "
-            "(the same effective batch), --trainer.precision bf16-mixed, or "
-            "--data.init_args.batch_size auto")
+            "(the same effective batch), or --trainer.precision bf16-mixed")

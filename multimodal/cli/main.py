@@ -78,7 +78,7 @@ from multimodal.cli.callbacks import (
     resume_checkpoint,
 )
 from multimodal.cli.errors import UsageError
-from multimodal.cli.faults import RunGuard
+from multimodal.cli.faults import OutOfMemory, RunGuard, out_of_memory_message
 from multimodal.cli.precision import auto_precision
 from multimodal.files import sniff_torch_file
 from multimodal.progress import is_terminal
@@ -529,6 +529,22 @@ class MultimodalCLI(LightningCLI):
         if kwargs.get("ckpt_path") is not None:
             kwargs["ckpt_path"] = resume_checkpoint(self.trainer, kwargs["ckpt_path"])
         return kwargs
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """LightningCLI's, with an out-of-memory error turned into the one line that names
+        the batch size, the model and what to try (:func:`multimodal.cli.faults
+        .out_of_memory_message`)."""
+        try:
+            super()._run_subcommand(subcommand)
+        except (RuntimeError, MemoryError) as err:
+            model = getattr(self.model, "model", self.model)
+            params = sum(p.numel() for p in model.parameters()) if model is not None else 0
+            name = f"{type(model).__name__}, {params / 1e6:.3g}M parameters"
+            message = out_of_memory_message(err, getattr(self.datamodule, "batch_size", None),
+                                            name)
+            if message is None:
+                raise
+            raise OutOfMemory(message) from err
 
     def after_fit(self) -> None:
         if not self.config.fit.get("test_after_fit", True) or self.trainer.fast_dev_run:

@@ -478,3 +478,45 @@ def test_skip_corrupt_is_the_same_with_and_without_workers(tmp_path):
     for a, b in zip(seen[0], seen[2], strict=True):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert sum(int(batch[2]) for batch in seen[2]) == 1  # the broken file, skipped once
+
+
+# --- 5. out of memory ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", ["fit", "predict"])
+def test_out_of_memory_names_the_batch_the_model_and_the_fix(tmp_path, monkeypatch, capsys,
+                                                            verb):
+    from multimodal.cli.verbs import run
+
+    cfg = digits_config(tmp_path, "max_epochs: 1")
+    if verb == "predict":
+        assert run(["fit", "--config", str(cfg), "--test_after_fit", "false"]) == 0
+        folder = image_folder(tmp_path / "imgs", n=2, broken=None) / "a"
+    hook = "training_step" if verb == "fit" else "predict_step"
+
+    def out_of_memory(self, batch, batch_idx):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; "
+                                     "79.1 GiB total capacity)")
+
+    monkeypatch.setattr(ClassificationTask, hook, out_of_memory)
+    capsys.readouterr()
+    args = ["fit", "--config", str(cfg)] if verb == "fit" else \
+        ["predict", "--config", str(cfg), "--ckpt_path",
+         str(tmp_path / "run" / "checkpoints" / "last.ckpt"), "--data.init_args.predict",
+         str(folder)]
+    assert run(args) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    params = sum(p.numel() for p in __import__("multimodal").ViT(
+        __import__("multimodal").ViTConfig(**DIGITS_VIT)).parameters())
+    assert lines == [
+        f"error: out of GPU memory with batch size 16 (ViT, {params / 1e6:.3g}M parameters): "
+        "try --data.init_args.batch_size 8, --trainer.accumulate_grad_batches 2 (the same "
+        f"effective batch), or --trainer.precision bf16-mixed (multimodal {verb})"]
+
+
+def test_out_of_memory_in_another_verb_is_one_line_too():
+    from multimodal.cli.errors import describe
+
+    err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+    assert describe(err, "embed") == "out of GPU memory: try a smaller --batch_size (half), " \
+        "or --device cpu (multimodal embed)"
