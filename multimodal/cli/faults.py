@@ -26,8 +26,9 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-__all__ = ["CheckpointWriteError", "OutOfMemory", "RunGuard", "TrainingDiverged",
-           "nonfinite_parameter", "out_of_memory_message", "worker_death", "write_checkpoint"]
+__all__ = ["CheckpointWriteError", "LoaderWorkerDied", "OutOfMemory", "RunGuard",
+           "TrainingDiverged", "nonfinite_parameter", "out_of_memory_message", "worker_death",
+           "write_checkpoint"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -39,6 +40,12 @@ class TrainingDiverged(RuntimeError):
 
 class OutOfMemory(RuntimeError):
     """Out of (GPU or CPU) memory, with what to try (:func:`out_of_memory_message`)."""
+
+    plain = True
+
+
+class LoaderWorkerDied(RuntimeError):
+    """A DataLoader worker process died (not of the job's signal)."""
 
     plain = True
 
@@ -226,11 +233,121 @@ class RunGuard(L.Callback):
             rank_zero_info(f"{self.skipped} training steps skipped: non-finite loss or "
                            "gradient norm (--on_nonfinite skip)")
 
+    # -- a dead loader worker ------------------------------------------------------------
+    def _quiet_sigchld(self, signum: int, frame: Any) -> None:
+        """Note which child died of which signal. torch's own handler raises from wherever
+        the main process is (inside an optimiser step, a checkpoint write); without it the
+        loader finds the dead worker when it waits for its batch: between two steps."""
+        with contextlib.suppress(ChildProcessError, OSError, AttributeError):
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                self._deaths[info.si_pid] = signal.Signals(info.si_status).name
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.worker_died: tuple[str, int | None, str | None] | None = None
+        self._deaths: dict[int, str] = {}
+        self._sigchld = None
+        from torch.utils.data._utils import signal_handling
+
+        with contextlib.suppress(ValueError, AttributeError):  # not the main thread
+            self._sigchld = signal.signal(signal.SIGCHLD, self._quiet_sigchld)
+            self._torch_flag = signal_handling._SIGCHLD_handler_set
+            signal_handling._SIGCHLD_handler_set = True  # torch's is not put back later
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        previous, self._sigchld = getattr(self, "_sigchld", None), None
+        if previous is not None:
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._SIGCHLD_handler_set = getattr(self, "_torch_flag", False)
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signal.SIGCHLD, previous)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
+        """A loader worker died: note its signal and, unless the job's own signal killed it
+        (then :class:`~multimodal.cli.callbacks.Preemption` stops the run as for the
+        signal), write ``last.ckpt`` (the steps finished so far) so the run resumes."""
+        if not hasattr(self, "_deaths"):
+            return
+        self._quiet_sigchld(signal.SIGCHLD, None)  # a death not yet noted by the handler
+        if not self._deaths and isinstance(exception, (ConnectionError, EOFError)):
+            import time  # a worker's socket is reset a moment before it can be waited for
+
+            for _ in range(40):
+                time.sleep(0.05)
+                self._quiet_sigchld(signal.SIGCHLD, None)
+                if self._deaths:
+                    break
+        name = worker_death(exception)
+        if name is None and self._deaths and isinstance(exception, Exception) and \
+                not getattr(exception, "plain", False):  # e.g. reading from it as it died
+            name = next(iter(self._deaths.values()))
+        if name is None:
+            return
+        import re
+
+        pids = [int(p) for p in re.findall(r"\d+", str(exception))]
+        name = next((self._deaths[p] for p in pids if p in self._deaths), name)
+        iterator = getattr(trainer.train_dataloader, "_iterator", None)
+        for worker in getattr(iterator, "_workers", None) or []:  # persistent workers
+            code = getattr(worker, "exitcode", None)
+            if name == "unknown" and worker.pid in pids and code is not None and code < 0:
+                name = signal.Signals(-code).name
+        from multimodal.cli.callbacks import Preemption
+
+        preemption = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None)
+        job = preemption.received if preemption is not None else None
+        saved = None
+        if job is None and trainer.lightning_module is not None:
+            with contextlib.suppress(Exception), _as_at_batch_end(trainer):
+                saved = write_checkpoint(trainer, Preemption.folder(trainer) / "last.ckpt")
+        self.worker_died = (name, job, saved)
+
+    def worker_death_error(self, step: int) -> BaseException | None:
+        """What the CLI raises after a dead worker (:meth:`on_exception`): ``SystemExit(128
+        + signal)`` when the job's signal killed it, else :class:`LoaderWorkerDied`."""
+        died = getattr(self, "worker_died", None)
+        if died is None:
+            return None
+        name, job, saved = died
+        if job is not None:
+            rank_zero_info(f"a loader worker ended by {name} after the job's "
+                           f"{signal.Signals(job).name}: stopping as for the signal")
+            return SystemExit(128 + job)
+        kept = f"{saved} holds step {step}: resume with --ckpt_path last" if saved else \
+            "the checkpoints written before are kept: resume with --ckpt_path last"
+        why = " (the out-of-memory killer? fewer --data.init_args.num_workers or a smaller " \
+            "batch use less memory)" if name == "SIGKILL" else ""
+        return LoaderWorkerDied(f"a data loader worker died, killed by {name}{why}: the run "
+                                f"stopped; {kept}")
+
     def state_dict(self) -> dict[str, Any]:
         return {"skipped": self.skipped}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped = int(state_dict.get("skipped", 0))
+
+
+@contextlib.contextmanager
+def _as_at_batch_end(trainer: L.Trainer) -> Any:
+    """The loop counters as a checkpoint written in ``on_train_batch_end`` holds them (the
+    last batch not yet counted as completed), which is what Lightning's restore expects: a
+    checkpoint written between two steps (a failed fetch) then resumes at the next batch."""
+    loop = trainer.fit_loop.epoch_loop
+    progress = loop.batch_progress
+    lag = 0 < progress.current.completed == progress.current.processed
+    if lag:
+        progress.total.completed -= 1
+        progress.current.completed -= 1
+        loop._batches_that_stepped -= 1
+    try:
+        yield
+    finally:
+        if lag:
+            progress.total.completed += 1
+            progress.current.completed += 1
+            loop._batches_that_stepped += 1
 
 
 def worker_death(exc: BaseException) -> str | None:

@@ -536,7 +536,13 @@ class MultimodalCLI(LightningCLI):
         .out_of_memory_message`)."""
         try:
             super()._run_subcommand(subcommand)
-        except (RuntimeError, MemoryError) as err:
+        except Exception as err:
+            guard = next((c for c in self.trainer.callbacks if isinstance(c, RunGuard)), None)
+            died = guard.worker_death_error(self.trainer.global_step) if guard else None
+            if died is not None:
+                raise died from err
+            if not isinstance(err, (RuntimeError, MemoryError)):
+                raise
             model = getattr(self.model, "model", self.model)
             params = sum(p.numel() for p in model.parameters()) if model is not None else 0
             name = f"{type(model).__name__}, {params / 1e6:.3g}M parameters"

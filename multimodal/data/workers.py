@@ -48,15 +48,21 @@ def worker_init(other: Callable[[int], None] | None = None) -> Callable[[int], N
     return ignore_job_signals if other is None else _Both(other)
 
 
-def reap_loader_workers() -> None:
-    """Kill the DataLoader workers of this process still alive (at exit)."""
-    try:
-        from torch.utils.data._utils.worker import _worker_loop
-    except ImportError:  # pragma: no cover
-        return
-    for process in multiprocessing.active_children():
-        if process.daemon and getattr(process, "_target", None) is _worker_loop:
-            with contextlib.suppress(OSError, ValueError, AttributeError):
+def reap_loader_workers(grace: float = 0.5) -> None:
+    """At exit: end this process's daemon children (DataLoader workers among them) still
+    alive. ``multiprocessing`` would send them SIGTERM and wait; loader workers ignore it, so
+    after ``grace`` seconds the ones left are killed."""
+    import time
+
+    children = [p for p in multiprocessing.active_children() if p.daemon]
+    for process in children:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            process.terminate()
+    end = time.monotonic() + grace
+    for process in children:
+        with contextlib.suppress(OSError, ValueError, AttributeError, AssertionError):
+            process.join(max(0.0, end - time.monotonic()))
+            if process.is_alive():
                 process.kill()
 
 

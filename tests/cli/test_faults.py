@@ -520,3 +520,46 @@ def test_out_of_memory_in_another_verb_is_one_line_too():
     err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
     assert describe(err, "embed") == "out of GPU memory: try a smaller --batch_size (half), " \
         "or --device cpu (multimodal embed)"
+
+
+# --- 6. a dead loader worker -----------------------------------------------------------------
+
+
+class KillWorker(L.Callback):
+    """SIGKILL to one training loader worker after step ``step`` (as the OOM killer would)."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.done = step, False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and not self.done:
+            import multiprocessing
+
+            self.done = True
+            workers = [p for p in multiprocessing.active_children() if p.daemon]
+            os.kill(workers[0].pid, signal.SIGKILL)
+
+
+def test_a_dead_worker_stops_the_run_naming_its_signal_and_resumes_exactly(tmp_path):
+    from tests.resume_runs import assert_same_run
+    from tests.resume_runs import fit as plain_fit
+
+    make = digits(num_workers=2)
+    L.seed_everything(0, verbose=False)
+    task, data = make()
+    guard = RunGuard()
+    run = trainer(tmp_path / "cut", KillWorker(3), guard, epochs=2)
+    with pytest.raises((RuntimeError, ConnectionError, EOFError)):  # as torch finds it
+        run.fit(task, data)
+    error = guard.worker_death_error(run.global_step)
+    saved_step = run.global_step
+    last = tmp_path / "cut" / "checkpoints" / "last.ckpt"
+    assert str(error) == ("a data loader worker died, killed by SIGKILL (the out-of-memory "
+                          "killer? fewer --data.init_args.num_workers or a smaller batch use "
+                          f"less memory): the run stopped; {last} holds step {saved_step}: "
+                          "resume with --ckpt_path last")
+    assert torch.load(last, weights_only=True)["global_step"] == saved_step >= 3
+    whole, full = plain_fit(make, tmp_path / "whole", epochs=2)
+    resumed, rest = plain_fit(make, tmp_path / "resumed", epochs=2, ckpt_path=str(last))
+    assert rest.seen == full.seen[saved_step:]
+    assert_same_run(whole, resumed)
