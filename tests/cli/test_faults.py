@@ -563,3 +563,21 @@ def test_a_dead_worker_stops_the_run_naming_its_signal_and_resumes_exactly(tmp_p
     resumed, rest = plain_fit(make, tmp_path / "resumed", epochs=2, ckpt_path=str(last))
     assert rest.seen == full.seen[saved_step:]
     assert_same_run(whole, resumed)
+
+
+def test_the_cli_names_a_dead_worker_in_one_line(tmp_path, capsys):
+    from multimodal.cli.verbs import run
+
+    cfg = digits_config(tmp_path, """max_epochs: 2
+  callbacks:
+    - class_path: tests.cli.test_faults.KillWorker
+      init_args: {step: 1}""")
+    cfg.write_text(cfg.read_text().replace("augment: false", "augment: false, num_workers: 2"))
+    assert run(["fit", "--config", str(cfg)]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    step = torch.load(last, weights_only=True)["global_step"]
+    assert lines == ["error: a data loader worker died, killed by SIGKILL (the out-of-memory "
+                     "killer? fewer --data.init_args.num_workers or a smaller batch use less "
+                     f"memory): the run stopped; {last} holds step {step}: resume with "
+                     "--ckpt_path last (multimodal fit)"]
