@@ -200,8 +200,7 @@ def worker_error(text: str) -> tuple[str, list[str], str] | None:
     """``(message, files of the frames, exception class name)`` of the original exception
     in torch's text for an exception raised in a DataLoader worker process (``Caught X in
     DataLoader worker process 0. Original Traceback ...``), or None for another text: the
-    worker's error is shown as
-    the one line it gives without workers."""
+    worker's error is shown as the one line it gives without workers."""
     found = _WORKER.match(text.strip() + "\n")
     if found is None:
         return None

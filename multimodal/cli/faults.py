@@ -268,7 +268,9 @@ class RunGuard(L.Callback):
         """A loader worker died: note its signal and, unless the job's own signal killed it
         (then :class:`~multimodal.cli.callbacks.Preemption` stops the run as for the
         signal), write ``last.ckpt`` (the steps finished so far) so the run resumes."""
-        if not hasattr(self, "_deaths"):
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        if not hasattr(self, "_deaths") or trainer.state.fn != TrainerFn.FITTING:
             return
         self._quiet_sigchld(signal.SIGCHLD, None)  # a death not yet noted by the handler
         if not self._deaths and isinstance(exception, (ConnectionError, EOFError)):
