@@ -128,3 +128,24 @@ class Slow(L.Callback):
         import time
 
         time.sleep(self.seconds)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
+                             dataloader_idx=0) -> None:
+        import time
+
+        time.sleep(self.seconds)
+
+
+class Mark(L.Callback):
+    """Writes the number of finished training steps to ``path`` after every step (a test
+    outside the process knows when training runs)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        Path(self.path).write_text(str(trainer.global_step))
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
+                             dataloader_idx=0) -> None:
+        Path(self.path).write_text(str(batch_idx + 1))

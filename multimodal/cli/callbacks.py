@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
+from weakref import proxy
 
 import lightning as L
 import torch
@@ -22,6 +23,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from multimodal.cli.faults import write_checkpoint
 from multimodal.files import ZIP_MAGIC, sniff_torch_file, starts_with
 from multimodal.progress import is_terminal
 
@@ -146,9 +148,34 @@ class RunCheckpoint(ModelCheckpoint):
             better = new > worst
         return trainer.strategy.reduce_boolean_decision(bool(better))
 
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        """Lightning's, through :func:`~multimodal.cli.faults.write_checkpoint`: never
+        non-finite weights, a temporary file and a rename, a failed write named (or, with
+        ``--on_save_error continue``, skipped: the file being replaced is then kept)."""
+        if write_checkpoint(trainer, filepath, self.save_weights_only) is None:
+            self._failed_save = filepath
+            return
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        if getattr(self, "_failed_save", None) is None:  # never delete for a failed save
+            super()._remove_checkpoint(trainer, filepath)
+
     def _update_best_and_save(self, current: torch.Tensor, trainer: L.Trainer,
                               monitor_candidates: dict[str, torch.Tensor]) -> None:
+        self._failed_save: str | None = None
         super()._update_best_and_save(current, trainer, monitor_candidates)
+        failed, self._failed_save = self._failed_save, None
+        if failed is not None:  # not on disk: not ranked
+            self.best_k_models.pop(failed, None)
+            if not self.best_k_models:
+                self.best_model_path, self.best_model_score = "", None
+                self.kth_best_model_path = ""
+                return
         path = self._last_checkpoint_saved
         if path in self.best_k_models:
             self.rank_keys[path] = self.rank_key(current, monitor_candidates,
@@ -198,10 +225,9 @@ class RunCheckpoint(ModelCheckpoint):
                     os.link(self._last_checkpoint_saved, partial)
                 except OSError:
                     shutil.copyfile(self._last_checkpoint_saved, partial)
-        else:
-            trainer.save_checkpoint(partial, self.save_weights_only)
-        if trainer.is_global_zero:
-            os.replace(partial, path)
+                os.replace(partial, path)
+        else:  # finite weights only, atomic, a failed write named (multimodal.cli.faults)
+            write_checkpoint(trainer, path, self.save_weights_only)
         trainer.strategy.barrier("last_checkpoint")
         # (not Lightning's _last_global_step_saved: that one says a top-k checkpoint of this
         # step exists, and would stop the epoch-end hook from ranking this step)
@@ -532,8 +558,20 @@ class Preemption(L.Callback):
         elif previous in (signal.SIG_DFL, None):
             os.kill(os.getpid(), signum)
 
+    def _stop_now(self, signum: int, frame: FrameType | None) -> None:
+        """Outside a fit (predict, test, validate): nothing to save; stop now, through the
+        trainer's teardown (loader workers shut down), with 128 + the signal."""
+        raise SystemExit(128 + signum)
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
+            if trainer.is_global_zero and trainer.world_size == 1:
+                for name in self.signals:
+                    signum = int(getattr(signal, name))
+                    with contextlib.suppress(ValueError):  # not the main thread
+                        previous = signal.signal(signum, self._stop_now)
+                        if previous not in (self._stop_now, self._handle):
+                            self._previous[signum] = previous
             return
         self.received, self.saved_path, self._active = None, None, True
         self._last_save = time.monotonic()
@@ -572,12 +610,7 @@ class Preemption(L.Callback):
     def save(self, trainer: L.Trainer, why: str) -> str:
         """Write ``last.ckpt`` (through a temporary file and a rename); returns its path."""
         path = self.folder(trainer) / "last.ckpt"
-        partial = path.with_name(".last.ckpt.partial")
-        if trainer.is_global_zero:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(partial)  # every rank: a collective call under DDP
-        if trainer.is_global_zero:
-            os.replace(partial, path)
+        write_checkpoint(trainer, path)  # every rank: a collective call under DDP
         trainer.strategy.barrier("preemption_save")
         self._last_save = time.monotonic()
         rank_zero_info(f"{why}: saved {path} at step {trainer.global_step}")

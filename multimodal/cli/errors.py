@@ -193,14 +193,42 @@ def _root(exc: BaseException) -> BaseException:
         exc = below
 
 
+_WORKER = re.compile(r"^Caught (\w+) in DataLoader worker process \d+\.\s*\n"
+                     r"Original Traceback \(most recent call last\):\n(.*)$", re.S)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
+
+
+def worker_error(text: str) -> tuple[str, list[str], str] | None:
+    """``(message, files of the frames, exception class name)`` of the original exception
+    in torch's text for an exception raised in a DataLoader worker process (``Caught X in
+    DataLoader worker process 0. Original Traceback ...``), or None for another text: the
+    worker's error is shown as the one line it gives without workers."""
+    found = _WORKER.match(text.strip() + "\n")
+    if found is None:
+        return None
+    name, body = found.groups()
+    lines = [ln for ln in body.splitlines() if ln.strip()]
+    at = next((i for i in range(len(lines) - 1, -1, -1)
+               if re.match(rf"^[\w.]*\b{re.escape(name)}\b(:|$)", lines[i])), None)
+    if at is None:
+        return None
+    first = lines[at].split(":", 1)[1].strip() if ":" in lines[at] else ""
+    message = " ".join([first, *(ln.strip() for ln in lines[at + 1:])]).strip()
+    return message or name, _FRAME.findall("\n".join(lines[:at])), name
+
+
 def _section(exc: BaseException) -> str | None:
     """Which part of the config raised ``exc``: ``--data (ClassName)`` for a frame of
     multimodal.data, ``--model (ClassName)`` for a task / model / hub frame."""
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    files = [frame.filename for frame in frames]
+    worker = worker_error(str(exc))
+    if worker is not None:
+        files = worker[1]
     package = Path(__file__).resolve().parents[1]
-    for frame in reversed(frames):
+    for filename in reversed(files):
         try:
-            rel = Path(frame.filename).resolve().relative_to(package)
+            rel = Path(filename).resolve().relative_to(package)
         except ValueError:
             continue
         part = rel.parts[0] if rel.parts else ""
@@ -233,13 +261,23 @@ def describe(exc: BaseException, verb: str | None = None) -> str:
         return _clip(f"{what} ({where})" if where else what)
     root = _root(exc)
     text = str(root) or type(root).__name__
-    if _UNION in text:
+    worker = worker_error(text)
+    if worker is not None:
+        what, where = worker[0], _section(root)
+        if type(root).__name__ != worker[2] or not isinstance(
+                root, (ValueError, OSError, ImportError, argparse.ArgumentError)):
+            what = f"{worker[2]}: {what}"  # as torch could not rebuild it, or not a mistake
+    elif type(root).__name__ == "OutOfMemoryError":  # torch's, outside fit / predict
+        what = "out of GPU memory: try a smaller --batch_size (half), or --device cpu"
+        where = None
+    elif _UNION in text:
         what, where = simplify(text)
     else:
         what, where = text, _section(root)
         if isinstance(root, KeyError) and root.args:
             what = f"missing key {root.args[0]!r}"
-        if not isinstance(root, (ValueError, OSError, ImportError, argparse.ArgumentError)):
+        if not isinstance(root, (ValueError, OSError, ImportError, argparse.ArgumentError)) \
+                and not getattr(root, "plain", False):
             what = f"{type(root).__name__}: {what}"
     if where and where.startswith("--") and where in what:
         where = None

@@ -81,6 +81,7 @@ from multimodal.cli.callbacks import (
     resume_checkpoint,
 )
 from multimodal.cli.errors import UsageError
+from multimodal.cli.faults import OutOfMemory, RunGuard, out_of_memory_message
 from multimodal.cli.precision import auto_precision
 from multimodal.files import sniff_torch_file
 from multimodal.progress import is_terminal
@@ -625,6 +626,10 @@ class MultimodalCLI(LightningCLI):
         if not any(isinstance(c, Preemption) for c in trainer.callbacks):
             minutes = self._get(self.config, "checkpoint_every_minutes", default=None)
             trainer.callbacks.append(Preemption(every_minutes=minutes))
+        if not any(isinstance(c, RunGuard) for c in trainer.callbacks):
+            trainer.callbacks.append(RunGuard(  # divergence, failed saves: multimodal.cli.faults
+                on_nonfinite=self._get(self.config, "on_nonfinite", default=None) or "stop",
+                on_save_error=self._get(self.config, "on_save_error", default=None) or "stop"))
         # a limit typed on the command line wins over the config's budget (StepBudget, and a
         # task's own length, e.g. finetune.contrastive_epochs, read it from the trainer)
         given = command_line_limits(getattr(self, "argv", []))
@@ -660,6 +665,13 @@ class MultimodalCLI(LightningCLI):
         parser.add_argument("--early_stopping", type=int | None, default=None,
                             help="stop once val/loss has not improved for N validations "
                                  "(after trainer.min_steps; the own-data configs set 3)")
+        parser.add_argument("--on_nonfinite", type=Literal["stop", "skip"], default="stop",
+                            help="a non-finite training loss or gradient norm: stop (save "
+                                 "last.ckpt, the last finite state, and exit) or skip the step")
+        parser.add_argument("--on_save_error", type=Literal["stop", "continue"],
+                            default="stop",
+                            help="a checkpoint that cannot be written (a full disk): stop, or "
+                                 "continue training without that save")
         parser.add_argument("--budget_minutes", type=float | None, default=None,
                             help="size the trainer.min_steps budget by time too: a run whose "
                                  "epochs were raised for it is cut to the steps that fit in "
@@ -678,6 +690,28 @@ class MultimodalCLI(LightningCLI):
         if kwargs.get("ckpt_path"):  # (test / predict write none: no "dirpath changed")
             continue_in_its_folder(self.trainer, kwargs["ckpt_path"])
         return kwargs
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """LightningCLI's, with an out-of-memory error turned into the one line that names
+        the batch size, the model and what to try (:func:`multimodal.cli.faults
+        .out_of_memory_message`)."""
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as err:
+            guard = next((c for c in self.trainer.callbacks if isinstance(c, RunGuard)), None)
+            died = guard.worker_death_error(self.trainer.global_step) if guard else None
+            if died is not None:
+                raise died from err
+            if not isinstance(err, (RuntimeError, MemoryError)):
+                raise
+            model = getattr(self.model, "model", self.model)
+            params = sum(p.numel() for p in model.parameters()) if model is not None else 0
+            name = f"{type(model).__name__}, {params / 1e6:.3g}M parameters"
+            message = out_of_memory_message(err, getattr(self.datamodule, "batch_size", None),
+                                            name)
+            if message is None:
+                raise
+            raise OutOfMemory(message) from err
 
     def after_fit(self) -> None:
         if not self.config.fit.get("test_after_fit", True) or self.trainer.fast_dev_run:

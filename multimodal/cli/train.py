@@ -43,7 +43,12 @@ HELP: dict[str, tuple[str, str, str]] = {
   --monitor METRIC, --monitor_mode max|min
                               what the best checkpoint is chosen by (default: the task's)
   --checkpoint_every_minutes N
-                              also save last.ckpt every N minutes"""),
+                              also save last.ckpt every N minutes
+  --on_nonfinite stop|skip    a NaN / infinite loss: stop at the last finite state
+                              (default), or skip such steps
+  --on_save_error stop|continue
+                              a checkpoint that cannot be written (full disk): stop
+                              (default), or train on without it"""),
     "validate": ("multimodal validate --ckpt_path CKPT [--config CONFIG.yaml] [...]",
                  "One pass over the validation data with a checkpoint; without --config "
                  "the task, model and data come from the checkpoint.", ""),

@@ -49,6 +49,7 @@ from multimodal.data.readers import (
     decode_image_bytes,
     image_to_channels,
 )
+from multimodal.data.workers import ignore_job_signals
 
 __all__ = [
     "ShardLoaderMixin",
@@ -354,6 +355,7 @@ class ShardLoaderMixin:
         return StreamingDataLoader(
             dataset, batch_size=self.batch_size, num_workers=self.num_workers,
             collate_fn=self.collate_fn(), pin_memory=torch.cuda.is_available(),
+            worker_init_fn=ignore_job_signals,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -21,6 +21,7 @@ from multimodal.data.sampling import (
     LoaderPosition,
     ResumableDataLoader,
 )
+from multimodal.data.workers import ignore_job_signals
 
 
 def predict_source(predict: str | None, predict_dir: str | None) -> str | None:
@@ -187,6 +188,7 @@ class SplitDataModule(L.LightningDataModule):
             collate_fn=self.collate_fn(),
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator().manual_seed(self.seed),
+            worker_init_fn=ignore_job_signals,  # the job's SIGTERM is the main process's
         )
         if shuffle:
             return ResumableDataLoader(dataset, sampler=EpochShuffleSampler(n, self.seed),

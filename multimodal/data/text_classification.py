@@ -48,6 +48,7 @@ from multimodal.data.text_tokenizer import (
     special_ids,
     tokenizer_from_text,
 )
+from multimodal.data.workers import ignore_job_signals
 from multimodal.tokenizers.io import tokenizer_file
 from multimodal.tokenizers.text import WordPieceTokenizer
 
@@ -346,4 +347,5 @@ class TextClassificationDataModule(TrainedTokenizerState, ShardLoaderMixin, Spli
         data = PassageDataset(self.encode(texts), names)  # type: ignore[arg-type]
         return DataLoader(data, batch_size=self.batch_size, shuffle=False,
                           num_workers=self.num_workers,
-                          collate_fn=NamedPadCollate(self.pad_token_id))
+                          collate_fn=NamedPadCollate(self.pad_token_id),
+                          worker_init_fn=ignore_job_signals)

@@ -1,0 +1,384 @@
+"""What a long run does when something goes wrong: a diverged loss, a checkpoint that cannot
+be written (a full disk), a dead loader worker, out of memory.
+
+* :func:`write_checkpoint` is the one way the CLI's callbacks write a checkpoint: never a
+  file with non-finite weights (:class:`TrainingDiverged` instead), always through a
+  temporary file and a rename (a failed or killed write leaves the previous file whole), and
+  a failed write (``ENOSPC``, ``EIO``) is :class:`CheckpointWriteError` naming the path and
+  the free space, or a warning when the run was told to go on (``on_save_error="continue"``).
+* :class:`RunGuard` (added to every CLI run) stops training at the first non-finite training
+  loss or gradient norm, before the optimiser applies that step, saves ``last.ckpt`` (the
+  last finite state) and raises :class:`TrainingDiverged`; or, with
+  ``on_nonfinite="skip"``, skips such steps (counted, logged as ``train/nonfinite_skipped``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+__all__ = ["CheckpointWriteError", "LoaderWorkerDied", "OutOfMemory", "RunGuard",
+           "TrainingDiverged", "nonfinite_parameter", "out_of_memory_message", "worker_death",
+           "write_checkpoint"]
+
+
+class TrainingDiverged(RuntimeError):
+    """Training stopped at a non-finite loss or gradient norm; the message is the line the
+    CLI prints (no ``RuntimeError:`` prefix)."""
+
+    plain = True
+
+
+class OutOfMemory(RuntimeError):
+    """Out of (GPU or CPU) memory, with what to try (:func:`out_of_memory_message`)."""
+
+    plain = True
+
+
+class LoaderWorkerDied(RuntimeError):
+    """A DataLoader worker process died (not of the job's signal)."""
+
+    plain = True
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, an I/O error); the previous files are
+    kept whole."""
+
+    plain = True
+
+
+def nonfinite_parameter(module: torch.nn.Module) -> str | None:
+    """The name of the first parameter or floating buffer of ``module`` holding a NaN or an
+    infinity, or None when all are finite (one fused check, then a search on failure)."""
+    tensors = [(n, t) for n, t in (*module.named_parameters(), *module.named_buffers())
+               if t.is_floating_point() and t.numel()]
+    if not tensors:
+        return None
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for _, t in tensors:
+        by_device.setdefault(t.device, []).append(t.detach())
+    bad = any(not bool(torch.stack([torch.isfinite(x).all() for x in group]).all())
+              for group in by_device.values())
+    if not bad:
+        return None
+    return next(n for n, t in tensors if not bool(torch.isfinite(t.detach()).all()))
+
+
+def _guard(trainer: L.Trainer) -> RunGuard | None:
+    return next((c for c in trainer.callbacks if isinstance(c, RunGuard)), None)
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return "free space unknown"
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if free < 1024 or unit == "TB":
+            return f"{free:.0f} {unit} free" if unit == "bytes" else f"{free:.1f} {unit} free"
+        free /= 1024
+    return ""  # unreachable
+
+
+def write_checkpoint(trainer: L.Trainer, path: str | os.PathLike[str],
+                     weights_only: bool = False) -> str | None:
+    """Write ``trainer``'s checkpoint to ``path`` through ``.<name>.partial`` and a rename.
+
+    Refused (:class:`TrainingDiverged`) when a weight is not finite: no checkpoint with NaN
+    weights is ever written. A failed write removes the partial file and raises
+    :class:`CheckpointWriteError` (``error: could not write PATH: No space left on device
+    (12.0 MB free in FOLDER) ...``); when the run's :class:`RunGuard` says
+    ``on_save_error="continue"`` it warns instead and returns None. Returns the path."""
+    path = Path(path)
+    module = trainer.lightning_module
+    bad = nonfinite_parameter(module) if module is not None else None
+    if bad is not None:
+        raise TrainingDiverged(
+            f"the weights are not finite at step {trainer.global_step} ({bad}): not writing "
+            f"{path}; the checkpoints already written are kept")
+    partial = path.with_name(f".{path.name}.partial")
+    if trainer.is_global_zero:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+    try:
+        trainer.save_checkpoint(partial, weights_only)  # every rank: collective under DDP
+        if trainer.is_global_zero:
+            os.replace(partial, path)
+    except (OSError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and "writ" not in str(err).lower():
+            raise
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        kept = "the previous checkpoints are kept"
+        guard = _guard(trainer)
+        if guard is not None and guard.on_save_error == "continue":
+            rank_zero_warn(f"could not write {path}: {reason} ({_free_space(path.parent)} "
+                           f"in {path.parent}); {kept}; the run goes on without this save")
+            guard.failed_saves += 1
+            return None
+        raise CheckpointWriteError(
+            f"could not write {path}: {reason} ({_free_space(path.parent)} in "
+            f"{path.parent}): the run stopped; {kept} (free some space and resume with "
+            "--ckpt_path last, or --on_save_error continue to train on without saving)"
+        ) from err
+    return str(path)
+
+
+class RunGuard(L.Callback):
+    """Stop (or skip) at a non-finite training loss or gradient norm; the run's policy for a
+    failed checkpoint write (:func:`write_checkpoint`).
+
+    The loss of every (micro-)batch is checked as it reaches ``backward``, and the gradients'
+    total norm :math:`\\sqrt{\\sum_p \\lVert g_p \\rVert^2}` before the optimiser step
+    (not under a float16 grad scaler, whose skipped steps at an overflow are its own
+    business, not divergence). One host sync per optimiser step (and, under DDP, one
+    all-reduce of the flag, so every rank stops at the same step).
+
+    ``on_nonfinite="stop"`` (default): the step is not applied; ``last.ckpt`` (in the
+    checkpoint folder) is written with the weights of the last finite step, and
+    :class:`TrainingDiverged` ends the run: ``the training loss is not finite at step 7
+    (epoch 0, lr 1e+04): the run stopped; .../last.ckpt holds step 6, the last finite
+    state``. ``"skip"``: the step's gradients are dropped (the optimiser leaves the weights
+    and its state as they were), counted in :attr:`skipped` and logged.
+    ``on_save_error``: ``"stop"`` (default) or ``"continue"`` (see :func:`write_checkpoint`).
+    """
+
+    def __init__(self, on_nonfinite: str = "stop", on_save_error: str = "stop") -> None:
+        if on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f"on_nonfinite must be stop or skip, got {on_nonfinite!r}")
+        if on_save_error not in ("stop", "continue"):
+            raise ValueError(f"on_save_error must be stop or continue, got {on_save_error!r}")
+        self.on_nonfinite, self.on_save_error = on_nonfinite, on_save_error
+        self.skipped = 0
+        self.failed_saves = 0
+        self._bad_loss: torch.Tensor | None = None
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           loss: torch.Tensor) -> None:
+        bad = ~torch.isfinite(loss.detach()).all()
+        self._bad_loss = bad if self._bad_loss is None else self._bad_loss | bad
+
+    @staticmethod
+    def _scaler(trainer: L.Trainer) -> Any:
+        return getattr(trainer.precision_plugin, "scaler", None)
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        bad_loss, self._bad_loss = self._bad_loss, None
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        device = grads[0].device if grads else pl_module.device
+        flags = torch.zeros(2, device=device)
+        if bad_loss is not None:
+            flags[0] = bad_loss.to(device).float()
+        if grads and self._scaler(trainer) is None:
+            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            flags[1] = (~torch.isfinite(norm)).float()
+        if trainer.world_size > 1:
+            flags = trainer.strategy.reduce(flags, reduce_op="sum")
+        loss_bad, grad_bad = (bool(v > 0) for v in flags.tolist())
+        if not (loss_bad or grad_bad):
+            return
+        what = "training loss" if loss_bad else "gradient norm"
+        step = trainer.global_step
+        if self.on_nonfinite == "skip":
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+            self.skipped += 1
+            if self.skipped <= 3 or math.log2(self.skipped).is_integer():
+                rank_zero_warn(f"the {what} is not finite at step {step + 1} (epoch "
+                               f"{trainer.current_epoch}): step skipped ({self.skipped} so far)")
+            return
+        self._stop(trainer, optimizer, what)
+
+    def _stop(self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, what: str) -> None:
+        step = trainer.global_step
+        lr = optimizer.param_groups[0].get("lr", float("nan"))
+        head = (f"the {what} is not finite at step {step + 1} (epoch {trainer.current_epoch}, "
+                f"lr {lr:.3g}): the run stopped")
+        from multimodal.cli.callbacks import Preemption
+
+        path = Preemption.folder(trainer) / "last.ckpt"
+        try:
+            written = write_checkpoint(trainer, path)
+        except TrainingDiverged:
+            written = None
+        where = f"{path} holds step {step}, the last finite state" if written else \
+            "no checkpoint written now (the weights are not finite); the ones already " \
+            "written are kept"
+        raise TrainingDiverged(f"{head}; {where} (a lower learning rate, gradient clipping "
+                               "--trainer.gradient_clip_val 1.0, or --on_nonfinite skip)")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.on_nonfinite == "skip" and self.skipped:
+            pl_module.log("train/nonfinite_skipped", float(self.skipped), on_step=True,
+                          on_epoch=False, sync_dist=False)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.skipped:
+            rank_zero_info(f"{self.skipped} training steps skipped: non-finite loss or "
+                           "gradient norm (--on_nonfinite skip)")
+
+    # -- a dead loader worker ------------------------------------------------------------
+    def _quiet_sigchld(self, signum: int, frame: Any) -> None:
+        """Note which child died of which signal. torch's own handler raises from wherever
+        the main process is (inside an optimiser step, a checkpoint write); without it the
+        loader finds the dead worker when it waits for its batch: between two steps."""
+        with contextlib.suppress(ChildProcessError, OSError, AttributeError):
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                self._deaths[info.si_pid] = signal.Signals(info.si_status).name
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.worker_died: tuple[str, int | None, str | None] | None = None
+        self._deaths: dict[int, str] = {}
+        self._sigchld = None
+        from torch.utils.data._utils import signal_handling
+
+        with contextlib.suppress(ValueError, AttributeError):  # not the main thread
+            self._sigchld = signal.signal(signal.SIGCHLD, self._quiet_sigchld)
+            self._torch_flag = signal_handling._SIGCHLD_handler_set
+            signal_handling._SIGCHLD_handler_set = True  # torch's is not put back later
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        previous, self._sigchld = getattr(self, "_sigchld", None), None
+        if previous is not None:
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._SIGCHLD_handler_set = getattr(self, "_torch_flag", False)
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signal.SIGCHLD, previous)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
+        """A loader worker died: note its signal and, unless the job's own signal killed it
+        (then :class:`~multimodal.cli.callbacks.Preemption` stops the run as for the
+        signal), write ``last.ckpt`` (the steps finished so far) so the run resumes."""
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        if not hasattr(self, "_deaths") or trainer.state.fn != TrainerFn.FITTING:
+            return
+        self._quiet_sigchld(signal.SIGCHLD, None)  # a death not yet noted by the handler
+        if not self._deaths and isinstance(exception, (ConnectionError, EOFError)):
+            import time  # a worker's socket is reset a moment before it can be waited for
+
+            for _ in range(40):
+                time.sleep(0.05)
+                self._quiet_sigchld(signal.SIGCHLD, None)
+                if self._deaths:
+                    break
+        name = worker_death(exception)
+        if name is None and self._deaths and isinstance(exception, Exception) and \
+                not getattr(exception, "plain", False):  # e.g. reading from it as it died
+            name = next(iter(self._deaths.values()))
+        if name is None:
+            return
+        import re
+
+        pids = [int(p) for p in re.findall(r"\d+", str(exception))]
+        name = next((self._deaths[p] for p in pids if p in self._deaths), name)
+        iterator = getattr(trainer.train_dataloader, "_iterator", None)
+        for worker in getattr(iterator, "_workers", None) or []:  # persistent workers
+            code = getattr(worker, "exitcode", None)
+            if name == "unknown" and worker.pid in pids and code is not None and code < 0:
+                name = signal.Signals(-code).name
+        from multimodal.cli.callbacks import Preemption
+
+        preemption = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None)
+        job = preemption.received if preemption is not None else None
+        saved = None
+        if job is None and trainer.lightning_module is not None:
+            with contextlib.suppress(Exception), _as_at_batch_end(trainer):
+                saved = write_checkpoint(trainer, Preemption.folder(trainer) / "last.ckpt")
+        self.worker_died = (name, job, saved)
+
+    def worker_death_error(self, step: int) -> BaseException | None:
+        """What the CLI raises after a dead worker (:meth:`on_exception`): ``SystemExit(128
+        + signal)`` when the job's signal killed it, else :class:`LoaderWorkerDied`."""
+        died = getattr(self, "worker_died", None)
+        if died is None:
+            return None
+        name, job, saved = died
+        if job is not None:
+            rank_zero_info(f"a loader worker ended by {name} after the job's "
+                           f"{signal.Signals(job).name}: stopping as for the signal")
+            return SystemExit(128 + job)
+        kept = f"{saved} holds step {step}: resume with --ckpt_path last" if saved else \
+            "the checkpoints written before are kept: resume with --ckpt_path last"
+        why = " (the out-of-memory killer? fewer --data.init_args.num_workers or a smaller " \
+            "batch use less memory)" if name == "SIGKILL" else ""
+        return LoaderWorkerDied(f"a data loader worker died, killed by {name}{why}: the run "
+                                f"stopped; {kept}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped = int(state_dict.get("skipped", 0))
+
+
+@contextlib.contextmanager
+def _as_at_batch_end(trainer: L.Trainer) -> Any:
+    """The loop counters as a checkpoint written in ``on_train_batch_end`` holds them (the
+    last batch not yet counted as completed), which is what Lightning's restore expects: a
+    checkpoint written between two steps (a failed fetch) then resumes at the next batch."""
+    loop = trainer.fit_loop.epoch_loop
+    progress = loop.batch_progress
+    lag = 0 < progress.current.completed == progress.current.processed
+    if lag:
+        progress.total.completed -= 1
+        progress.current.completed -= 1
+        loop._batches_that_stepped -= 1
+    try:
+        yield
+    finally:
+        if lag:
+            progress.total.completed += 1
+            progress.current.completed += 1
+            loop._batches_that_stepped += 1
+
+
+def worker_death(exc: BaseException) -> str | None:
+    """For torch's error about a DataLoader worker that died (``killed by signal: Killed``,
+    ``exited unexpectedly``), the signal's name (``SIGKILL``) or ``"unknown"``; else None."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or "DataLoader worker" not in text or not (
+            "killed by signal" in text or "exited unexpectedly" in text):
+        return None
+    named = text.split("killed by signal:", 1)[1].strip().rstrip(".") \
+        if "killed by signal:" in text else ""
+    for sig in signal.Signals:
+        if named and signal.strsignal(sig) == named:
+            return sig.name
+    return named or "unknown"
+
+
+def out_of_memory_message(exc: BaseException, batch_size: Any, model: str) -> str | None:
+    """The one line for an out-of-memory error (CUDA's, or the CPU allocator's), naming the
+    batch size, the model and what to try; None for another error."""
+    cuda = isinstance(exc, torch.OutOfMemoryError)
+    text = str(exc)
+    cpu = isinstance(exc, (MemoryError, RuntimeError)) and not cuda and (
+        isinstance(exc, MemoryError) or "DefaultCPUAllocator: can't allocate memory" in text
+        or "not enough memory" in text)
+    if not (cuda or cpu):
+        return None
+    where = "GPU" if cuda else "CPU"
+    smaller = max(1, int(batch_size) // 2) if isinstance(batch_size, int) else 64
+    return (f"out of {where} memory with batch size {batch_size} ({model}): try "
+            f"--data.init_args.batch_size {smaller}, --trainer.accumulate_grad_batches 2 "
+            "(the same effective batch), or --trainer.precision bf16-mixed")
