@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from multimodal.cli.faults import write_checkpoint
+from multimodal.cli.saving import write_checkpoint
 from multimodal.files import ZIP_MAGIC, sniff_torch_file, starts_with
 from multimodal.progress import is_terminal
 
@@ -149,7 +149,7 @@ class RunCheckpoint(ModelCheckpoint):
         return trainer.strategy.reduce_boolean_decision(bool(better))
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        """Lightning's, through :func:`~multimodal.cli.faults.write_checkpoint`: never
+        """Lightning's, through :func:`~multimodal.cli.saving.write_checkpoint`: never
         non-finite weights, a temporary file and a rename, a failed write named (or, with
         ``--on_save_error continue``, skipped: the file being replaced is then kept)."""
         if write_checkpoint(trainer, filepath, self.save_weights_only) is None:

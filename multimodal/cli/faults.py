@@ -1,11 +1,8 @@
 """What a long run does when something goes wrong: a diverged loss, a checkpoint that cannot
 be written (a full disk), a dead loader worker, out of memory.
 
-* :func:`write_checkpoint` is the one way the CLI's callbacks write a checkpoint: never a
-  file with non-finite weights (:class:`TrainingDiverged` instead), always through a
-  temporary file and a rename (a failed or killed write leaves the previous file whole), and
-  a failed write (``ENOSPC``, ``EIO``) is :class:`CheckpointWriteError` naming the path and
-  the free space, or a warning when the run was told to go on (``on_save_error="continue"``).
+* :func:`~multimodal.cli.saving.write_checkpoint` is the one way the CLI's callbacks write a
+  checkpoint (never non-finite weights, always atomic, a failed write named).
 * :class:`RunGuard` (added to every CLI run) stops training at the first non-finite training
   loss or gradient norm, before the optimiser applies that step, saves ``last.ckpt`` (the
   last finite state) and raises :class:`TrainingDiverged`; or, with
@@ -17,25 +14,18 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import signal
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-__all__ = ["CheckpointWriteError", "LoaderWorkerDied", "OutOfMemory", "RunGuard",
-           "TrainingDiverged", "nonfinite_parameter", "out_of_memory_message", "worker_death",
-           "write_checkpoint"]
+from multimodal.cli.callbacks import Preemption
+from multimodal.cli.saving import TrainingDiverged, write_checkpoint
 
-
-class TrainingDiverged(RuntimeError):
-    """Training stopped at a non-finite loss or gradient norm; the message is the line the
-    CLI prints (no ``RuntimeError:`` prefix)."""
-
-    plain = True
+__all__ = ["LoaderWorkerDied", "OutOfMemory", "RunGuard", "out_of_memory_message",
+           "worker_death"]
 
 
 class OutOfMemory(RuntimeError):
@@ -48,92 +38,6 @@ class LoaderWorkerDied(RuntimeError):
     """A DataLoader worker process died (not of the job's signal)."""
 
     plain = True
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (a full disk, an I/O error); the previous files are
-    kept whole."""
-
-    plain = True
-
-
-def nonfinite_parameter(module: torch.nn.Module) -> str | None:
-    """The name of the first parameter or floating buffer of ``module`` holding a NaN or an
-    infinity, or None when all are finite (one fused check, then a search on failure)."""
-    tensors = [(n, t) for n, t in (*module.named_parameters(), *module.named_buffers())
-               if t.is_floating_point() and t.numel()]
-    if not tensors:
-        return None
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for _, t in tensors:
-        by_device.setdefault(t.device, []).append(t.detach())
-    bad = any(not bool(torch.stack([torch.isfinite(x).all() for x in group]).all())
-              for group in by_device.values())
-    if not bad:
-        return None
-    return next(n for n, t in tensors if not bool(torch.isfinite(t.detach()).all()))
-
-
-def _guard(trainer: L.Trainer) -> RunGuard | None:
-    return next((c for c in trainer.callbacks if isinstance(c, RunGuard)), None)
-
-
-def _free_space(folder: Path) -> str:
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        return "free space unknown"
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if free < 1024 or unit == "TB":
-            return f"{free:.0f} {unit} free" if unit == "bytes" else f"{free:.1f} {unit} free"
-        free /= 1024
-    return ""  # unreachable
-
-
-def write_checkpoint(trainer: L.Trainer, path: str | os.PathLike[str],
-                     weights_only: bool = False) -> str | None:
-    """Write ``trainer``'s checkpoint to ``path`` through ``.<name>.partial`` and a rename.
-
-    Refused (:class:`TrainingDiverged`) when a weight is not finite: no checkpoint with NaN
-    weights is ever written. A failed write removes the partial file and raises
-    :class:`CheckpointWriteError` (``error: could not write PATH: No space left on device
-    (12.0 MB free in FOLDER) ...``); when the run's :class:`RunGuard` says
-    ``on_save_error="continue"`` it warns instead and returns None. Returns the path."""
-    path = Path(path)
-    module = trainer.lightning_module
-    bad = nonfinite_parameter(module) if module is not None else None
-    if bad is not None:
-        raise TrainingDiverged(
-            f"the weights are not finite at step {trainer.global_step} ({bad}): not writing "
-            f"{path}; the checkpoints already written are kept")
-    partial = path.with_name(f".{path.name}.partial")
-    if trainer.is_global_zero:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
-    try:
-        trainer.save_checkpoint(partial, weights_only)  # every rank: collective under DDP
-        if trainer.is_global_zero:
-            os.replace(partial, path)
-    except (OSError, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and "writ" not in str(err).lower():
-            raise
-        with contextlib.suppress(OSError):
-            partial.unlink()
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        kept = "the previous checkpoints are kept"
-        guard = _guard(trainer)
-        if guard is not None and guard.on_save_error == "continue":
-            rank_zero_warn(f"could not write {path}: {reason} ({_free_space(path.parent)} "
-                           f"in {path.parent}); {kept}; the run goes on without this save")
-            guard.failed_saves += 1
-            return None
-        raise CheckpointWriteError(
-            f"could not write {path}: {reason} ({_free_space(path.parent)} in "
-            f"{path.parent}): the run stopped; {kept} (free some space and resume with "
-            "--ckpt_path last, or --on_save_error continue to train on without saving)"
-        ) from err
-    return str(path)
 
 
 class RunGuard(L.Callback):
@@ -209,8 +113,6 @@ class RunGuard(L.Callback):
         lr = optimizer.param_groups[0].get("lr", float("nan"))
         head = (f"the {what} is not finite at step {step + 1} (epoch {trainer.current_epoch}, "
                 f"lr {lr:.3g}): the run stopped")
-        from multimodal.cli.callbacks import Preemption
-
         path = Preemption.folder(trainer) / "last.ckpt"
         try:
             written = write_checkpoint(trainer, path)
@@ -296,8 +198,6 @@ class RunGuard(L.Callback):
             code = getattr(worker, "exitcode", None)
             if name == "unknown" and worker.pid in pids and code is not None and code < 0:
                 name = signal.Signals(-code).name
-        from multimodal.cli.callbacks import Preemption
-
         preemption = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None)
         job = preemption.received if preemption is not None else None
         saved = None

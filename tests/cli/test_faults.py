@@ -20,12 +20,8 @@ import pytest
 import torch
 
 from multimodal.cli.callbacks import Preemption, RunCheckpoint
-from multimodal.cli.faults import (
-    CheckpointWriteError,
-    RunGuard,
-    TrainingDiverged,
-    nonfinite_parameter,
-)
+from multimodal.cli.faults import RunGuard
+from multimodal.cli.saving import CheckpointWriteError, TrainingDiverged, nonfinite_parameter
 from multimodal.tasks import ClassificationTask
 from tests.cli.test_resume import DIGITS_VIT, digits
 
@@ -187,7 +183,7 @@ def test_the_cli_prints_one_line_and_skips_the_test_after_fit(tmp_path, monkeypa
     cfg = digits_config(tmp_path, "max_epochs: 3")
     code = run(["fit", "--config", str(cfg)])
     err = capsys.readouterr().err
-    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt"
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert code == 2 and len(lines) == 1
     assert re.match(r"error: the training loss is not finite at step 4 \(epoch 1, lr "
@@ -359,7 +355,8 @@ def test_the_job_signal_to_the_whole_group_saves_and_exits_128_plus(tmp_path, si
     out, _ = run.communicate(timeout=120)
     assert run.returncode == 128 + signum, out[-3000:]
     assert "error:" not in out and "killed by signal" not in out
-    saved = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    last = root / "version_0" / "checkpoints" / "last.ckpt"  # the first run's folder
+    saved = torch.load(last, weights_only=True)["global_step"]
     assert saved == int(steps.read_text())  # the step in progress, finished and saved
     assert f"received {signal.Signals(signum).name}: saved" in out
 
@@ -375,7 +372,7 @@ def test_the_job_signal_to_the_whole_group_stops_predict_without_a_crash(tmp_pat
 
     cfg = digits_config(tmp_path, "max_epochs: 1")
     assert run(["fit", "--config", str(cfg), "--test_after_fit", "false"]) == 0
-    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt = tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt"
     images = tmp_path / "images"
     images.mkdir()
     rng = np.random.default_rng(0)
@@ -437,8 +434,8 @@ def test_a_worker_error_is_the_one_line_of_no_workers(tmp_path, workers):
 
     from multimodal.cli.errors import describe
     from multimodal.data.readers import scan_class_folders
-    from multimodal.data.vision import IMAGE_EXTENSIONS
     from multimodal.data.vision_datasets import FileImageDataset
+    from multimodal.files import IMAGE_EXTENSIONS
 
     folder = image_folder(tmp_path / "imgs")
     files = scan_class_folders(str(folder), IMAGE_EXTENSIONS)
@@ -502,8 +499,8 @@ def test_out_of_memory_names_the_batch_the_model_and_the_fix(tmp_path, monkeypat
     capsys.readouterr()
     args = ["fit", "--config", str(cfg)] if verb == "fit" else \
         ["predict", "--config", str(cfg), "--ckpt_path",
-         str(tmp_path / "run" / "checkpoints" / "last.ckpt"), "--data.init_args.predict",
-         str(folder)]
+         str(tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt"),
+         "--data.init_args.predict", str(folder)]
     assert run(args) == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     params = sum(p.numel() for p in __import__("multimodal").ViT(
@@ -575,7 +572,7 @@ def test_the_cli_names_a_dead_worker_in_one_line(tmp_path, capsys):
     cfg.write_text(cfg.read_text().replace("augment: false", "augment: false, num_workers: 2"))
     assert run(["fit", "--config", str(cfg)]) == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
-    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt"
     step = torch.load(last, weights_only=True)["global_step"]
     assert lines == ["error: a data loader worker died, killed by SIGKILL (the out-of-memory "
                      "killer? fewer --data.init_args.num_workers or a smaller batch use less "
