@@ -10,6 +10,7 @@ Sources: the built-in datasets of :mod:`multimodal.data.sources` (Fashion-MNIST,
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from multimodal.data.readers import (
     is_manifest,
     read_labelled_manifest,
     scan_class_folders,
+    undecodable_images,
 )
 from multimodal.data.shards import ShardLoaderMixin
 from multimodal.data.sources import digits, fashion_mnist, mnist5k
@@ -122,6 +124,9 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         stats_samples: how many training files the statistics are computed from.
         skip_corrupt: skip files that cannot be decoded (their count per epoch is logged)
             instead of raising an error naming the file.
+        verify_files: your own images (train / val / test) are each decoded once when the
+            splits are made, so a file that cannot be decoded is named before the first
+            step (or, with skip_corrupt, left out of its split); false skips that pass.
         image_size: resize to this square size (default: the native size; needed for files).
         seed: seed of the split permutation.
         download: fetch Fashion-MNIST with torchvision if missing (needs internet).
@@ -178,6 +183,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         min_held_out_per_class: int = 0,
         device_resident: bool | str = "auto",
         device_resident_max_mb: float = 2048.0,
+        verify_files: bool = True,
     ) -> None:
         super().__init__()
         self.device_resident = resident_setting(device_resident)
@@ -212,6 +218,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         self.predict = predict_source(predict, predict_dir)
         self.files = {"train": train, "val": val, "test": test}
         self.skip_corrupt, self.stats_samples = skip_corrupt, stats_samples
+        self.verify_files = verify_files
         self.random_resized_crop, self.auto_augment = random_resized_crop, auto_augment
         self.shards = shards
         if shards is not None and (val is not None or test is not None):
@@ -332,8 +339,32 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         splits = {k: full.subset(v) for k, v in idx.items() if v is not None}
         for k, path in given.items():
             splits[k] = _read_files(path, classes)  # type: ignore[arg-type]
-        self._file_splits = splits
-        return splits
+        self._file_splits = self._decodable(splits) if self.verify_files else splits
+        return self._file_splits
+
+    def _decodable(self, splits: dict[str, FileList]) -> dict[str, FileList]:
+        """Every file of every split decoded once before training
+        (:func:`~.readers.undecodable_images`): a file that cannot be decoded is an error
+        naming it now, not mid-epoch or in the test after fit; with ``skip_corrupt`` it is
+        left out of its split (counted in one log line), so every later read decodes.
+        ``verify_files: false`` skips this (a folder too large to read twice)."""
+        start, kept = time.perf_counter(), {}
+        for name, files in splits.items():
+            bad = undecodable_images(files.paths, self.in_channels)
+            if bad and not self.skip_corrupt:
+                more = f" ({len(bad)} of the {len(files)} {name} files cannot be decoded; " \
+                    "--data.init_args.skip_corrupt true leaves them out)" if len(bad) > 1 else ""
+                raise CorruptFileError(f"{bad[0][1]}{more}") from bad[0][1]
+            if bad:
+                log.warning("%s: left out %d corrupt image file(s) of %d (skip_corrupt), e.g. "
+                            "%s", name, len(bad), len(files), files.paths[bad[0][0]])
+                keep = torch.ones(len(files), dtype=torch.bool)
+                keep[[i for i, _ in bad]] = False
+                files = files.subset(keep.nonzero().flatten())
+            kept[name] = files
+        log.info("checked %d image files: each decodes (%.1f s; verify_files: false skips "
+                 "this)", sum(len(f) for f in splits.values()), time.perf_counter() - start)
+        return kept
 
     def _normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel mean and std of the training images, pixels scaled to [0, 1]."""

@@ -225,11 +225,18 @@ def test_folder_errors(tmp_path):
 def test_corrupt_file_error_or_skip_with_count(tmp_path, caplog):
     make_folder(tmp_path, per_class=4)
     (tmp_path / "a" / "zz_broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage")
+    # verify_files (the default): found when the splits are made, before any batch
     dm = module(train=str(tmp_path), val_size=0, test_size=0, mean=0.5, std=0.25)
+    with pytest.raises(CorruptFileError, match=r"zz_broken\.png could not be decoded"):
+        dm.setup("fit")
+    # without the check: found when the loader reads it
+    dm = module(train=str(tmp_path), val_size=0, test_size=0, mean=0.5, std=0.25,
+                verify_files=False)
     dm.setup("fit")
     with pytest.raises(CorruptFileError, match=r"zz_broken\.png"):
         list(dm.train_dataloader())
-    dm = module(train=str(tmp_path), val_size=0, test_size=0, skip_corrupt=True)
+    dm = module(train=str(tmp_path), val_size=0, test_size=0, skip_corrupt=True,
+                verify_files=False)
     dm.setup("fit")
     seen = 0
     for batch in dm.train_dataloader():
@@ -240,6 +247,29 @@ def test_corrupt_file_error_or_skip_with_count(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         dm.teardown("fit")
     assert "epoch 0: skipped 1 corrupt image file(s)" in caplog.text
+    # skip_corrupt with the check: left out of its split once, every batch whole
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        dm = module(train=str(tmp_path), val_size=0, test_size=0, skip_corrupt=True)
+        dm.setup("fit")
+    assert "train: left out 1 corrupt image file(s) of 22" in caplog.text
+    assert len(dm._load_file_splits()["train"]) == 21
+    seen = sum(len(dm.on_before_batch_transfer(b, 0)[1]) for b in dm.train_dataloader())
+    assert seen == 21 and not any(dm.skipped.values())
+
+
+def test_every_file_is_decoded_once_before_training(tmp_path, monkeypatch):
+    from multimodal.data import readers
+
+    make_folder(tmp_path, per_class=3)
+    decoded: list[str] = []
+    real = readers.decode_image_file
+    monkeypatch.setattr(readers, "decode_image_file",
+                        lambda path, channels: decoded.append(str(path)) or real(path, channels))
+    dm = module(train=str(tmp_path), val_size=0.2, test_size=0.2, mean=0.5, std=0.25)
+    dm.setup("fit")
+    files = [str(p) for split in dm._load_file_splits().values() for p in split.paths]
+    assert sorted(decoded) == sorted(files) and len(set(decoded)) == len(decoded)
 
 
 def test_given_normalisation_and_augment_options(tmp_path):
