@@ -67,6 +67,7 @@ from pathlib import Path, PurePath
 from typing import Any, Literal
 
 import lightning as L
+import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -579,12 +580,120 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
+AUTO_BATCH_OPTIONS = ("--data.init_args.batch_size", "--data.batch_size")
+
+
+def take_auto_batch_size(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without ``--data.init_args.batch_size auto`` (or ``=auto``; the config's
+    batch size is then where the search starts), and whether it was there."""
+    out, auto, i = [], False, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in AUTO_BATCH_OPTIONS and i + 1 < len(argv) and argv[i + 1] == "auto":
+            auto, i = True, i + 2
+            continue
+        if "=" in arg and arg.split("=", 1)[0] in AUTO_BATCH_OPTIONS \
+                and arg.split("=", 1)[1] == "auto":
+            auto, i = True, i + 1
+            continue
+        out.append(arg)
+        i += 1
+    return out, auto
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    text = str(err)
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(err, RuntimeError) and ("out of memory" in text
+                                           or "can't allocate memory" in text))
+
+
+def _step_fits(trainer: L.Trainer, task: L.LightningModule, data: L.LightningDataModule,
+               size: int) -> bool:
+    """Whether one training step (forward and backward, under the run's precision) of a
+    batch of ``size`` runs without running out of memory. Nothing is logged or updated:
+    the gradients are dropped."""
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+
+    device = trainer.strategy.root_device
+    data.batch_size = size
+    log, task.log = task.log, lambda *args, **kwargs: None  # type: ignore[method-assign]
+    try:
+        batch = next(iter(data.train_dataloader()))
+        batch = data.on_before_batch_transfer(batch, 0)
+        batch = data.on_after_batch_transfer(move_data_to_device(batch, device), 0)
+        with trainer.precision_plugin.forward_context():
+            loss = task.training_step(batch, 0)
+        loss = loss["loss"] if isinstance(loss, dict) else loss
+        if loss is not None and loss.requires_grad:
+            loss.backward()
+        return True
+    except Exception as err:
+        if not _out_of_memory(err):
+            raise
+        return False
+    finally:
+        task.log = log  # type: ignore[method-assign]
+        task.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def largest_batch_size(trainer: L.Trainer, task: L.LightningModule,
+                       data: L.LightningDataModule) -> int:
+    """The largest batch size of ``data`` whose training step fits in memory: doubling from
+    the data module's batch size while a step fits (halving first if that one does not),
+    then a binary search between the last size that fitted and the first that did not;
+    capped at the training set's size. Each trial is one forward and backward pass
+    (:func:`_step_fits`). The result is set on the data module and its hyper-parameters
+    (so the checkpoint stores it)."""
+    from multimodal.tasks.base import loader_examples
+
+    data.setup("fit")
+    task.trainer = trainer  # attached as fit will attach it: the steps may read it
+    task.to(trainer.strategy.root_device)
+    n = loader_examples(data.train_dataloader) or 2 ** 20
+    size = min(max(1, int(data.batch_size)), n)
+    while not _step_fits(trainer, task, data, size):
+        if size == 1:
+            raise torch.OutOfMemoryError("batch_size auto: even a batch of 1 does not fit")
+        size //= 2
+    low, high = size, None  # low fits; high (once known) does not
+    while low < n and high is None:
+        if _step_fits(trainer, task, data, min(2 * low, n)):
+            low = min(2 * low, n)
+        else:
+            high = min(2 * low, n)
+    while high is not None and high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if _step_fits(trainer, task, data, mid) else (low, mid)
+    data.batch_size = low
+    if hasattr(data, "hparams"):
+        data.hparams["batch_size"] = low  # stored with the checkpoint's data arguments
+    return low
+
+
 class MultimodalCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """LightningCLI's, remembering the command line (:func:`fold_optimizer_options`)."""
-        self.argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else \
-            sys.argv[1:] if args is None else []
+        """LightningCLI's, remembering the command line (:func:`fold_optimizer_options`);
+        ``--data.init_args.batch_size auto`` is taken out and searched for before fit
+        (:func:`largest_batch_size`)."""
+        args = [str(a) for a in args] if isinstance(args, (list, tuple)) else \
+            sys.argv[1:] if args is None else args
+        if isinstance(args, list):
+            args, self.auto_batch_size = take_auto_batch_size(args)
+        self.argv = args if isinstance(args, list) else []
         super().parse_arguments(parser, args)
+
+    def before_fit(self) -> None:
+        """``--data.init_args.batch_size auto``: the largest batch that fits, found now,
+        logged, and stored in the checkpoint's data hyper-parameters."""
+        if not getattr(self, "auto_batch_size", False):
+            return
+        before = int(self.datamodule.batch_size)
+        size = largest_batch_size(self.trainer, self.model, self.datamodule)
+        rank_zero_info(f"batch_size auto: {size} (the largest batch whose training step fits "
+                       f"in memory, searched from {before})")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

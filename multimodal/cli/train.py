@@ -19,7 +19,9 @@ _COMMON = """\
                               start from a pretrained folder or .ckpt
   --data.init_args.train PATH your labelled files: a folder with a subfolder per class,
                               or a manifest (.csv / .jsonl)
-  --data.init_args.batch_size N
+  --data.init_args.batch_size N|auto
+                              auto (fit): the largest batch whose training step fits in
+                              memory, searched before training and stored with the run
   --skip_corrupt true         leave out files that cannot be read (listed) instead of
                               stopping at the first with an error naming it
   --trainer.default_root_dir DIR

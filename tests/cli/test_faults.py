@@ -6,6 +6,7 @@ models (the digits ViT of tests/cli/test_resume.py)."""
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import os
 import re
@@ -579,3 +580,31 @@ def test_the_cli_names_a_dead_worker_in_one_line(tmp_path, capsys):
                      "killer? fewer --data.init_args.num_workers or a smaller batch use less "
                      f"memory): the run stopped; {last} holds step {step}: resume with "
                      "--ckpt_path last (multimodal fit)"]
+
+
+def test_batch_size_auto_finds_the_largest_that_fits_and_stores_it(tmp_path, monkeypatch,
+                                                                   capsys, caplog):
+    """A step that runs out of memory above 20 images: the search (from the config's 16)
+    settles on 20, says so, trains with it and stores it with the checkpoint."""
+    from multimodal.cli.verbs import run
+
+    step = ClassificationTask.training_step
+    tried: list[int] = []
+
+    def limited(self, batch, batch_idx):
+        tried.append(len(batch[0]))
+        if len(batch[0]) > 20:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(ClassificationTask, "training_step", limited)
+    cfg = digits_config(tmp_path, "max_steps: 1")
+    with caplog.at_level(logging.INFO):
+        code = run(["fit", "--config", str(cfg), "--data.init_args.batch_size", "auto",
+                    "--test_after_fit", "false"])
+    assert code == 0, capsys.readouterr().err
+    assert "batch_size auto: 20 " in caplog.text
+    assert any(size > 20 for size in tried) and tried[-1] == 20  # went past, came back
+    last = tmp_path / "run" / "version_0" / "checkpoints" / "last.ckpt"
+    stored = torch.load(last, weights_only=False)["datamodule_hyper_parameters"]
+    assert stored["batch_size"] == 20
