@@ -70,14 +70,15 @@ def train_word2vec(model: Word2Vec, batches: Batches, epochs: int = 5, lr: float
 class Word2VecTask(L.LightningModule):
     """Word2Vec under Lightning: manual optimisation, one fused SGD step per batch of
     :class:`~multimodal.data.word2vec.Word2VecDataModule`, learning rate
-    :func:`linear_lr` over ``trainer.max_epochs``. ``vocab_size`` comes from the data
+    :func:`linear_lr` from ``alpha`` to ``min_alpha`` (gensim's names) over
+    ``trainer.max_epochs``. ``vocab_size`` comes from the data
     (``data_sizes``); ``mode`` must match the data module's. Logs ``train/loss`` (mean per
     example) and ``train/lr``. At the end of fit the vectors go to
     ``<default_root_dir>/vectors.txt`` and ``vectors.bin``
     (:func:`multimodal.embeddings.save_word2vec_format`)."""
 
     def __init__(self, mode: Literal["cbow", "skipgram"] = "cbow", dim: int = 100,
-                 lr: float = 0.025, min_lr: float = 1e-4,
+                 alpha: float = 0.025, min_alpha: float = 1e-4,
                  context_grad: Literal["full", "mean"] = "full",
                  vocab_size: int | None = None,
                  data_sizes: dict[str, int] | None = None) -> None:
@@ -89,7 +90,7 @@ class Word2VecTask(L.LightningModule):
                              "model_sizes, or given)")
         self.model = Word2Vec(Word2VecConfig(vocab_size=int(size), dim=dim, mode=mode,
                                              context_grad=context_grad))
-        self.lr, self.min_lr = lr, min_lr
+        self.alpha, self.min_alpha = alpha, min_alpha
         self.automatic_optimization = False
         self.words: list[str] | None = None
 
@@ -113,15 +114,19 @@ class Word2VecTask(L.LightningModule):
         if self.words is not None:
             checkpoint["word2vec_words"] = self.words
 
-    def configure_optimizers(self) -> None:
-        return None  # the step is the model's own fused SGD update
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """A plain SGD that never sees a gradient: the update is the model's fused step;
+        stepping it counts the step (``global_step``), which checkpoints and ``max_steps``
+        go by."""
+        return torch.optim.SGD(self.parameters(), lr=0.0)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         epochs = max(int(self.trainer.max_epochs or 1), 1)
         progress = (self.current_epoch + float(batch["epoch_fraction"])) / epochs
-        lr = linear_lr(self.lr, self.min_lr, progress)
+        lr = linear_lr(self.alpha, self.min_alpha, progress)
         loss = self.model.sgd_step(batch["inputs"], batch["targets"], lr,
                                    mask=batch.get("mask"), valid=batch["valid"])
+        self.optimizers().step()  # no gradients: only counts the step
         n = batch["targets"].shape[0]
         self.log("train/loss", loss / n, prog_bar=True, batch_size=n)
         self.log("train/lr", lr, batch_size=n)
