@@ -15,6 +15,7 @@ then are scored with the same code:
   the vocabulary is skipped (as gensim's ``evaluate_word_analogies`` does; gensim's own
   3CosAdd score is printed as a check of ours);
 - nearest-neighbour overlap: for each word of ``WORDS``, |our top 10 ∩ gensim's top 10| / 10;
+  for scale, the same between gensim runs of two seeds (``gensim/gensim``);
 - training words per second (corpus words before sub-sampling x epochs / wall time).
 
 Also measured once: the fused ``index_add_`` step against the autograd loss with sparse
@@ -175,6 +176,7 @@ def main() -> None:
           f"{args.min_count}); threads {args.threads}; machine shared with other jobs")
     rows = []
     for mode in args.modes:
+        g_prev: dict[str, list[str]] | None = None
         batches = Batches(ids, sent, vocab.counts, mode=mode, window=args.window,
                           negatives=args.negatives, sample=args.sample,
                           batch_size=args.batch_size)
@@ -199,9 +201,12 @@ def main() -> None:
             shared = [w for w in ours_nn if w in g_nn]
             overlap = statistics.mean(len(set(ours_nn[w]) & set(g_nn[w])) / 10
                                       for w in shared)
+            g_g = float("nan") if g_prev is None else statistics.mean(
+                len(set(g_prev[w]) & set(g_nn[w])) / 10 for w in g_nn if w in g_prev)
+            g_prev = g_nn
             row = dict(mode=mode, seed=seed, ours_add=ours["3cosadd"],
                        ours_mul=ours["3cosmul"], gensim_add=theirs["3cosadd"],
-                       gensim_mul=theirs["3cosmul"], gensim_own=g_own, overlap=overlap,
+                       gensim_mul=theirs["3cosmul"], gensim_own=g_own, overlap=overlap, g_g=g_g,
                        ours_wps=stats["words_per_s"], gensim_wps=g_wps,
                        questions=ours["questions"], g_questions=theirs["questions"])
             rows.append(row)
@@ -209,10 +214,10 @@ def main() -> None:
                   f"{row['gensim_add']:.1f} (gensim's own evaluator {g_own:.1f}); 3CosMul ours "
                   f"{row['ours_mul']:.1f} gensim {row['gensim_mul']:.1f}; questions "
                   f"{row['questions']}/{n_file} (gensim {row['g_questions']}); NN@10 overlap "
-                  f"{overlap:.2f}; words/s ours {row['ours_wps']:,.0f} gensim "
-                  f"{row['gensim_wps']:,.0f}", flush=True)
+                  f"{overlap:.2f} (gensim/gensim {g_g:.2f}); words/s ours "
+                  f"{row['ours_wps']:,.0f} gensim {row['gensim_wps']:,.0f}", flush=True)
     print("\n| model | 3CosAdd ours | 3CosAdd gensim | 3CosMul ours | 3CosMul gensim | "
-          "NN@10 overlap | words/s ours | words/s gensim |")
+          "NN@10 overlap (gensim/gensim) | words/s ours | words/s gensim |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for mode in args.modes:
         r = [x for x in rows if x["mode"] == mode]
@@ -223,7 +228,8 @@ def main() -> None:
             return f"{statistics.mean(vals):.1f} ± {sd:.1f}"
 
         print(f"| {mode} | {ms('ours_add')} | {ms('gensim_add')} | {ms('ours_mul')} | "
-              f"{ms('gensim_mul')} | {statistics.mean(x['overlap'] for x in r):.2f} | "
+              f"{ms('gensim_mul')} | {statistics.mean(x['overlap'] for x in r):.2f} "
+              f"({statistics.mean(x['g_g'] for x in r[1:]) if len(r) > 1 else float('nan'):.2f}) | "
               f"{statistics.median(x['ours_wps'] for x in r):,.0f} | "
               f"{statistics.median(x['gensim_wps'] for x in r):,.0f} |")
 
