@@ -39,3 +39,35 @@ def test_mode_mismatch_is_an_error(tmp_path):
                         logger=False, enable_progress_bar=False)
     with pytest.raises(ValueError, match="cbow examples but the task's mode is skipgram"):
         trainer.fit(task, datamodule=dm)
+
+
+def test_language_model_starts_from_word_vectors(tmp_path):
+    """``LanguageModelTask(word_vectors=PATH)``: when the fit starts, the rows of the words
+    the tokenizer has as whole tokens hold the file's vectors (a tiny lr keeps them to check)."""
+    from multimodal.data.documents import Document
+    from multimodal.data.text import TextCorpusDataModule
+    from multimodal.embeddings import save_word2vec_format
+    from multimodal.models.text import TextDecoder, TextDecoderConfig
+    from multimodal.tasks.language_model import LanguageModelTask
+
+    text = " ".join(" ".join(s) + "." for s in tiny_corpus(n=200))
+    docs = [Document(text, "bible", f"d{i}") for i in range(5)]
+    dm = TextCorpusDataModule(documents=docs, vocab_size=200, block_size=8, batch_size=2,
+                              val_size=1, test_size=1)
+    words = ["king", "queen", "crown", "zebra"]
+    vectors = torch.arange(4 * 8, dtype=torch.float32).reshape(4, 8) / 10
+    path = save_word2vec_format(tmp_path / "v.txt", words, vectors)
+    model = TextDecoder(TextDecoderConfig(vocab_size=200, max_len=8, dim=8, depth=1, heads=1,
+                                          mlp_dim=16))
+    task = LanguageModelTask(model, optimizer={"lr": 1e-12, "weight_decay": 0.0},
+                             word_vectors=str(path))
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", default_root_dir=tmp_path,
+                        logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        limit_val_batches=0)
+    trainer.fit(task, datamodule=dm)
+    tok = dm.tokenizer
+    for i, word in enumerate(words[:3]):
+        assert tok.token_to_id(word) is not None, word
+        row = model.tok_embed.weight[tok.token_to_id(word)].detach()
+        assert torch.allclose(row, vectors[i], atol=1e-6), word
+    assert tok.token_to_id("zebra") is None
