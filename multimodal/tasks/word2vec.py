@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
@@ -76,6 +76,10 @@ class Word2VecTask(L.LightningModule):
     example) and ``train/lr``. At the end of fit the vectors go to
     ``<default_root_dir>/vectors.txt`` and ``vectors.bin``
     (:func:`multimodal.embeddings.save_word2vec_format`)."""
+
+    accepts: ClassVar[tuple[type, ...]] = (Word2Vec,)
+    """The model it trains (built here from ``vocab_size`` / ``dim`` / ``mode``: no preset
+    or pretrained folder)."""
 
     def __init__(self, mode: Literal["cbow", "skipgram"] = "cbow", dim: int = 100,
                  alpha: float = 0.025, min_alpha: float = 1e-4,
