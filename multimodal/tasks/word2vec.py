@@ -75,7 +75,8 @@ class Word2VecTask(L.LightningModule):
     (``data_sizes``); ``mode`` must match the data module's. Logs ``train/loss`` (mean per
     example) and ``train/lr``. At the end of fit the vectors go to
     ``<default_root_dir>/vectors.txt`` and ``vectors.bin``
-    (:func:`multimodal.embeddings.save_word2vec_format`)."""
+    (:func:`multimodal.embeddings.save_word2vec_format`). ``compile`` is every task's
+    switch; here only ``False``."""
 
     accepts: ClassVar[tuple[type, ...]] = (Word2Vec,)
     """The model it trains (built here from ``vocab_size`` / ``dim`` / ``mode``: no preset
@@ -85,8 +86,11 @@ class Word2VecTask(L.LightningModule):
                  alpha: float = 0.025, min_alpha: float = 1e-4,
                  context_grad: Literal["full", "mean"] = "full",
                  vocab_size: int | None = None,
-                 data_sizes: dict[str, int] | None = None) -> None:
+                 data_sizes: dict[str, int] | None = None, compile: bool = False) -> None:
         super().__init__()
+        if compile:
+            raise ValueError("Word2VecTask has no forward to compile: its step is the fused "
+                             "index_add_ update (compile: false)")
         self.save_hyperparameters()
         size = (data_sizes or {}).get("vocab_size", vocab_size)
         if size is None:
