@@ -19,6 +19,7 @@ _TASKS = {
     "CaptioningTask": "multimodal.tasks.captioning",
     "ContrastiveTask": "multimodal.tasks.contrastive",
     "TTSTask": "multimodal.tasks.tts",
+    "Word2VecTask": "multimodal.tasks.word2vec",
 }
 
 # Class paths that stored runs (checkpoints' ``hyper_parameters["_class_path"]``, run

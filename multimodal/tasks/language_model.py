@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import Metric
 
@@ -77,6 +78,11 @@ class LanguageModelTask(ModelTask):
 
     Logs ``train/loss``, ``val/loss`` (mean NLL per token, nats) and ``val/ppl``
     ``= exp(val/loss)``; likewise ``test/loss`` and ``test/ppl``.
+
+    ``word_vectors: PATH`` (a word2vec text or ``.bin`` file, e.g. the ``vectors.txt`` of
+    ``configs/word2vec.yaml``, of the model's ``dim``): when a fit starts (not when it
+    resumes from a checkpoint), the token embedding rows of the words the tokenizer has as
+    whole tokens are set to those vectors (:func:`multimodal.embeddings.init_embedding`).
     """
 
     accepts = (TextDecoder,)
@@ -98,6 +104,7 @@ class LanguageModelTask(ModelTask):
         finetune: FinetuneConfig | None = None,
         preset: str | None = None,
         data_sizes: dict[str, int] | None = None,
+        word_vectors: str | None = None,
     ) -> None:
         model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
                                    overrides=overrides, data_sizes=data_sizes)
@@ -109,6 +116,7 @@ class LanguageModelTask(ModelTask):
             raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "
                              "has cross_attention=True (use Seq2SeqTask)")
         self.save_hyperparameters(ignore=["model"])
+        self.word_vectors = word_vectors
         self.val_nll = TokenNLL()
         self.test_nll = TokenNLL()
 
@@ -122,6 +130,18 @@ class LanguageModelTask(ModelTask):
         if block is not None and block > self.model.config.max_len:
             raise ValueError(f"data block_size {block} exceeds the model's max_len "
                              f"{self.model.config.max_len}")
+
+    def on_fit_start(self) -> None:
+        if self.word_vectors is None or self.trainer.ckpt_path is not None:
+            return
+        from multimodal.embeddings import init_embedding
+
+        tokenizer = getattr(self.datamodule, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("word_vectors needs the data module's tokenizer (a text data "
+                             "module) to match words to token ids")
+        n = init_embedding(self.model, tokenizer, self.word_vectors)
+        rank_zero_info(f"word_vectors: {n} token embeddings set from {self.word_vectors}")
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         return self.model(input_ids, attention_mask=attention_mask)
