@@ -48,7 +48,10 @@ Precision: with ``trainer.precision`` unset (or ``null``) the run picks it by
 :func:`multimodal.cli.precision.auto_precision` (bf16 autocast on a GPU with bf16, and on a CPU
 with native bf16 for models above the measured size threshold; fp32 elsewhere; see
 docs/precision.md); ``--trainer.precision 32-true`` (or any Lightning precision) overrides
-it. Either way the run logs one line ``precision: <value> (<why>)``.
+it. Either way the run logs one line ``precision: <value> (<why>)``. On a CUDA GPU fp32
+matmuls use TF32 tensor cores (``torch.set_float32_matmul_precision("high")``, one log line;
+``MULTIMODAL_TF32=0`` keeps full fp32: :func:`multimodal.cli.precision.matmul_precision`);
+a run told ``accelerator: cpu`` on a machine with a GPU says that it leaves the GPU unused.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ from multimodal.cli.callbacks import (
     resume_checkpoint,
 )
 from multimodal.cli.errors import UsageError
-from multimodal.cli.precision import auto_precision
+from multimodal.cli.precision import auto_precision, matmul_precision, unused_gpu
 from multimodal.files import sniff_torch_file
 from multimodal.progress import is_terminal
 
@@ -472,6 +475,16 @@ class MultimodalCLI(LightningCLI):
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         precision, reason = resolve_precision(config, self.model)
         rank_zero_info(f"precision: {precision} ({reason})")
+        accelerator = str(config.get("accelerator") or "auto")
+        matmul, why = matmul_precision(accelerator)
+        if matmul is not None:
+            import torch
+
+            torch.set_float32_matmul_precision(matmul)
+            rank_zero_info(f"float32 matmul precision: {matmul} ({why})")
+        unused = unused_gpu(accelerator)
+        if unused is not None:
+            rank_zero_info(unused)
         trainer = super().instantiate_trainer(**{**kwargs, "precision": precision})
         if not any(isinstance(c, Preemption) for c in trainer.callbacks):
             minutes = self._get(self.config, "checkpoint_every_minutes", default=None)

@@ -19,7 +19,12 @@ from torchmetrics.aggregation import MeanMetric
 
 from multimodal.loading import Loaded
 from multimodal.tasks.finetune import FinetuneConfig, apply_regime, lora_settings, merged_model
-from multimodal.tasks.optim import OPTIMIZER_KEYS, OptimizerConfig, resolve_optimizer
+from multimodal.tasks.optim import (
+    OPTIMIZER_KEYS,
+    OptimizerConfig,
+    clip_gradients,
+    resolve_optimizer,
+)
 from multimodal.tasks.pretrained import HEAD_MODULES, data_image_preprocessor, task_model
 
 CHECKPOINT_KEY = "multimodal_model"
@@ -241,4 +246,48 @@ class ModelTask(L.LightningModule):
         group per rate (:func:`~multimodal.tasks.optim.adamw`)."""
         total, ft = int(self.trainer.estimated_stepping_batches), self.finetune
         return self.optimizer_config.build(self.model, total, layer_decay=ft.layer_decay,
-                                           head_lr=ft.head_lr, heads=self.head_modules)
+                                           head_lr=ft.head_lr, heads=self.head_modules,
+                                           fused=self.fused_optimizer())
+
+    def fused_optimizer(self) -> bool | None:
+        """The AdamW implementation the run gets: False (for-each) where the trainer clips
+        gradients under a gradient scaler (``16-mixed``): a fused step unscales inside its
+        kernel, after the clipping, which would then see scaled gradients. None otherwise:
+        :func:`~multimodal.tasks.optim.use_fused` (fused on CUDA, or as
+        ``MULTIMODAL_FUSED_ADAMW`` says)."""
+        trainer = self._trainer
+        if trainer is not None and trainer.gradient_clip_val \
+                and getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return False
+        return None
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer,
+                                    gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Lightning's clipping, for every optimiser the tasks build:
+
+        * a fused optimiser (``_step_supports_amp_scaling``) without a gradient scaler (fp32,
+          bf16 autocast: the gradients are not scaled): clipped here
+          (:func:`~multimodal.tasks.optim.clip_gradients`), where Lightning's mixed-precision
+          plugin refuses to ("does not allow for gradient clipping because it performs
+          unscaling of gradients internally");
+        * FSDP with clipping by norm: the root FSDP module's ``clip_grad_norm_`` (the norm
+          over every rank's shard; Lightning's FSDP plugin refuses ``norm``);
+        * otherwise Lightning's own (which unscales first under ``16-mixed``)."""
+        value = float(gradient_clip_val or 0.0)
+        if value <= 0:
+            return
+        algorithm = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)
+                        or "norm")
+        trainer = self.trainer
+        root = getattr(trainer.strategy, "model", None)
+        if algorithm == "norm" and "FSDP" in type(trainer.strategy).__name__ \
+                and callable(getattr(root, "clip_grad_norm_", None)):
+            root.clip_grad_norm_(value)
+            return
+        if getattr(optimizer, "_step_supports_amp_scaling", False) \
+                and getattr(trainer.precision_plugin, "scaler", None) is None:
+            clip_gradients(optimizer, value, algorithm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val,
+                                            gradient_clip_algorithm)
