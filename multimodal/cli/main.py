@@ -447,6 +447,28 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
+PROGRESS_REFRESH_STEPS = 10
+"""A drawn progress bar redraws (and reads the step's metrics, a host sync on a GPU) every
+this many steps, not every step."""
+
+
+def _listed(callbacks: Any) -> list[Any]:
+    return [] if callbacks is None else list(callbacks) if isinstance(callbacks, list) \
+        else [callbacks]
+
+
+def progress_bar(trainer_config: dict[str, Any]) -> Any:
+    """The bar a run with ``enable_progress_bar`` and no progress bar among its callbacks
+    gets: Lightning's tqdm bar refreshed every :data:`PROGRESS_REFRESH_STEPS` steps (its
+    default redraws, and syncs with the device, every step). None otherwise."""
+    from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+
+    if not trainer_config.get("enable_progress_bar") or any(
+            isinstance(c, ProgressBar) for c in _listed(trainer_config.get("callbacks"))):
+        return None
+    return TQDMProgressBar(refresh_rate=PROGRESS_REFRESH_STEPS)
+
+
 class MultimodalCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """LightningCLI's, remembering the command line (:func:`fold_optimizer_options`)."""
@@ -475,6 +497,9 @@ class MultimodalCLI(LightningCLI):
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         precision, reason = resolve_precision(config, self.model)
         rank_zero_info(f"precision: {precision} ({reason})")
+        bar = progress_bar(config)
+        if bar is not None:
+            kwargs["callbacks"] = [*_listed(config.get("callbacks")), bar]
         accelerator = str(config.get("accelerator") or "auto")
         matmul, why = matmul_precision(accelerator)
         if matmul is not None:

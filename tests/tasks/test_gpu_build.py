@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import Logger
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -98,7 +99,7 @@ def test_every_config_takes_its_first_step_with_a_fused_adamw_and_its_clipping(
     clip = trainer_args.get("gradient_clip_val")
     algorithm = trainer_args.get("gradient_clip_algorithm") or "norm"
     accumulate = int(trainer_args.get("accumulate_grad_batches") or 1)
-    monkeypatch.setenv(FUSED_ENV, "1")  # what CUDA parameters get
+    monkeypatch.setenv(FUSED_ENV, "1")  # what CUDA parameters get (CPU ones too, unset)
     task = StandIn()
     start = [p.detach().clone() for p in task.model.parameters()]
     data = DataLoader(TensorDataset(torch.randn(4 * accumulate, 6)), batch_size=4)
@@ -150,8 +151,9 @@ def test_fused_adamw_is_clipped_under_every_cpu_precision(
 
 def test_the_fused_choice() -> None:
     cpu = [nn.Parameter(torch.zeros(2))]
-    assert use_fused(cpu) is False  # CPU parameters: the default loop
+    assert use_fused(cpu) is True  # CPU has the fused kernel too
     assert use_fused(cpu, True) is True and use_fused(cpu, False) is False
+    assert use_fused([nn.Parameter(torch.zeros(2, dtype=torch.complex64))]) is False
     model = Tiny()
     assert adamw(model, 1e-3, fused=True).defaults["fused"] is True
     assert not adamw(model, 1e-3, fused=False).defaults["fused"]
@@ -159,7 +161,7 @@ def test_the_fused_choice() -> None:
 
 def test_the_fused_choice_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = [nn.Parameter(torch.zeros(2))]
-    for value, want in (("1", True), ("true", True), ("0", False), ("auto", False)):
+    for value, want in (("1", True), ("true", True), ("0", False), ("auto", True)):
         monkeypatch.setenv(FUSED_ENV, value)
         assert use_fused(cpu) is want, value
     monkeypatch.setenv(FUSED_ENV, "0")
@@ -203,6 +205,25 @@ def test_fsdp_clips_by_norm_through_its_root_module() -> None:
     assert calls == [1.0]
 
 
+def test_fused_and_loop_adamw_make_the_same_update() -> None:
+    """The fused kernel (the default now, also on CPU) against torch's per-tensor loop
+    (the default before): 50 steps from the same start and gradients agree to rounding."""
+    torch.manual_seed(0)
+    a = Tiny()
+    b = Tiny()
+    b.load_state_dict(a.state_dict())
+    fused, loop = adamw(a, 1e-2, fused=True), adamw(b, 1e-2, fused=False)
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    for _ in range(50):
+        for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+            pa.grad = torch.randn_like(pa)
+            pb.grad = pa.grad.clone()
+        fused.step()
+        loop.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa.detach(), pb.detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_clip_gradients_matches_the_formulas() -> None:
     p, q = nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))
     p.grad, q.grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])  # norm 5
@@ -224,3 +245,109 @@ def test_no_config_pins_the_cpu(path: Path) -> None:
 
     trainer = yaml.safe_load(path.read_text())["trainer"]
     assert str(trainer.get("accelerator", "auto")) in ("auto", "gpu", "cuda"), path.stem
+
+
+@pytest.mark.parametrize(("value", "want"), [(True, {}), ("true", {}),
+                                             ("reduce-overhead", {"mode": "reduce-overhead"}),
+                                             ("max-autotune", {"mode": "max-autotune"})])
+def test_compile_takes_a_mode(value: Any, want: dict[str, str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile: true compiles with torch's default; a mode name reaches torch.compile
+    (reduce-overhead: CUDA graphs on a GPU)."""
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: seen.append(kw))
+    ModelTask(Tiny(), compile=value)
+    assert seen == [want]
+
+
+@pytest.mark.parametrize("value", [False, None, "false"])
+def test_compile_off(value: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: seen.append(kw))
+    ModelTask(Tiny(), compile=value)
+    assert seen == []
+
+
+def test_an_unknown_compile_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="reduce-overhead"):
+        ModelTask(Tiny(), compile="fast")
+
+
+class _Recorder(Logger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, float]] = []
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if "train/loss" in metrics:
+            self.rows.append((int(step or 0), float(metrics["train/loss"])))
+
+
+class Logged(StandIn):
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: list[float] = []
+        self.log_calls = 0
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.losses.append(float(loss.detach()))  # the test's record, not the task's
+        self.log_train("train/loss", loss)
+        return loss
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        self.log_calls += 1
+        super().log(*args, **kwargs)
+
+
+def test_training_metrics_are_logged_as_window_means_every_n_steps(tmp_path: Path) -> None:
+    """log_train: self.log only on the steps the logger writes (every log_every_n_steps)
+    and the epoch's last, with the mean of the steps since the previous write."""
+    task, recorder = Logged(), _Recorder()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, log_every_n_steps=5,
+                        logger=recorder, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)
+    trainer.fit(task, DataLoader(TensorDataset(torch.randn(48, 6)), batch_size=4))
+    assert len(task.losses) == 12
+    assert task.log_calls == 3  # steps 5, 10 and the last (12), not 12 calls
+    windows = [task.losses[0:5], task.losses[5:10]]
+    got = [value for _, value in recorder.rows]
+    assert got[:2] == pytest.approx([sum(w) / len(w) for w in windows], rel=1e-6)
+    # the last batch's value reached the epoch's metrics: the mean of steps 11-12
+    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(
+        sum(task.losses[10:]) / 2, rel=1e-6)
+
+
+def test_a_drawn_bar_gets_a_value_every_refresh(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    task = Logged()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, log_every_n_steps=50, logger=False,
+                        enable_checkpointing=False, enable_model_summary=False,
+                        callbacks=[TQDMProgressBar(refresh_rate=4)], default_root_dir=tmp_path)
+    trainer.fit(task, DataLoader(TensorDataset(torch.randn(40, 6)), batch_size=4))
+    assert task.log_calls == 3  # values 4, 8 and the last batch (10), of 10 steps
+
+
+def test_the_cli_bar_refreshes_every_few_steps() -> None:
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    from multimodal.cli.main import PROGRESS_REFRESH_STEPS, progress_bar
+
+    bar = progress_bar({"enable_progress_bar": True, "callbacks": []})
+    assert isinstance(bar, TQDMProgressBar) and bar.refresh_rate == PROGRESS_REFRESH_STEPS > 1
+    assert progress_bar({"enable_progress_bar": False}) is None
+    own = TQDMProgressBar(refresh_rate=1)
+    assert progress_bar({"enable_progress_bar": True, "callbacks": [own]}) is None
