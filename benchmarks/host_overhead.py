@@ -17,6 +17,12 @@ median and the spread (min - max of the per-run medians) of each.
     python benchmarks/host_overhead.py                         # this tree, 5 runs
     python benchmarks/host_overhead.py --old-tree /tmp/main    # interleaved old / new
     python benchmarks/host_overhead.py --progress-bar          # with the tqdm bar drawn
+
+``--config FILE`` times a shipped config's own steps instead (its model and data, on the
+CPU, no validation), e.g. the main job against main's checkout (issue 50, item 5):
+
+    python benchmarks/host_overhead.py --config configs/vit_fashion_mnist.yaml \
+        --steps 100 --skip 10 --repeats 3 --old-tree /tmp/main
 """
 
 from __future__ import annotations
@@ -115,12 +121,21 @@ def worker(args: argparse.Namespace) -> None:
 
     MultimodalCLI.instantiate_trainer = with_timer  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as root:
-        config = Path(root) / "host.yaml"
-        config.write_text(CONFIG.format(steps=args.steps, batches=args.batches,
-                                        batch_size=args.batch_size, root=root,
-                                        bar="true" if args.progress_bar else "false"))
-        run_lightning(["fit", "--config", str(config), "--test_after_fit", "false",
-                       *args.extra])
+        if args.config is not None:
+            run_lightning(["fit", "--config", str(args.config), "--trainer.max_steps",
+                           str(args.steps), "--trainer.max_epochs", "-1",
+                           "--trainer.accelerator", "cpu", "--trainer.limit_val_batches",
+                           "0", "--trainer.num_sanity_val_steps", "0",
+                           "--trainer.default_root_dir", root, "--test_after_fit", "false",
+                           "--trainer.enable_progress_bar",
+                           "true" if args.progress_bar else "false", *args.extra])
+        else:
+            config = Path(root) / "host.yaml"
+            config.write_text(CONFIG.format(steps=args.steps, batches=args.batches,
+                                            batch_size=args.batch_size, root=root,
+                                            bar="true" if args.progress_bar else "false"))
+            run_lightning(["fit", "--config", str(config), "--test_after_fit", "false",
+                           *args.extra])
     steps = [b - a for a, b in itertools.pairwise(times)][args.skip:]
     print("RESULT " + json.dumps({"median_ms": 1e3 * statistics.median(steps),
                                   "mean_ms": 1e3 * statistics.fmean(steps),
@@ -135,6 +150,8 @@ def _run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
            "--batch-size", str(args.batch_size)]
     if args.progress_bar:
         cmd.append("--progress-bar")
+    if args.config is not None:
+        cmd += ["--config", str(args.config.resolve())]
     cmd += ["--", *args.extra] if args.extra else []
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     for line in out.stdout.splitlines():
@@ -154,6 +171,8 @@ def main() -> None:
                         help="draw Lightning's tqdm bar (a terminal run); else plain lines")
     parser.add_argument("--old-tree", type=Path, default=None,
                         help="another checkout whose package is timed in alternation")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="time this config's own model and data instead")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("extra", nargs="*", help="more `multimodal fit` options (after --)")
     args = parser.parse_args()
@@ -164,8 +183,9 @@ def main() -> None:
     from benchmarks.machine import machine_header
 
     print(machine_header())
-    print(f"{args.repeats} run(s) x {args.steps} steps (first {args.skip} left out), "
-          f"batch {args.batch_size}, progress bar {'on' if args.progress_bar else 'off'}"
+    what = f"{args.config}" if args.config else f"the ~free model, batch {args.batch_size}"
+    print(f"{args.repeats} run(s) x {args.steps} steps (first {args.skip} left out) of "
+          f"{what}, progress bar {'on' if args.progress_bar else 'off'}"
           + (f", interleaved with {args.old_tree}" if args.old_tree else ""))
     trees = {"new": REPO} if args.old_tree is None else {"old": args.old_tree.resolve(),
                                                           "new": REPO}

@@ -22,7 +22,8 @@ exits with 128 + the signal (143 for SIGTERM); ``--checkpoint_every_minutes N`` 
 every N minutes as well (:class:`~multimodal.cli.callbacks.Preemption`, docs/cluster.md).
 When standard output is not a terminal (a log file, a batch job) every validation prints
 one plain line of metrics instead of Lightning's progress bar
-(``--trainer.enable_progress_bar true`` brings the bar back).
+(``--trainer.enable_progress_bar true`` brings the bar back); a drawn bar redraws every
+:data:`PROGRESS_REFRESH_STEPS` steps, so that no step waits for the device to read a metric.
 
 A config says only what differs from the CLI's trainer defaults (:func:`add_run_defaults`):
 TensorBoard + CSV loggers, a :class:`~multimodal.cli.callbacks.RunCheckpoint` (``last.ckpt``,
