@@ -6,8 +6,9 @@ The run is ``multimodal fit`` as a user starts it (MultimodalCLI: the run's defa
 callbacks, TensorBoard + CSV loggers, the checkpoint callback, the LR monitor), on a
 ClassificationTask whose ViT is 1 block of width 8 over 4 tokens, fed by an in-memory data
 module whose batches are made once (so the loader costs nothing either). A callback times
-every step (``on_train_batch_start`` to the next one); the first ``--skip`` steps are left
-out.
+every step (``on_train_batch_start`` to the next one), in wall time and in the process's
+CPU time (one thread: the host work itself, which other jobs on a shared machine disturb
+far less than the wall time); the first ``--skip`` steps are left out.
 
 Before / after: ``--old-tree DIR`` runs the same measurement with the package of another
 checkout (e.g. ``git worktree add /tmp/main main`` or ``git archive main | tar -x -C DIR``)
@@ -107,10 +108,12 @@ def worker(args: argparse.Namespace) -> None:
     from multimodal.cli.main import MultimodalCLI, run_lightning
 
     times: list[float] = []
+    cpu: list[float] = []
 
     class StepTimer(L.Callback):
         def on_train_batch_start(self, *a: Any) -> None:
             times.append(time.perf_counter())
+            cpu.append(time.process_time())
 
     original = MultimodalCLI.instantiate_trainer
 
@@ -137,8 +140,10 @@ def worker(args: argparse.Namespace) -> None:
             run_lightning(["fit", "--config", str(config), "--test_after_fit", "false",
                            *args.extra])
     steps = [b - a for a, b in itertools.pairwise(times)][args.skip:]
+    used = [b - a for a, b in itertools.pairwise(cpu)][args.skip:]
     print("RESULT " + json.dumps({"median_ms": 1e3 * statistics.median(steps),
                                   "mean_ms": 1e3 * statistics.fmean(steps),
+                                  "cpu_ms": 1e3 * statistics.fmean(used),
                                   "steps": len(steps)}), flush=True)
 
 
@@ -190,18 +195,26 @@ def main() -> None:
     trees = {"new": REPO} if args.old_tree is None else {"old": args.old_tree.resolve(),
                                                           "new": REPO}
     results: dict[str, list[float]] = {k: [] for k in trees}
+    used: dict[str, list[float]] = {k: [] for k in trees}
     for i in range(args.repeats):
         for name, tree in (trees.items() if i % 2 == 0 else reversed(trees.items())):
             r = _run(tree, args)
             results[name].append(r["median_ms"])
-            print(f"  run {i + 1} {name}: {r['median_ms']:.3f} ms/step "
-                  f"(mean {r['mean_ms']:.3f}, {r['steps']} steps)", flush=True)
-    for name, values in results.items():
-        print(f"{name}: median {statistics.median(values):.3f} ms/step "
-              f"(runs {min(values):.3f} - {max(values):.3f})")
+            used[name].append(r["cpu_ms"])
+            print(f"  run {i + 1} {name}: wall {r['median_ms']:.3f} ms/step (median; mean "
+                  f"{r['mean_ms']:.3f}), CPU {r['cpu_ms']:.3f} ms/step, {r['steps']} steps",
+                  flush=True)
+    # wall time per step moves with the machine's load; the process's CPU time per step
+    # (one thread) is the host work itself, and far less sensitive to other jobs
+    for name in trees:
+        w, c = results[name], used[name]
+        print(f"{name}: wall median {statistics.median(w):.3f} ms/step "
+              f"(runs {min(w):.3f} - {max(w):.3f}); CPU median {statistics.median(c):.3f} "
+              f"ms/step (runs {min(c):.3f} - {max(c):.3f})")
     if "old" in results:
-        ratio = statistics.median(results["new"]) / statistics.median(results["old"])
-        print(f"new / old: {ratio:.2f}")
+        for label, table in (("wall", results), ("CPU", used)):
+            ratio = statistics.median(table["new"]) / statistics.median(table["old"])
+            print(f"new / old ({label}): {ratio:.2f}")
 
 
 if __name__ == "__main__":
