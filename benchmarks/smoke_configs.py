@@ -40,6 +40,11 @@ def own_files(stem: str, root: Path) -> list[str]:
     """Arguments that point a config for the user's files at made-up ones."""
     if stem not in OWN_DATA and not stem.startswith("finetune_"):
         return []
+    if stem == "gpt_textfiles":  # enough documents for its train / val / test split
+        (root / "texts").mkdir(parents=True, exist_ok=True)
+        for i in range(12):
+            (root / "texts" / f"{i}.txt").write_text(f"Chapter {i}. There was text.\n" * 200)
+        return ["--data.init_args.train", str(root / "texts")]
     sys.path.insert(0, str(REPO))
     from tests.cli.test_configs import _own_data
 
@@ -65,7 +70,8 @@ def own_files(stem: str, root: Path) -> list[str]:
         rows = "".join(f"red circle {i},a\nblue square {i},b\n" for i in range(60))
         (root / "texts.csv").write_text("text,label\n" + rows)
         return ["--model.init_args.pretrained", str(pf.bert_folder(folder)),
-                "--data.init_args.train", str(root / "texts.csv")]
+                "--data.init_args.train", str(root / "texts.csv"),
+                "--data.init_args.max_length", "32"]  # the small folder's max_len is 64
     if stem == "finetune_clip":
         from PIL import Image
 
