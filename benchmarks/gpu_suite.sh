@@ -21,7 +21,9 @@
 # Without --full the training rows carry a trainer.max_time cap so that the limits of all
 # rows add up to 525 s: a capped row reports how far it got (epochs, steps/s, the test of
 # its best checkpoint) and says "stopped by max_time"; --full runs the configs whole.
-# Each row has its own `timeout`; a failed row is recorded and the next one runs.
+# Each row has its own `timeout`; a failed row is recorded and the next one runs. Each
+# training row writes its run (checkpoints, logs, samples) to $OUT/runs/<row>; on the
+# device machine run it as `OUT=$OUT bash benchmarks/gpu_suite.sh` so that they come back.
 #
 # The GPU image has torch, lightning, timm and transformers but no jsonargparse (the CLI
 # needs it). On the CPU machine, `bash benchmarks/gpu_suite.sh --pack` copies jsonargparse,
@@ -92,7 +94,8 @@ step() {  # step NAME SECONDS CMD...: the command, its limit and its result in s
 fit_row() {  # fit_row NAME SECONDS fit ARGS...: benchmarks/fit_row.py (timed, one JSON row)
     local name=$1 limit=$2
     shift 2
-    step "$name" "$limit" "$PY" benchmarks/fit_row.py --name "$name" --out "$OUT/rows.jsonl" -- "$@"
+    step "$name" "$limit" "$PY" benchmarks/fit_row.py --name "$name" --out "$OUT/rows.jsonl" -- \
+        "$@" --trainer.default_root_dir "$OUT/runs/$name"
 }
 
 if [[ "$DEVICE" == cpu ]]; then

@@ -106,7 +106,12 @@ def command(path: Path, steps: int, device: str, root: Path, gpu_like: bool) -> 
             "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
             "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(root),
             "--trainer.accelerator", "cpu" if device == "cpu" else "auto",
-            "--test_after_fit", "false", "--trainer.max_time", "null"]
+            "--test_after_fit", "false", "--trainer.max_time", "null",
+            "--trainer.enable_checkpointing", "false"]  # no checkpoint files to carry back
+    if config.get("early_stopping") is not None:
+        # stopped by max_steps before its first validation, Lightning's EarlyStopping
+        # (strict) fails on the missing val/loss: the smoke row trains, it does not stop
+        args += ["--early_stopping", "null"]
     if trainer.get("min_steps"):
         args += ["--trainer.min_steps", str(min(steps, int(trainer["min_steps"])))]
     if trainer.get("devices") not in (None, 1, "1", "auto"):
