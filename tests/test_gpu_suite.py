@@ -48,8 +48,8 @@ def test_the_training_rows_summary(tmp_path: Path) -> None:
                                 "stopped_by_max_time": True}) + "\n")
     table = summarise(rows).splitlines()
     assert table[0].startswith("| row | rc | device")
-    assert "| main | 0 | NVIDIA H200 | 18.5 | 6450 | 348.6 | 2.5 | 15 | acc 0.9071 " \
-           "(stopped by max_time) | `multimodal fit --config x.yaml` |" == table[2]
+    assert table[2] == "| main | 0 | NVIDIA H200 | 18.5 | 6450 | 348.6 | 2.5 | 15 | acc 0.9071 " \
+           "(stopped by max_time) | `multimodal fit --config x.yaml` |"
 
 
 @pytest.mark.parametrize(("stem", "want", "absent"), [
