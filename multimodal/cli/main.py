@@ -22,7 +22,8 @@ exits with 128 + the signal (143 for SIGTERM); ``--checkpoint_every_minutes N`` 
 every N minutes as well (:class:`~multimodal.cli.callbacks.Preemption`, docs/cluster.md).
 When standard output is not a terminal (a log file, a batch job) every validation prints
 one plain line of metrics instead of Lightning's progress bar
-(``--trainer.enable_progress_bar true`` brings the bar back).
+(``--trainer.enable_progress_bar true`` brings the bar back); a drawn bar redraws every
+:data:`PROGRESS_REFRESH_STEPS` steps, so that no step waits for the device to read a metric.
 
 A config says only what differs from the CLI's trainer defaults (:func:`add_run_defaults`):
 TensorBoard + CSV loggers, a :class:`~multimodal.cli.callbacks.RunCheckpoint` (``last.ckpt``,
@@ -50,7 +51,10 @@ Precision: with ``trainer.precision`` unset (or ``null``) the run picks it by
 :func:`multimodal.cli.precision.auto_precision` (bf16 autocast on a GPU with bf16, and on a CPU
 with native bf16 for models above the measured size threshold; fp32 elsewhere; see
 docs/precision.md); ``--trainer.precision 32-true`` (or any Lightning precision) overrides
-it. Either way the run logs one line ``precision: <value> (<why>)``.
+it. Either way the run logs one line ``precision: <value> (<why>)``. On a CUDA GPU fp32
+matmuls use TF32 tensor cores (``torch.set_float32_matmul_precision("high")``, one log line;
+``MULTIMODAL_TF32=0`` keeps full fp32: :func:`multimodal.cli.precision.matmul_precision`);
+a run told ``accelerator: cpu`` on a machine with a GPU says that it leaves the GPU unused.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ from multimodal.cli.callbacks import (
 )
 from multimodal.cli.errors import UsageError
 from multimodal.cli.faults import OutOfMemory, RunGuard, out_of_memory_message
-from multimodal.cli.precision import auto_precision
+from multimodal.cli.precision import auto_precision, matmul_precision, unused_gpu
 from multimodal.files import sniff_torch_file
 from multimodal.progress import is_terminal
 
@@ -673,6 +677,28 @@ def largest_batch_size(trainer: L.Trainer, task: L.LightningModule,
     return low
 
 
+PROGRESS_REFRESH_STEPS = 10
+"""A drawn progress bar redraws (and reads the step's metrics, a host sync on a GPU) every
+this many steps, not every step."""
+
+
+def _listed(callbacks: Any) -> list[Any]:
+    return [] if callbacks is None else list(callbacks) if isinstance(callbacks, list) \
+        else [callbacks]
+
+
+def progress_bar(trainer_config: dict[str, Any]) -> Any:
+    """The bar a run with ``enable_progress_bar`` and no progress bar among its callbacks
+    gets: Lightning's tqdm bar refreshed every :data:`PROGRESS_REFRESH_STEPS` steps (its
+    default redraws, and syncs with the device, every step). None otherwise."""
+    from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+
+    if not trainer_config.get("enable_progress_bar") or any(
+            isinstance(c, ProgressBar) for c in _listed(trainer_config.get("callbacks"))):
+        return None
+    return TQDMProgressBar(refresh_rate=PROGRESS_REFRESH_STEPS)
+
+
 class MultimodalCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """LightningCLI's, remembering the command line (:func:`fold_optimizer_options`);
@@ -731,6 +757,19 @@ class MultimodalCLI(LightningCLI):
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         precision, reason = resolve_precision(config, self.model)
         rank_zero_info(f"precision: {precision} ({reason})")
+        bar = progress_bar(config)
+        if bar is not None:
+            kwargs["callbacks"] = [*_listed(config.get("callbacks")), bar]
+        accelerator = str(config.get("accelerator") or "auto")
+        matmul, why = matmul_precision(accelerator)
+        if matmul is not None:
+            import torch
+
+            torch.set_float32_matmul_precision(matmul)
+            rank_zero_info(f"float32 matmul precision: {matmul} ({why})")
+        unused = unused_gpu(accelerator)
+        if unused is not None:
+            rank_zero_info(unused)
         trainer = super().instantiate_trainer(**{**kwargs, "precision": precision})
         if not any(isinstance(c, Preemption) for c in trainer.callbacks):
             minutes = self._get(self.config, "checkpoint_every_minutes", default=None)

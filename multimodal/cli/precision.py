@@ -101,3 +101,42 @@ def auto_precision(config: Any, accelerator: str = "auto", *, bf16: bool | None 
                            "the bf16 rule")
     precision, reason = choose_precision(dim, tokens, bf16=bf16)
     return precision, f"CPU: {reason}"
+
+
+TF32_ENV = "MULTIMODAL_TF32"
+"""``0`` keeps fp32 matmuls in full fp32 on a GPU (``torch.set_float32_matmul_precision
+("highest")``); ``1`` or unset lets them use TF32 tensor cores (``"high"``)."""
+
+
+def matmul_precision(accelerator: str = "auto", *, cuda: bool | None = None,
+                     env: str | None = None) -> tuple[str | None, str]:
+    """``torch.set_float32_matmul_precision`` for a run on ``accelerator`` and the reason
+    (one log line): ``"high"`` (TF32 tensor cores for fp32 matmuls, a 10-bit mantissa in
+    the products, fp32 accumulation) on a CUDA GPU unless :data:`TF32_ENV` is ``0``
+    (``"highest"``); None (leave torch's setting) on a CPU. ``cuda`` / ``env``: CUDA
+    availability and the variable's value, read when None (tests pass them)."""
+    accelerator = str(accelerator).lower()
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if accelerator not in ("gpu", "cuda", "auto") or not cuda:
+        return None, "no CUDA GPU in use"
+    if env is None:
+        import os
+
+        env = os.environ.get(TF32_ENV, "1")
+    value = env.strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return "highest", f"{TF32_ENV}={env}: fp32 matmuls in full fp32"
+    if value not in ("1", "true", "yes", "on", ""):
+        raise ValueError(f"{TF32_ENV} must be 1 or 0, got {env!r}")
+    return "high", f"TF32 tensor cores for fp32 matmuls; {TF32_ENV}=0 turns them off"
+
+
+def unused_gpu(accelerator: str, *, cuda: bool | None = None) -> str | None:
+    """The line a run on the CPU logs when a CUDA GPU is there (None otherwise)."""
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if cuda and str(accelerator).lower() == "cpu":
+        return ("GPU left unused: trainer.accelerator is cpu (--trainer.accelerator auto "
+                "trains on the GPU)")
+    return None

@@ -67,7 +67,7 @@ class AutoregressiveImageTask(ModelTask):
         sample_temperature: float = 1.0,
         sample_top_k: int | None = None,
         sample_seed: int = 0,
-        compile: bool = False,
+        compile: bool | str = False,
         optimizer: dict[str, Any] | OptimizerConfig | None = None,
         preset: str | None = None,
         overrides: dict[str, Any] | None = None,
@@ -116,8 +116,8 @@ class AutoregressiveImageTask(ModelTask):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         loss = self._nll(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/bpd", loss / math.log(2), prog_bar=True)
+        self.log_train("train/loss", loss, prog_bar=True)
+        self.log_train("train/bpd", loss / math.log(2), prog_bar=True)
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:

@@ -108,7 +108,7 @@ class CaptioningTask(ModelTask):
         max_new_tokens: int | None = None,
         num_examples: int = 8,
         input_dropout: float = 0.0,
-        compile: bool = False,
+        compile: bool | str = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         optimizer: dict[str, Any] | OptimizerConfig | None = None,
@@ -193,7 +193,7 @@ class CaptioningTask(ModelTask):
         images = batch["images"]
         ids = self.encode_captions(batch["captions"])
         loss = self.loss(images, ids, self.drop_inputs(ids))
-        self.log("train/loss", loss, prog_bar=True, batch_size=images.shape[0])
+        self.log_train("train/loss", loss, prog_bar=True, batch_size=images.shape[0])
         return loss
 
     # -- evaluation --------------------------------------------------------------------

@@ -103,7 +103,7 @@ class ClassificationTask(ModelTask):
         warmup_fraction: float | None = None,
         min_lr_ratio: float | None = None,
         label_smoothing: float = 0.0,
-        compile: bool = False,
+        compile: bool | str = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         num_classes: int | None = None,
@@ -383,10 +383,10 @@ class ClassificationTask(ModelTask):
         if self.finetune.regime == "contrastive":
             inputs, labels = self.split_batch(batch)
             loss = pair_loss(self.head_inputs(inputs), labels)
-            self.log("train/pair_loss", loss, prog_bar=True)
+            self.log_train("train/pair_loss", loss, prog_bar=True)
             return loss
         loss, _, _ = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log_train("train/loss", loss, prog_bar=True)
         return loss
 
     # -- solved heads (class docstring) -----------------------------------------------

@@ -156,7 +156,7 @@ class ContrastiveTask(ModelTask):
         templates: Sequence[str] = ("a small {}", "a large {}"),
         zero_shot_size: int = 500,
         zero_shot_ensemble: Literal["mean", "sum"] = "mean",
-        compile: bool = False,
+        compile: bool | str = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         optimizer: dict[str, Any] | OptimizerConfig | None = None,
@@ -224,9 +224,9 @@ class ContrastiveTask(ModelTask):
         image, text = features.unbind(dim=1)
         loss = self.loss(image, text)
         b = images.shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=b)
-        self.log("train/logit_scale", self.model.logit_scale.detach(), batch_size=b)
-        self.log("train/temperature", 1.0 / self.model.scale().detach(), batch_size=b)
+        self.log_train("train/loss", loss, prog_bar=True, batch_size=b)
+        self.log_train("train/logit_scale", self.model.logit_scale.detach(), batch_size=b)
+        self.log_train("train/temperature", 1.0 / self.model.scale().detach(), batch_size=b)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

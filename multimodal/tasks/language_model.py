@@ -97,7 +97,7 @@ class LanguageModelTask(ModelTask):
         betas: tuple[float, float] | None = None,
         warmup_fraction: float | None = None,
         min_lr_ratio: float | None = None,
-        compile: bool = False,
+        compile: bool | str = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         optimizer: dict[str, Any] | OptimizerConfig | None = None,
@@ -155,7 +155,7 @@ class LanguageModelTask(ModelTask):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         total, count = self._nll_sum(batch)
         loss = total / count.clamp(min=1)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log_train("train/loss", loss, prog_bar=True)
         return loss
 
     def _metric(self, split: str) -> TokenNLL:

@@ -105,7 +105,7 @@ class MaskedLMTask(ModelTask):
         min_lr_ratio: float | None = None,
         mask_prob: float = 0.15,
         save_dir: str | None = None,
-        compile: bool = False,
+        compile: bool | str = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         optimizer: dict[str, Any] | OptimizerConfig | None = None,
@@ -138,7 +138,7 @@ class MaskedLMTask(ModelTask):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss, _, _ = self.step(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log_train("train/loss", loss, prog_bar=True)
         return loss
 
     def _eval(self, batch: dict[str, Tensor], batch_idx: int, split: str) -> None:
@@ -207,7 +207,7 @@ class SequenceClassificationTask(ClassificationTask):
         min_lr_ratio: float | None = None,
         label_smoothing: float = 0.0,
         init_from: str | None = None,
-        compile: bool = False,
+        compile: bool | str = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         num_classes: int | None = None,

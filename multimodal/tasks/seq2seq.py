@@ -64,7 +64,7 @@ class Seq2SeqTask(ModelTask):
         min_lr_ratio: float | None = None,
         label_smoothing: float = 0.0,
         num_beams: int = 1,
-        compile: bool = False,
+        compile: bool | str = False,
         pretrained: str | None = None,
         overrides: dict[str, Any] | None = None,
         optimizer: dict[str, Any] | OptimizerConfig | None = None,
@@ -110,7 +110,7 @@ class Seq2SeqTask(ModelTask):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self.loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log_train("train/loss", loss, prog_bar=True)
         return loss
 
     def _eval(self, batch: dict[str, Tensor], split: str) -> None:

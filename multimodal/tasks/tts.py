@@ -83,7 +83,7 @@ class TTSTask(ModelTask):
         min_lr_ratio: float | None = None,
         max_prompt_seconds: float = 1.5,
         nar_weight: float = 1.0,
-        compile: bool = False,
+        compile: bool | str = False,
         optimizer: dict[str, Any] | OptimizerConfig | None = None,
         preset: str | None = None,
         overrides: dict[str, Any] | None = None,
@@ -99,8 +99,10 @@ class TTSTask(ModelTask):
                                              min_lr_ratio=min_lr_ratio))
         self.save_hyperparameters(ignore=["model"])
         self.phoneme_tokenizer: PhonemeTokenizer | None = None
-        # running mean of target frames per phoneme (bounds generation length at inference)
-        self._frames, self._phones = 0.0, 0.0
+        # running mean of target frames per phoneme (bounds generation length at inference);
+        # the sums stay on the batch's device (no host sync a step) until read
+        self._frames: Tensor | float = 0.0
+        self._phones: Tensor | float = 0.0
         self.frames_per_phoneme = 0.0
         self._codec: list[MelRVQCodec] = []  # in a list: not a submodule (no state_dict keys)
 
@@ -151,8 +153,9 @@ class TTSTask(ModelTask):
                          self.max_prompt_frames, self._frames_per_phoneme())
 
     def _frames_per_phoneme(self) -> float:
-        if self._phones > 0:
-            return self._frames / self._phones
+        phones = float(self._phones)
+        if phones > 0:
+            return float(self._frames) / phones
         return self.frames_per_phoneme or 4.0
 
     # -- losses --------------------------------------------------------------------------
@@ -184,16 +187,16 @@ class TTSTask(ModelTask):
     def _log(self, out: dict[str, Tensor], split: str, batch_size: int) -> None:
         for key, value in out.items():
             if split == "train":
-                self.log(f"{split}/{key}", value, prog_bar=key in ("loss", "ar_acc"),
-                         batch_size=batch_size)
+                self.log_train(f"{split}/{key}", value, prog_bar=key in ("loss", "ar_acc"),
+                               batch_size=batch_size)
             else:  # every rank's examples (see ModelTask.log_mean)
                 self.log_mean(f"{split}/{key}", value, batch_size,
                               prog_bar=key in ("loss", "ar_acc"))
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         out = self.losses(batch)
-        self._frames += float(batch["code_lengths"].sum())
-        self._phones += float(batch["phoneme_lengths"].sum())
+        self._frames = self._frames + batch["code_lengths"].sum().float()
+        self._phones = self._phones + batch["phoneme_lengths"].sum().float()
         self._log(out, "train", batch["phonemes"].shape[0])
         return out["loss"]
 
