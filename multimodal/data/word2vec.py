@@ -19,16 +19,17 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
+from multimodal.data.contract import follow_settings
 from multimodal.data.documents import split_sentences
 from multimodal.data.sources.shakespeare import DEFAULT_ROOT
 
@@ -223,7 +224,11 @@ class Word2VecDataModule(L.LightningDataModule):
     """The offline corpora (``bash data/get_text.sh``) as Word2Vec batches
     (:class:`Batches`). The vocabulary (``min_count``) is built when the module is made, so
     that its size reaches the task (``model_sizes``) and the word list the saved vectors.
-    No validation split: Word2Vec is judged by analogies (``benchmarks/word2vec.py``)."""
+    No validation split: Word2Vec is judged by analogies (``benchmarks/word2vec.py``), so
+    this is no :class:`~multimodal.data.splits.SplitDataModule`; it declares the rest of the
+    data contract (modality, ``model_sizes``, ``follow``)."""
+
+    modality: ClassVar[str] = "text"
 
     def __init__(self, sources: Sequence[str] = ("bible", "fortunes", "shakespeare"),
                  mode: Literal["cbow", "skipgram"] = "cbow", min_count: int = 5,
@@ -244,6 +249,13 @@ class Word2VecDataModule(L.LightningDataModule):
     @property
     def model_sizes(self) -> dict[str, int]:
         return {"vocab_size": len(self.vocab)}
+
+    @classmethod
+    def follow(cls, settings: Mapping[str, Any], given: Mapping[str, Any],
+               source: str = "the pretrained model") -> tuple[dict[str, Any], list[str]]:
+        """The arguments ``given`` with ``settings`` filled in (the data contract's rule,
+        :func:`~multimodal.data.contract.follow_settings`)."""
+        return follow_settings(cls, settings, given, source)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_EpochStream(self.batches, self.seed), batch_size=None)

@@ -21,7 +21,6 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from multimodal.data.word2vec import Batches
 from multimodal.models.word2vec import Word2Vec, Word2VecConfig
 
 __all__ = ["Word2VecTask", "linear_lr", "train_word2vec"]
@@ -33,7 +32,7 @@ def linear_lr(lr: float, min_lr: float, progress: float) -> float:
     return lr - (lr - min_lr) * p
 
 
-def train_word2vec(model: Word2Vec, batches: Batches, epochs: int = 5, lr: float = 0.025,
+def train_word2vec(model: Word2Vec, batches: Any, epochs: int = 5, lr: float = 0.025,
                    min_lr: float = 1e-4, seed: int = 0) -> dict[str, float]:
     """Train ``model`` in place for ``epochs`` passes; returns ``{"words", "seconds",
     "words_per_s", "loss"}`` (words = corpus words before sub-sampling, times epochs, as the

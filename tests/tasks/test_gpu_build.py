@@ -24,6 +24,10 @@ from multimodal.tasks.optim import FUSED_ENV, adamw, clip_gradients, use_fused
 
 ROOT = Path(__file__).parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+# Word2Vec steps its two tables itself (plain SGD, a fused index_add_ update: no AdamW, no
+# clipping, nothing Lightning's mixed precision refuses); its config is checked apart
+OWN_STEP = {"word2vec"}
+ADAMW_CONFIGS = [p for p in CONFIGS if p.stem not in OWN_STEP]
 
 
 @dataclasses.dataclass
@@ -79,7 +83,7 @@ def _gpu_precision(config: Any) -> str:
     return auto_precision(None, "gpu", cuda_bf16=True)[0]
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", ADAMW_CONFIGS, ids=lambda p: p.stem)
 def test_every_config_takes_its_first_step_with_a_fused_adamw_and_its_clipping(
         path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = _trainer_settings(path, monkeypatch)
@@ -351,3 +355,13 @@ def test_the_cli_bar_refreshes_every_few_steps() -> None:
     assert progress_bar({"enable_progress_bar": False}) is None
     own = TQDMProgressBar(refresh_rate=1)
     assert progress_bar({"enable_progress_bar": True, "callbacks": [own]}) is None
+
+
+def test_the_own_step_configs_ask_for_no_clipping() -> None:
+    """Word2Vec's own SGD step would ignore gradient clipping: its config asks for none."""
+    import yaml
+
+    for path in CONFIGS:
+        if path.stem in OWN_STEP:
+            trainer = yaml.safe_load(path.read_text()).get("trainer") or {}
+            assert not trainer.get("gradient_clip_val"), path.stem
