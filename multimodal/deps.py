@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 import traceback
 from importlib import metadata
 from types import ModuleType
@@ -73,7 +74,7 @@ def require(package: str) -> ModuleType:
     """Import a torch companion, or raise :class:`BrokenCompanionError` with one line saying
     which versions clash and what to install (a missing package: ImportError naming it)."""
     try:
-        return importlib.import_module(package)
+        return _import_on_cpu(package)
     except ModuleNotFoundError as err:
         if err.name != package:
             raise
@@ -82,6 +83,20 @@ def require(package: str) -> ModuleType:
                           ) from err
     except (OSError, ImportError, RuntimeError, AttributeError) as err:
         raise BrokenCompanionError(broken_pair_message(package)) from err
+
+
+def _import_on_cpu(package: str) -> ModuleType:
+    """Import ``package`` with every torch function mode off, so that tensors it makes at
+    import time are ordinary CPU tensors: a first import inside a model built on the meta
+    device (``multimodal.weights.meta_build``, ``torch.device("meta")``) would otherwise
+    leave a companion's module constants there (torchaudio's Kaldi ``EPSILON``: "Cannot
+    copy out of meta tensor" at the first filter bank)."""
+    if package in sys.modules:
+        return sys.modules[package]
+    import torch
+
+    with torch._C.DisableTorchFunction():
+        return importlib.import_module(package)
 
 
 def explain_broken_import(err: BaseException) -> str | None:

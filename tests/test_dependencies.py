@@ -186,3 +186,19 @@ def test_a_broken_torchaudio_is_one_line_naming_the_fix(tmp_path: Path) -> None:
 def test_broken_companion_error_is_an_import_error() -> None:
     # the CLI and Python callers that catch ImportError for a missing extra catch this too
     assert issubclass(BrokenCompanionError, ImportError)
+
+
+def test_a_first_import_inside_a_meta_build_makes_cpu_constants() -> None:
+    # an audio model built on the meta device (weights.meta_build, the dry run before a
+    # folder's weights load) may be where torchaudio is first imported: its module constants
+    # must still be real tensors (Kaldi's EPSILON once stayed on meta: a served AST failed)
+    done = _python("""
+        import sys
+        from multimodal.weights import meta_build
+        from multimodal.deps import require
+        with meta_build():
+            kaldi = require("torchaudio").compliance.kaldi
+        print(kaldi.EPSILON.device, "torchaudio" in sys.modules)
+    """)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["cpu", "True"]
