@@ -24,8 +24,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from multimodal.cli.callbacks import Preemption
 from multimodal.cli.saving import TrainingDiverged, write_checkpoint
 
-__all__ = ["LoaderWorkerDied", "OutOfMemory", "RunGuard", "out_of_memory_message",
-           "worker_death"]
+__all__ = ["LoaderWorkerDied", "OutOfMemory", "RunGuard", "out_of_memory_kind",
+           "out_of_memory_message", "worker_death"]
 
 
 class OutOfMemory(RuntimeError):
@@ -267,17 +267,28 @@ def worker_death(exc: BaseException) -> str | None:
     return named or "unknown"
 
 
-def out_of_memory_message(exc: BaseException, batch_size: Any, model: str) -> str | None:
-    """The one line for an out-of-memory error (CUDA's, or the CPU allocator's), naming the
-    batch size, the model and what to try; None for another error."""
-    cuda = isinstance(exc, torch.OutOfMemoryError)
+def out_of_memory_kind(exc: BaseException) -> str | None:
+    """``"GPU"`` or ``"CPU"`` when ``exc`` is running out of that memory (CUDA's
+    OutOfMemoryError or a RuntimeError saying "out of memory"; the CPU allocator's
+    RuntimeError or a MemoryError), else None: the one test the out-of-memory message and
+    the batch-size search share."""
     text = str(exc)
-    cpu = isinstance(exc, (MemoryError, RuntimeError)) and not cuda and (
-        isinstance(exc, MemoryError) or "DefaultCPUAllocator: can't allocate memory" in text
-        or "not enough memory" in text)
-    if not (cuda or cpu):
+    if isinstance(exc, torch.OutOfMemoryError) or (
+            isinstance(exc, RuntimeError) and "out of memory" in text):  # CUDA's older text
+        return "GPU"
+    if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and (
+            "DefaultCPUAllocator: can't allocate memory" in text
+            or "not enough memory" in text)):
+        return "CPU"
+    return None
+
+
+def out_of_memory_message(exc: BaseException, batch_size: Any, model: str) -> str | None:
+    """The one line for an out-of-memory error (:func:`out_of_memory_kind`), naming the
+    batch size, the model and what to try; None for another error."""
+    where = out_of_memory_kind(exc)
+    if where is None:
         return None
-    where = "GPU" if cuda else "CPU"
     smaller = max(1, int(batch_size) // 2) if isinstance(batch_size, int) else 64
     return (f"out of {where} memory with batch size {batch_size} ({model}): try "
             f"--data.init_args.batch_size {smaller}, --trainer.accumulate_grad_batches 2 "

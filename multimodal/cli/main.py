@@ -86,7 +86,12 @@ from multimodal.cli.callbacks import (
     resume_checkpoint,
 )
 from multimodal.cli.errors import UsageError
-from multimodal.cli.faults import OutOfMemory, RunGuard, out_of_memory_message
+from multimodal.cli.faults import (
+    OutOfMemory,
+    RunGuard,
+    out_of_memory_kind,
+    out_of_memory_message,
+)
 from multimodal.cli.precision import auto_precision, matmul_precision, unused_gpu
 from multimodal.files import sniff_torch_file
 from multimodal.progress import is_terminal
@@ -605,13 +610,6 @@ def take_auto_batch_size(argv: list[str]) -> tuple[list[str], bool]:
     return out, auto
 
 
-def _out_of_memory(err: BaseException) -> bool:
-    text = str(err)
-    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(err, RuntimeError) and ("out of memory" in text
-                                           or "can't allocate memory" in text))
-
-
 def _step_fits(trainer: L.Trainer, task: L.LightningModule, data: L.LightningDataModule,
                size: int) -> bool:
     """Whether one training step (forward and backward, under the run's precision) of a
@@ -633,7 +631,7 @@ def _step_fits(trainer: L.Trainer, task: L.LightningModule, data: L.LightningDat
             loss.backward()
         return True
     except Exception as err:
-        if not _out_of_memory(err):
+        if out_of_memory_kind(err) is None:
             raise
         return False
     finally:
