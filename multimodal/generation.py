@@ -7,7 +7,8 @@ per step).
 
 A *decoder* here is any module with
 ``model(input_ids, attention_mask=..., cache=..., **model_kwargs) -> logits (B, N, V)``,
-``model.make_cache(max_len)`` and ``model.max_len`` (TextDecoder, ImageGPT, the
+``model.make_cache(max_len)`` and ``model.max_len`` (:class:`multimodal.stepper.Decoder`,
+fed one step at a time by :class:`multimodal.stepper.Stepper`: TextDecoder, ImageGPT, the
 Captioner's decoder with ``memory=`` in ``model_kwargs``, the RNN decoder of
 :mod:`multimodal.models.rnn`). The loop never looks inside the cache: it passes it back to
 the model and calls ``cache.reorder(index)`` when beam search keeps some rows, so a
@@ -21,6 +22,9 @@ position by position: TextDecoder, ImageGPT, the RNN decoder) is called as
 ``forward_features`` on the prompt, then ``forward_head`` on the last row alone: the
 vocabulary projection of the other prompt positions (a (N, dim) x (dim, V) product,
 about a tenth of a SmolLM2 prompt's prefill) is not computed.
+
+Speculative greedy decoding (``generate(..., speculative=...)``) is all in
+:mod:`multimodal.speculative`: :func:`generate` checks its arguments and hands it the call.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,29 +42,10 @@ from torch import Tensor
 from multimodal.nn.cache import KVCache, StaticKVCache
 from multimodal.nn.quantized import check_mode, quantized_copy
 from multimodal.nn.step import static_step
-from multimodal.speculative import METHODS, DraftLength, SpeculativeStats, new_stats, prompt_lookup
-
-
-class Cache(Protocol):
-    """What the loop needs of a decoder's cache (a KV cache, a recurrent state)."""
-
-    def reorder(self, index: Tensor) -> None: ...
-
-
-class Decoder(Protocol):
-    max_len: int
-
-    def __call__(self, input_ids: Tensor, attention_mask: Tensor | None = ...,
-                 **kwargs: Any) -> Tensor: ...
-
-    def make_cache(self, max_len: int | None = None) -> KVCache | Cache: ...
-
+from multimodal.speculative import check_speculative, speculative_greedy
+from multimodal.stepper import Cache, Decoder, LogitsProcessor, Stepper
 
 # --- logits processing ----------------------------------------------------------------
-
-#: a model's rules on the next token: ``(ids so far (B, N), scores (B, V)) -> scores``
-LogitsProcessor = Callable[[Tensor, Tensor], Tensor]
-
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
     if not temperature > 0:
@@ -116,9 +101,6 @@ def _sample(logits: Tensor, temperature: float, top_k: int | None, top_p: float 
     """:func:`next_token`'s sampling without the argument checks."""
     probs = _process(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-# --- the stepping model ---------------------------------------------------------------
 
 
 # --- the compiled one-token step ----------------------------------------------------------
@@ -237,54 +219,15 @@ def _static_cache(cache: KVCache | Cache | None, compile_step: bool,
     return static
 
 
-class _Stepper:
-    """Feeds a decoder one step at a time, with or without a KV cache (a static one:
-    fixed-shape steps, compiled or eager)."""
-
-    def __init__(self, model: Decoder, use_cache: bool, max_len: int,
-                 model_kwargs: dict[str, Any], static: bool = False,
-                 compile_step: bool = False, device: torch.device | None = None) -> None:
-        self.model = model
-        self.cache = model.make_cache(max_len) if use_cache else None
-        if static and use_cache:
-            self.cache = _static_cache(self.cache, compile_step, device or torch.device("cpu"))
-        self.kwargs = model_kwargs
-        # looked up on the class: a wrapper (torch.compile's) keeps its own forward
-        self.head_on_last = bool(getattr(type(model), "logits_per_position", False))
-
-    def __call__(self, new_ids: Tensor, all_ids: Tensor, mask: Tensor | None) -> Tensor:
-        """Logits (B, V) for the token after ``all_ids`` (``new_ids`` are its not yet
-        cached tail)."""
-        if self.cache is None:
-            return self._last_logits(all_ids, mask, self.kwargs)
-        return self._last_logits(new_ids, mask, {**self.kwargs, "cache": self.cache})
-
-    def _last_logits(self, ids: Tensor, mask: Tensor | None, kwargs: dict[str, Any]) -> Tensor:
-        """The last position's logits (B, V). Several positions (the prompt's prefill, an
-        uncached step) through a decoder whose head works row by row
-        (``logits_per_position``): its features, then the head on the last row only, so
-        the (N, dim) x (dim, V) vocabulary projection of the rows nobody reads is skipped."""
-        if self.head_on_last and ids.shape[1] > 1:
-            features = self.model.forward_features(ids, attention_mask=mask, **kwargs)
-            return self.model.forward_head(features[:, -1:])[:, -1]
-        return self.model(ids, attention_mask=mask, **kwargs)[:, -1]
-
-    def last_rows(self, ids: Tensor, mask: Tensor | None, rows: int) -> Tensor:
-        """Logits (B, rows, V) of the last ``rows`` positions of ``ids`` (its not yet
-        cached tail; a cache is required): a speculative verify step. One row of one
-        token takes the same one-token path as :meth:`__call__`."""
-        kwargs = {**self.kwargs, "cache": self.cache}
-        if self.head_on_last and ids.shape[1] > 1:
-            features = self.model.forward_features(ids, attention_mask=mask, **kwargs)
-            return self.model.forward_head(features[:, -rows:])
-        return self.model(ids, attention_mask=mask, **kwargs)[:, -rows:]
-
-    def reorder(self, index: Tensor) -> None:
-        if self.cache is not None:
-            self.cache.reorder(index)
-        for key, value in self.kwargs.items():
-            if isinstance(value, Tensor) and value.dim() > 0:
-                self.kwargs[key] = value.index_select(0, index)
+def _stepper(model: Decoder, use_cache: bool, max_len: int, model_kwargs: dict[str, Any],
+             static: bool = False, compile_step: bool = False,
+             device: torch.device | None = None) -> Stepper:
+    """A :class:`~multimodal.stepper.Stepper` on ``model``'s cache of ``max_len`` positions
+    (none without ``use_cache``; a static one, its step compiled or eager, with ``static``)."""
+    cache = model.make_cache(max_len) if use_cache else None
+    if static and use_cache:
+        cache = _static_cache(cache, compile_step, device or torch.device("cpu"))
+    return Stepper(model, cache, model_kwargs)
 
 
 # --- public entry point ---------------------------------------------------------------
@@ -407,7 +350,7 @@ def generate(
                              f"KV cache of cache_len={cache_len}")
     pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
     if speculative is not None or draft_model is not None:
-        attention_mask = _check_speculative(
+        attention_mask = check_speculative(
             model, input_ids, attention_mask, speculative, draft_model, num_draft_tokens,
             ngram, do_sample, num_beams, use_cache, static, compile)
     if max_new_tokens == 0:
@@ -426,9 +369,9 @@ def generate(
         draft_model.eval()  # type: ignore[union-attr]
     try:
         if speculative is not None:
-            return _speculative_greedy(model, input_ids, max_new_tokens, eos_token_id,
-                                       model_kwargs, logits_processor, speculative,
-                                       draft_model, num_draft_tokens, ngram)
+            return speculative_greedy(model, input_ids, max_new_tokens, eos_token_id,
+                                      model_kwargs, logits_processor, speculative,
+                                      draft_model, num_draft_tokens, ngram)
         if num_beams > 1:
             if do_sample:
                 raise ValueError("beam search is deterministic: use do_sample=False with "
@@ -464,7 +407,7 @@ def _greedy_or_sample(model: Decoder, ids: Tensor, mask: Tensor | None, max_new_
         full_mask = mask.new_ones(batch, total)
         full_mask[:, :start] = mask
     cache_kw = dict(cache_kw or {})
-    step = _Stepper(model, use_cache, cache_kw.pop("cache_len", total), dict(model_kwargs),
+    step = _stepper(model, use_cache, cache_kw.pop("cache_len", total), dict(model_kwargs),
                     **cache_kw)
     finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
     new = ids
@@ -503,7 +446,7 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor | None, max_new
     ids = input_ids.index_select(0, expand)
     mask = mask.index_select(0, expand) if mask is not None else None
     cache_kw = dict(cache_kw or {})
-    step = _Stepper(model, use_cache, cache_kw.pop("cache_len", prompt_len + max_new_tokens),
+    step = _stepper(model, use_cache, cache_kw.pop("cache_len", prompt_len + max_new_tokens),
                     dict(model_kwargs), **cache_kw)
     for key, value in step.kwargs.items():
         if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch:
@@ -578,166 +521,3 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor | None, max_new
     for b, hyp in enumerate(best_hyps):
         out[b, prompt_len : prompt_len + len(hyp)] = hyp
     return out
-
-
-# --- speculative greedy decoding --------------------------------------------------------
-
-
-def _check_speculative(model: Decoder, input_ids: Tensor, mask: Tensor | None,
-                       speculative: str | None, draft_model: Decoder | None,
-                       num_draft_tokens: int, ngram: int, do_sample: bool, num_beams: int,
-                       use_cache: bool, static: bool, compile_step: bool) -> Tensor | None:
-    """One-line errors for what speculative decoding does not serve; returns the
-    attention mask to use (None: a batch of one real prompt needs none)."""
-    if speculative not in METHODS:
-        if speculative is None:
-            raise ValueError("draft_model is used by speculative='draft': pass both")
-        raise ValueError(f"speculative must be one of {METHODS} (or None), got {speculative!r}")
-    if (speculative == "draft") != (draft_model is not None):
-        raise ValueError("speculative='draft' needs draft_model= (a small decoder of the same "
-                         "tokenizer), and draft_model is only used by speculative='draft'")
-    if do_sample or num_beams > 1:
-        raise ValueError("speculative decoding is greedy: use do_sample=False and num_beams=1")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"speculative decoding takes one prompt (batch 1), got a batch of "
-                         f"{input_ids.shape[0]}: decode the prompts one at a time")
-    if not use_cache:
-        raise ValueError("speculative decoding needs the KV cache (use_cache=True)")
-    if static or compile_step:
-        raise ValueError("speculative decoding runs on the eager KV cache: use "
-                         "compile=False and static_cache=False")
-    if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
-    if not isinstance(ngram, int) or ngram < 1:
-        raise ValueError(f"ngram must be an integer >= 1, got {ngram!r}")
-    if draft_model is not None:
-        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-        draft_vocab = getattr(getattr(draft_model, "config", None), "vocab_size", None)
-        if vocab is not None and draft_vocab is not None and vocab != draft_vocab:
-            raise ValueError(f"draft_model has a vocabulary of {draft_vocab} tokens, the model "
-                             f"{vocab}: they must share one tokenizer")
-    if mask is not None and not bool(mask.all()):
-        raise ValueError("speculative decoding takes one unpadded prompt: drop the "
-                         "padding (attention_mask must be all ones)")
-    return None
-
-
-class _DraftProposer:
-    """A draft model's greedy guess of the next ``k`` tokens, its KV cache kept in step
-    with the accepted tokens: on each call the cached tokens that differ from ``ids``
-    (rejected guesses) are cropped away before decoding on."""
-
-    def __init__(self, draft: Decoder, total: int, model_kwargs: dict[str, Any],
-                 like: Tensor) -> None:
-        if total > draft.max_len:
-            raise ValueError(f"prompt + max_new_tokens = {total} positions exceed the "
-                             f"draft_model's context of {draft.max_len}")
-        self.step = _Stepper(draft, True, total, dict(model_kwargs))
-        if not isinstance(self.step.cache, KVCache):
-            raise ValueError("speculative='draft' needs a draft_model with a KV cache of "
-                             "transformer blocks (its rollback crops the cache)")
-        self.cache: KVCache = self.step.cache
-        self.fed = like.new_empty(total)  # the tokens whose keys / values are cached
-
-    def __call__(self, ids: Tensor, k: int) -> Tensor:
-        end = ids.shape[0]
-        kept = min(self.cache.length, end - 1)
-        if kept:
-            differ = (self.fed[:kept] != ids[:kept]).nonzero()
-            if differ.numel():
-                kept = int(differ[0])
-        self.cache.crop(kept)
-        guess = ids.new_empty(k)
-        pending = ids[kept:end]
-        self.fed[kept:end] = pending
-        for i in range(k):
-            token = self.step(pending[None], ids[None], None).argmax(dim=-1)
-            guess[i] = token[0]
-            pending = guess[i : i + 1]
-            if i + 1 < k:
-                self.fed[end + i] = token[0]
-        return guess
-
-
-def _speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: int | None,
-                        model_kwargs: dict[str, Any],
-                        logits_processor: LogitsProcessor | None, method: str,
-                        draft_model: Decoder | None, num_draft_tokens: int,
-                        ngram: int) -> Tensor:
-    """Greedy decoding of one prompt (1, N), verifying proposed tokens in one forward pass.
-
-    With the cache holding ``x_0 .. x_{c-1}`` and ``x_c .. x_{e-1}`` not yet cached
-    (the prompt at first, then the last accepted token), a proposal ``d_1 .. d_k`` is
-    appended and ``x_c .. x_{e-1} d_1 .. d_k`` run through the model: its argmax rows
-    ``g_0 .. g_k`` (``g_j`` follows ``d_j``) are greedy's tokens as long as the guesses
-    were right, so with ``m = max{j : d_i = g_{i-1} for i <= j}`` the tokens
-    ``g_0 .. g_m`` are kept (cut after an EOS) and the cache cropped to the ``e + m``
-    positions whose keys / values came from kept tokens.
-
-    The prompt is prefilled alone, as greedy does; the verify passes after it attend row
-    by row (:attr:`~multimodal.nn.cache.LayerCache.rowwise`), so with a row-independent
-    model (the packed int4 / int8 kernels) every logit is bitwise the one greedy's
-    one-token step computes, and the tokens are greedy's even at exact ties of bf16
-    logits; in fp32 a k-row matrix product rounds differently from a one-row one (about
-    1e-6 relative), which only a near-tie of the two best logits could show.
-    """
-    start = ids.shape[1]
-    total = start + max_new_tokens
-    out = ids.new_empty(1, total)
-    out[:, :start] = ids
-    step = _Stepper(model, True, total, dict(model_kwargs))
-    cache = step.cache
-    if not isinstance(cache, KVCache):
-        raise ValueError("speculative decoding needs a decoder with a KV cache of "
-                         "transformer blocks (its rollback crops the cache)")
-    stats: SpeculativeStats = new_stats()
-    if method == "draft":
-        assert draft_model is not None
-        proposer: Callable[[Tensor, int], Tensor] = _DraftProposer(
-            draft_model, total, model_kwargs, ids)
-    else:
-        def proposer(seq: Tensor, k: int) -> Tensor:
-            return prompt_lookup(seq, k, ngram)
-    policy = DraftLength(num_draft_tokens) if method == "prompt_lookup" else None
-    end = start
-    row = out[0]
-    while end < total:
-        # the prompt alone first (greedy's own prefill), then verify passes whose rows are
-        # one-token steps' arithmetic (LayerCache.rowwise); the model adds a token after
-        # the guess
-        k = min(num_draft_tokens, total - end - 1) if end > start else 0
-        proposal = proposer(row[:end], k) if k > 0 else row[:0]
-        guess = proposal if policy is None else proposal[: policy.choose(proposal.shape[0])]
-        d = guess.shape[0]
-        row[end : end + d] = guess
-        cached = cache.length
-        began = time.perf_counter()
-        logits = step.last_rows(out[:, cached : end + d], None, d + 1)[0]
-        if logits_processor is not None:
-            logits = torch.stack([logits_processor(out[:, : end + j], logits[j : j + 1])[0]
-                                  for j in range(d + 1)])
-        greedy = logits.argmax(dim=-1)
-        m = int((guess == greedy[:d]).long().cumprod(0).sum()) if d else 0
-        new = greedy[: m + 1]
-        stop = False
-        if eos is not None:
-            hits = (new == eos).nonzero()
-            if hits.numel():
-                new = new[: int(hits[0]) + 1]
-                stop = True
-        n = new.shape[0]
-        row[end : end + n] = new
-        cache.crop(end + n - 1)
-        if policy is not None and end > start:
-            policy.timed(end + d - cached, time.perf_counter() - began)
-            policy.observe(proposal.tolist(), new.tolist())
-        stats.proposed += d
-        stats.accepted += m
-        stats.forwards += 1
-        if end == start:
-            cache.set_rowwise(True)
-        end += n
-        if stop:
-            break
-    stats.tokens = end - start
-    return out[:, :end]

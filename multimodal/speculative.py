@@ -1,5 +1,8 @@
-"""Draft proposals for speculative greedy decoding (the verify step is in
-:mod:`multimodal.generation`, the one decoding loop).
+"""Speculative greedy decoding, all of it: the argument checks, the proposers, the draft
+length, the verify loop and its counters. :func:`multimodal.generation.generate` checks its
+arguments with :func:`check_speculative` and hands ``speculative=...`` calls to
+:func:`speculative_greedy`; this module stands on :mod:`multimodal.stepper` alone (never on
+``generation``, so the two do not import each other).
 
 Speculative decoding guesses the next ``k`` tokens cheaply, runs the model once over all of
 them (a ``k + 1``-row forward costs about what a one-row step costs where decoding is bound
@@ -8,14 +11,25 @@ guess that equals the model's own greedy choices, plus the model's token after i
 ``m`` guesses accepted, one forward pass yields ``m + 1`` tokens, the same ones greedy
 decoding gives (up to the rounding of a k-row vs a one-row matrix product).
 
+The rule is the greedy case of speculative *sampling* (Leviathan et al. 2023; Chen et al.
+2023), which accepts a guess ``d`` drawn from the proposer's ``q`` with probability
+``min(1, p(d) / q(d))`` under the model's ``p`` and, on a rejection, draws the model's token
+from the residual ``norm(max(0, p - q))``, so that every token is distributed as ``p``.
+Greedy decoding makes ``p`` the point mass on ``g = argmax p`` and a deterministic proposer
+makes ``q`` the point mass on ``d``: the acceptance probability is 1 if ``d = g`` and 0
+otherwise, and the residual ``norm(max(0, p - q))`` is the point mass on ``g``: keep the
+guesses while they equal the model's argmax, then take the model's token. Only this greedy
+case is implemented (``do_sample=True`` with ``speculative=`` is refused).
+
 Two proposers:
 
 - :func:`prompt_lookup` (prompt lookup decoding, A. Saxena 2023): find the most recent
   earlier occurrence of the last ``n`` tokens in the prompt + output so far, and propose
   the tokens that followed it. Free (no model); it pays off where the output copies its
-  input (summaries, edits of code, quoting a passage, repetitive text).
+  input (summaries, edits of code, quoting a passage, repetitive text). How many of its
+  tokens are verified is :class:`DraftLength`'s choice.
 - a small *draft model* of the same tokenizer decoding ``k`` tokens greedily
-  (:class:`multimodal.generation` keeps its KV cache in step with the accepted tokens).
+  (:class:`_DraftProposer` keeps its KV cache in step with the accepted tokens).
 
 :func:`speculative_stats` reports the last speculative ``generate`` call of this thread:
 tokens proposed, tokens accepted, forward passes of the model.
@@ -24,10 +38,18 @@ tokens proposed, tokens accepted, forward passes of the model.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
+import torch
 from torch import Tensor
 
-__all__ = ["METHODS", "DraftLength", "SpeculativeStats", "prompt_lookup", "speculative_stats"]
+from multimodal.nn.cache import KVCache
+from multimodal.stepper import Decoder, LogitsProcessor, Stepper
+
+__all__ = ["METHODS", "DraftLength", "SpeculativeStats", "check_speculative", "prompt_lookup",
+           "speculative_greedy", "speculative_stats"]
 
 #: the values of ``generate(..., speculative=...)``
 METHODS = ("prompt_lookup", "draft")
@@ -170,3 +192,167 @@ class DraftLength:
         elif self.one_row:
             per_row = (seconds - self.one_row) / (rows - 1) / self.one_row
             self.cost = 0.7 * self.cost + 0.3 * min(max(per_row, 0.02), 2.0)
+
+
+# --- the decoding loop -------------------------------------------------------------------
+
+
+def check_speculative(model: Decoder, input_ids: Tensor, mask: Tensor | None,
+                       speculative: str | None, draft_model: Decoder | None,
+                       num_draft_tokens: int, ngram: int, do_sample: bool, num_beams: int,
+                       use_cache: bool, static: bool, compile_step: bool) -> Tensor | None:
+    """One-line errors for what speculative decoding does not serve; returns the
+    attention mask to use (None: a batch of one real prompt needs none)."""
+    if speculative not in METHODS:
+        if speculative is None:
+            raise ValueError("draft_model is used by speculative='draft': pass both")
+        raise ValueError(f"speculative must be one of {METHODS} (or None), got {speculative!r}")
+    if (speculative == "draft") != (draft_model is not None):
+        raise ValueError("speculative='draft' needs draft_model= (a small decoder of the same "
+                         "tokenizer), and draft_model is only used by speculative='draft'")
+    if do_sample or num_beams > 1:
+        raise ValueError("speculative decoding is greedy: use do_sample=False and num_beams=1")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"speculative decoding takes one prompt (batch 1), got a batch of "
+                         f"{input_ids.shape[0]}: decode the prompts one at a time")
+    if not use_cache:
+        raise ValueError("speculative decoding needs the KV cache (use_cache=True)")
+    if static or compile_step:
+        raise ValueError("speculative decoding runs on the eager KV cache: use "
+                         "compile=False and static_cache=False")
+    if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
+    if not isinstance(ngram, int) or ngram < 1:
+        raise ValueError(f"ngram must be an integer >= 1, got {ngram!r}")
+    if draft_model is not None:
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        draft_vocab = getattr(getattr(draft_model, "config", None), "vocab_size", None)
+        if vocab is not None and draft_vocab is not None and vocab != draft_vocab:
+            raise ValueError(f"draft_model has a vocabulary of {draft_vocab} tokens, the model "
+                             f"{vocab}: they must share one tokenizer")
+    if mask is not None and not bool(mask.all()):
+        raise ValueError("speculative decoding takes one unpadded prompt: drop the "
+                         "padding (attention_mask must be all ones)")
+    return None
+
+
+class _DraftProposer:
+    """A draft model's greedy guess of the next ``k`` tokens, its KV cache kept in step
+    with the accepted tokens: on each call the cached tokens that differ from ``ids``
+    (rejected guesses) are cropped away before decoding on."""
+
+    def __init__(self, draft: Decoder, total: int, model_kwargs: dict[str, Any],
+                 like: Tensor) -> None:
+        if total > draft.max_len:
+            raise ValueError(f"prompt + max_new_tokens = {total} positions exceed the "
+                             f"draft_model's context of {draft.max_len}")
+        self.step = Stepper(draft, draft.make_cache(total), dict(model_kwargs))
+        if not isinstance(self.step.cache, KVCache):
+            raise ValueError("speculative='draft' needs a draft_model with a KV cache of "
+                             "transformer blocks (its rollback crops the cache)")
+        self.cache: KVCache = self.step.cache
+        self.fed = like.new_empty(total)  # the tokens whose keys / values are cached
+
+    def __call__(self, ids: Tensor, k: int) -> Tensor:
+        end = ids.shape[0]
+        kept = min(self.cache.length, end - 1)
+        if kept:
+            differ = (self.fed[:kept] != ids[:kept]).nonzero()
+            if differ.numel():
+                kept = int(differ[0])
+        self.cache.crop(kept)
+        guess = ids.new_empty(k)
+        pending = ids[kept:end]
+        self.fed[kept:end] = pending
+        for i in range(k):
+            token = self.step(pending[None], ids[None], None).argmax(dim=-1)
+            guess[i] = token[0]
+            pending = guess[i : i + 1]
+            if i + 1 < k:
+                self.fed[end + i] = token[0]
+        return guess
+
+
+def speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: int | None,
+                        model_kwargs: dict[str, Any],
+                        logits_processor: LogitsProcessor | None, method: str,
+                        draft_model: Decoder | None, num_draft_tokens: int,
+                        ngram: int) -> Tensor:
+    """Greedy decoding of one prompt (1, N), verifying proposed tokens in one forward pass.
+
+    With the cache holding ``x_0 .. x_{c-1}`` and ``x_c .. x_{e-1}`` not yet cached
+    (the prompt at first, then the last accepted token), a proposal ``d_1 .. d_k`` is
+    appended and ``x_c .. x_{e-1} d_1 .. d_k`` run through the model: its argmax rows
+    ``g_0 .. g_k`` (``g_j`` follows ``d_j``) are greedy's tokens as long as the guesses
+    were right, so with ``m = max{j : d_i = g_{i-1} for i <= j}`` the tokens
+    ``g_0 .. g_m`` are kept (cut after an EOS) and the cache cropped to the ``e + m``
+    positions whose keys / values came from kept tokens (the acceptance rule
+    ``min(1, p / q)`` with point masses ``p``, ``q``: see the module docstring).
+
+    The prompt is prefilled alone, as greedy does; the verify passes after it attend row
+    by row (:attr:`~multimodal.nn.cache.LayerCache.rowwise`), so with a row-independent
+    model (the packed int4 / int8 kernels) every logit is bitwise the one greedy's
+    one-token step computes, and the tokens are greedy's even at exact ties of bf16
+    logits; in fp32 a k-row matrix product rounds differently from a one-row one (about
+    1e-6 relative), which only a near-tie of the two best logits could show.
+    """
+    start = ids.shape[1]
+    total = start + max_new_tokens
+    out = ids.new_empty(1, total)
+    out[:, :start] = ids
+    step = Stepper(model, model.make_cache(total), dict(model_kwargs))
+    cache = step.cache
+    if not isinstance(cache, KVCache):
+        raise ValueError("speculative decoding needs a decoder with a KV cache of "
+                         "transformer blocks (its rollback crops the cache)")
+    stats: SpeculativeStats = new_stats()
+    if method == "draft":
+        assert draft_model is not None
+        proposer: Callable[[Tensor, int], Tensor] = _DraftProposer(
+            draft_model, total, model_kwargs, ids)
+    else:
+        def proposer(seq: Tensor, k: int) -> Tensor:
+            return prompt_lookup(seq, k, ngram)
+    policy = DraftLength(num_draft_tokens) if method == "prompt_lookup" else None
+    end = start
+    row = out[0]
+    while end < total:
+        # the prompt alone first (greedy's own prefill), then verify passes whose rows are
+        # one-token steps' arithmetic (LayerCache.rowwise); the model adds a token after
+        # the guess
+        k = min(num_draft_tokens, total - end - 1) if end > start else 0
+        proposal = proposer(row[:end], k) if k > 0 else row[:0]
+        guess = proposal if policy is None else proposal[: policy.choose(proposal.shape[0])]
+        d = guess.shape[0]
+        row[end : end + d] = guess
+        cached = cache.length
+        began = time.perf_counter()
+        logits = step.last_rows(out[:, cached : end + d], None, d + 1)[0]
+        if logits_processor is not None:
+            logits = torch.stack([logits_processor(out[:, : end + j], logits[j : j + 1])[0]
+                                  for j in range(d + 1)])
+        greedy = logits.argmax(dim=-1)
+        m = int((guess == greedy[:d]).long().cumprod(0).sum()) if d else 0
+        new = greedy[: m + 1]
+        stop = False
+        if eos is not None:
+            hits = (new == eos).nonzero()
+            if hits.numel():
+                new = new[: int(hits[0]) + 1]
+                stop = True
+        n = new.shape[0]
+        row[end : end + n] = new
+        cache.crop(end + n - 1)
+        if policy is not None and end > start:
+            policy.timed(end + d - cached, time.perf_counter() - began)
+            policy.observe(proposal.tolist(), new.tolist())
+        stats.proposed += d
+        stats.accepted += m
+        stats.forwards += 1
+        if end == start:
+            cache.set_rowwise(True)
+        end += n
+        if stop:
+            break
+    stats.tokens = end - start
+    return out[:, :end]

@@ -17,9 +17,13 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
                                them (nn.embed)
     tokenizers                 modality tokenizers, no weights; the audio tokenizer builds its
                                embedding from nn.embed
-    speculative                draft-token proposals and their draft length (plain torch)
-    generation                 the model-agnostic decoding loop; imports only nn and
-                               speculative. Models call it from ``.generate``, so it sits
+    stepper                    the decoder protocol and the one-step feeder both decoding
+                               loops stand on (nn's KV cache only)
+    speculative                speculative greedy decoding, all of it: argument checks,
+                               draft-token proposals, their draft length, the verify loop
+                               (stepper and nn only; never generation)
+    generation                 the model-agnostic decoding loop; imports only nn, stepper
+                               and speculative. Models call it from ``.generate``, so it sits
                                beside nn, below the models
     models                     every model; imports the layers above, never Lightning
     optimize                   compiled / bf16 / int8 encoder inference (functions on any
@@ -74,8 +78,9 @@ ALLOWED: dict[str, set[str]] = {
     "deps": set(),  # torchaudio / torchvision imported where used; a broken pair in one line
     "nn": {"weights", "registry", "nn"},
     "tokenizers": {"tokenizers", "nn", "weights", "installed", "deps"},  # safetensors; model names
-    "speculative": set(),  # guessing and checking draft tokens (plain torch)
-    "generation": {"nn", "speculative"},
+    "stepper": {"nn"},  # the decoder protocol, a decoder fed one step at a time
+    "speculative": {"stepper", "nn"},  # speculative greedy decoding, all of it
+    "generation": {"nn", "stepper", "speculative"},
     "optimize": {"precision", "generation", "nn"},  # nn.quantized: the packed int8 / int4 layers
     "models": _MODELS,
     "checkpoints": _ZOO,  # Lightning checkpoints: model, tokenizer, data arguments
