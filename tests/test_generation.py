@@ -15,6 +15,7 @@ import torch
 
 from multimodal.generation import generate, process_logits
 from multimodal.models.text import TextDecoder, TextDecoderConfig
+from tests.random_weights import o1_weights
 
 V = 4  # tiny vocabulary for exhaustive search
 
@@ -26,14 +27,7 @@ def tiny_model(vocab: int = V, seed: int = 0, scale: float = 0.5) -> TextDecoder
     torch.manual_seed(seed)
     model = TextDecoder(TextDecoderConfig(vocab_size=vocab, max_len=16, dim=16, depth=2,
                                           heads=2, tie_embeddings=False))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, p.shape[1] ** -0.5)
-        model.tok_embed.weight.normal_(0.0, 1.0)
-        model.pos_embed.weight.normal_(0.0, 1.0)
-        model.lm_head.weight.normal_(0.0, scale)
-    return model.eval()
+    return o1_weights(model, "tok_embed", "pos_embed", head=scale).eval()
 
 
 @torch.no_grad()

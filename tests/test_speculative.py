@@ -11,6 +11,7 @@ from multimodal.generation import generate
 from multimodal.models.text import TextDecoder, TextDecoderConfig
 from multimodal.nn.quantized import quantized_copy
 from multimodal.speculative import DraftLength, prompt_lookup, speculative_stats
+from tests.random_weights import o1_weights
 
 
 @pytest.fixture
@@ -106,13 +107,7 @@ def decoder(seed: int = 0, llama: bool = False, vocab: int = 96, dim: int = 64) 
                  mlp_type="glu", activation="silu", qkv_bias=False) if llama else {}
     model = TextDecoder(TextDecoderConfig(vocab_size=vocab, max_len=160, dim=dim, depth=2,
                                           heads=4, tie_embeddings=False, **extra))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, p.shape[1] ** -0.5)
-        model.tok_embed.weight.normal_(0.0, 1.0)
-        model.lm_head.weight.normal_(0.0, 1.0)
-    return model.eval()
+    return o1_weights(model, "tok_embed", head=1.0).eval()
 
 
 @torch.no_grad()

@@ -25,6 +25,7 @@ from multimodal.models.text import TextDecoder, TextDecoderConfig
 from multimodal.models.vit import ViTConfig
 from multimodal.models.whisper import Whisper
 from multimodal.nn.cache import StaticKVCache
+from tests.random_weights import o1_weights
 
 VOCAB = 40
 
@@ -35,12 +36,7 @@ def decoder(seed: int = 0, **overrides: object) -> TextDecoder:
     cfg = dict(vocab_size=VOCAB, max_len=24, dim=32, depth=2, heads=4, tie_embeddings=False)
     cfg.update(overrides)
     model = TextDecoder(TextDecoderConfig(**cfg))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, p.shape[1] ** -0.5)
-        model.tok_embed.weight.normal_(0.0, 1.0)
-    return model.eval()
+    return o1_weights(model, "tok_embed").eval()
 
 
 LLAMA = dict(norm_type="rmsnorm", mlp_type="glu", activation="silu", rope="1d",

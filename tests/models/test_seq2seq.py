@@ -20,6 +20,7 @@ from multimodal.hub import from_pretrained
 from multimodal.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from multimodal.tasks.seq2seq import Seq2SeqTask, exact_match
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
+from tests.random_weights import o1_weights
 
 # --- number words --------------------------------------------------------------------
 
@@ -97,12 +98,8 @@ def tiny_seq2seq(**kw) -> Seq2Seq:
     cfg = {"source_vocab_size": 20, "target_vocab_size": 12, "max_source_len": 16,
            "max_target_len": 10, "dim": 32, "encoder_depth": 1, "decoder_depth": 2,
            "heads": 2, **kw}
-    model = Seq2Seq(Seq2SeqConfig(**cfg)).eval()
-    with torch.no_grad():  # O(1) weights so that outputs depend visibly on every input
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, p.shape[1] ** -0.5)
-    return model
+    # O(1) weights so that outputs depend visibly on every input
+    return o1_weights(Seq2Seq(Seq2SeqConfig(**cfg)).eval())
 
 
 def test_decoder_is_causal_and_reads_the_source() -> None:
