@@ -236,6 +236,17 @@ def check_speculative(model: Decoder, input_ids: Tensor, mask: Tensor | None,
     return None
 
 
+def _cropping_stepper(model: Decoder, total: int, model_kwargs: dict[str, Any],
+                      needs: str) -> tuple[Stepper, KVCache]:
+    """A stepper on ``model``'s eager KV cache of ``total`` positions, which a rejected
+    guess is cropped out of; ``needs`` opens the error raised for a model without one."""
+    step = Stepper(model, model.make_cache(total), dict(model_kwargs))
+    if not isinstance(step.cache, KVCache):
+        raise ValueError(f"{needs} with a KV cache of transformer blocks (its rollback "
+                         "crops the cache)")
+    return step, step.cache
+
+
 class _DraftProposer:
     """A draft model's greedy guess of the next ``k`` tokens, its KV cache kept in step
     with the accepted tokens: on each call the cached tokens that differ from ``ids``
@@ -246,11 +257,8 @@ class _DraftProposer:
         if total > draft.max_len:
             raise ValueError(f"prompt + max_new_tokens = {total} positions exceed the "
                              f"draft_model's context of {draft.max_len}")
-        self.step = Stepper(draft, draft.make_cache(total), dict(model_kwargs))
-        if not isinstance(self.step.cache, KVCache):
-            raise ValueError("speculative='draft' needs a draft_model with a KV cache of "
-                             "transformer blocks (its rollback crops the cache)")
-        self.cache: KVCache = self.step.cache
+        self.step, self.cache = _cropping_stepper(draft, total, model_kwargs,
+                                                  "speculative='draft' needs a draft_model")
         self.fed = like.new_empty(total)  # the tokens whose keys / values are cached
 
     def __call__(self, ids: Tensor, k: int) -> Tensor:
@@ -274,10 +282,10 @@ class _DraftProposer:
 
 
 def speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: int | None,
-                        model_kwargs: dict[str, Any],
-                        logits_processor: LogitsProcessor | None, method: str,
-                        draft_model: Decoder | None, num_draft_tokens: int,
-                        ngram: int) -> Tensor:
+                       model_kwargs: dict[str, Any],
+                       logits_processor: LogitsProcessor | None, method: str,
+                       draft_model: Decoder | None, num_draft_tokens: int,
+                       ngram: int) -> Tensor:
     """Greedy decoding of one prompt (1, N), verifying proposed tokens in one forward pass.
 
     With the cache holding ``x_0 .. x_{c-1}`` and ``x_c .. x_{e-1}`` not yet cached
@@ -300,11 +308,8 @@ def speculative_greedy(model: Decoder, ids: Tensor, max_new_tokens: int, eos: in
     total = start + max_new_tokens
     out = ids.new_empty(1, total)
     out[:, :start] = ids
-    step = Stepper(model, model.make_cache(total), dict(model_kwargs))
-    cache = step.cache
-    if not isinstance(cache, KVCache):
-        raise ValueError("speculative decoding needs a decoder with a KV cache of "
-                         "transformer blocks (its rollback crops the cache)")
+    step, cache = _cropping_stepper(model, total, model_kwargs,
+                                    "speculative decoding needs a decoder")
     stats: SpeculativeStats = new_stats()
     if method == "draft":
         assert draft_model is not None

@@ -279,7 +279,11 @@ def test_bad_arguments_raise_value_error(kwargs: dict, match: str) -> None:
         generate(model, ids, 5, **kwargs)
 
 
-def test_decoder_without_kv_cache_is_refused() -> None:
+@pytest.mark.parametrize("which", ["model", "draft_model"])
+def test_decoder_without_kv_cache_is_refused(which: str) -> None:
+    """Rolling back a rejected guess crops a KV cache: a model, or a draft model, whose
+    cache is something else is refused in one line naming which."""
+
     class Recurrent(torch.nn.Module):  # a decoder whose cache is a state, not a KVCache
         max_len = 50
 
@@ -289,8 +293,15 @@ def test_decoder_without_kv_cache_is_refused() -> None:
         def forward(self, ids: torch.Tensor, attention_mask=None, cache=None) -> torch.Tensor:
             return torch.zeros(ids.shape[0], ids.shape[1], 7)
 
-    with pytest.raises(ValueError, match="KV cache of transformer blocks"):
-        generate(Recurrent(), torch.tensor([[1, 2, 3]]), 5, speculative="prompt_lookup")
+    ids = torch.tensor([[1, 2, 3]])
+    if which == "model":
+        with pytest.raises(ValueError, match=r"^speculative decoding needs a decoder with a "
+                                             "KV cache of transformer blocks"):
+            generate(Recurrent(), ids, 5, speculative="prompt_lookup")
+    else:
+        with pytest.raises(ValueError, match=r"^speculative='draft' needs a draft_model with "
+                                             "a KV cache of transformer blocks"):
+            generate(decoder(), ids, 5, speculative="draft", draft_model=Recurrent())
 
 
 # --- the real SmolLM2-135M-Instruct (slow) ----------------------------------------------
