@@ -36,7 +36,7 @@ from multimodal.checkpoints import (
     tokenizer_from_state,
 )
 from multimodal.models.codec_lm import IGNORE_INDEX, CodecLM, nar_loss
-from multimodal.synthesis import TTSBundle
+from multimodal.checkpoints import TTSBundle
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tokenizers.codec import MelRVQCodec
