@@ -22,7 +22,7 @@ import torch
 from torchaudio.functional import resample
 
 from multimodal.pipelines.speak import synthesize
-from multimodal.synthesis import load_tts
+from multimodal.pipelines.speak import load_tts
 from multimodal.tokenizers.audio import load_audio
 
 
