@@ -70,12 +70,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from multimodal.loading import from_pretrained
 from multimodal.data.audio_transforms import centre_crop, trim_silence
 from multimodal.data.sources.spoken_words import SPOKEN_WORDS, read_manifest, split_voices
 from multimodal.data.sources.tts_voices import read_tts_manifest
 from multimodal.data.tts import CODEC_FILE, TTS_CODEC
 from multimodal.installed import resolve_weights
+from multimodal.loading import from_pretrained
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer, load_audio
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 

@@ -13,6 +13,7 @@ import soundfile as sf
 import torch
 
 import multimodal as mm
+from multimodal.checkpoints import TTSBundle
 from multimodal.models.codec_lm import (
     IGNORE_INDEX,
     CodecAR,
@@ -24,7 +25,6 @@ from multimodal.models.codec_lm import (
     pack_segments,
 )
 from multimodal.pipelines.speak import split_sentences, synthesize
-from multimodal.checkpoints import TTSBundle
 from multimodal.tasks.tts import TTSTask, crop_prompt
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 from multimodal.tokenizers.phonemes import PhonemeTokenizer

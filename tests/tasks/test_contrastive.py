@@ -156,8 +156,8 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, loss):
 def test_task_trains_on_scenes_logs_the_metrics_and_keeps_its_tokenizer(tmp_path):
     import lightning as L
 
-    from multimodal.loading import from_pretrained
     from multimodal.data.captions import CaptionDataModule
+    from multimodal.loading import from_pretrained
     from multimodal.tasks.contrastive import ContrastiveTask
 
     L.seed_everything(0)
