@@ -84,6 +84,7 @@ def test_load_checkpoint_warns_and_still_loads(tmp_path: Path) -> None:
 
 def test_mm_hub_warns() -> None:
     sys.modules.pop("multimodal.hub", None)
+    mm.__dict__.pop("hub", None)  # an earlier ``import multimodal.hub`` set the attribute
     try:
         with pytest.warns(DeprecationWarning, match="multimodal.hub is deprecated"):
             hub = mm.hub
