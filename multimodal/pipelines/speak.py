@@ -75,8 +75,8 @@ from multimodal.tokenizers.phonemes import (
 from multimodal.tokenizers.text import UNK_ID
 from multimodal.tokenizers.waveform import as_mono
 
-__all__ = ["check_readable", "encode_prompt", "load_prompt", "load_tts", "split_sentences",
-           "synthesize"]
+# load_tts: the verb's picker of load(path), not an entry point (mm.synthesize takes a path)
+__all__ = ["check_readable", "encode_prompt", "load_prompt", "split_sentences", "synthesize"]
 
 MIN_SPEECH_SECONDS = 0.1
 """The AR model may not end the speech before this (EOS is masked until then)."""

@@ -40,8 +40,8 @@ from torch import Tensor
 from multimodal.pipelines.inputs import check_kind, collect_inputs
 from multimodal.progress import progress
 
-__all__ = ["Transcript", "load_transcriber", "prompt_languages", "read_speech", "transcribe",
-           "write_transcripts"]
+# load_transcriber: the verb's picker of load(path) (serve uses it too), not an entry point
+__all__ = ["Transcript", "prompt_languages", "read_speech", "transcribe", "write_transcripts"]
 
 SAMPLE_RATE = 16000
 SILENCE_PEAK = 1e-4
