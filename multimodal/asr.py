@@ -13,14 +13,10 @@ from typing import Any
 
 # name -> the module that defines it now (resolved on first use)
 MOVED: dict[str, str] = {
-    "load_transcriber": "multimodal.pipelines.transcribe",
-    "SAMPLE_RATE": "multimodal.pipelines.transcribe",
-    "SILENCE_PEAK": "multimodal.pipelines.transcribe",
-    "Transcript": "multimodal.pipelines.transcribe",
-    "read_speech": "multimodal.pipelines.transcribe",
-    "transcribe": "multimodal.pipelines.transcribe",
-    "write_transcripts": "multimodal.pipelines.transcribe",
-    "prompt_languages": "multimodal.pipelines.transcribe",
+    **dict.fromkeys([
+        "load_transcriber", "SAMPLE_RATE", "SILENCE_PEAK", "Transcript", "read_speech",
+        "transcribe", "write_transcripts", "prompt_languages"
+    ], "multimodal.pipelines.transcribe"),
 }
 
 warnings.warn("multimodal.asr is deprecated and will be removed in 0.2: use "

@@ -12,7 +12,7 @@ from typing import Any
 
 # name -> the module that defines it now (resolved on first use)
 MOVED: dict[str, str] = {
-    "chat": "multimodal.pipelines.chat",
+    **dict.fromkeys(["chat"], "multimodal.pipelines.chat"),
 }
 
 warnings.warn("multimodal.chat is deprecated and will be removed in 0.2: use multimodal.chat "

@@ -15,21 +15,16 @@ from typing import Any
 
 # name -> the module that defines it now (resolved on first use)
 MOVED: dict[str, str] = {
-    "from_pretrained": "multimodal.loading",
-    "read_config": "multimodal.loading",
-    "folder_preprocessor": "multimodal.loading",
-    "create_model": "multimodal.models",
-    "list_presets": "multimodal.models",
-    "load_checkpoint": "multimodal.checkpoints",
-    "CHECKPOINT_HINT": "multimodal.checkpoints",
-    "checkpoint_image_preprocessor": "multimodal.checkpoints",
-    "checkpoint_tokenizer": "multimodal.checkpoints",
-    "datamodule_arguments": "multimodal.checkpoints",
-    "model_from_checkpoint": "multimodal.checkpoints",
-    "read_checkpoint": "multimodal.checkpoints",
-    "Encoder": "multimodal.encoder",
-    "TokenFeatures": "multimodal.encoder",
-    "load_encoder": "multimodal.encoder",
+    **dict.fromkeys([
+        "from_pretrained", "read_config", "folder_preprocessor"
+    ], "multimodal.loading"),
+    **dict.fromkeys(["create_model", "list_presets"], "multimodal.models"),
+    **dict.fromkeys([
+        "load_checkpoint", "CHECKPOINT_HINT", "checkpoint_image_preprocessor",
+        "checkpoint_tokenizer", "datamodule_arguments", "model_from_checkpoint",
+        "read_checkpoint"
+    ], "multimodal.checkpoints"),
+    **dict.fromkeys(["Encoder", "TokenFeatures", "load_encoder"], "multimodal.encoder"),
 }
 
 warnings.warn("multimodal.hub is deprecated and will be removed in 0.2: use "

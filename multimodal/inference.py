@@ -13,20 +13,18 @@ from typing import Any
 
 # name -> the module that defines it now (resolved on first use)
 MOVED: dict[str, str] = {
-    "CaptionerBundle": "multimodal.pipelines.caption",
-    "caption": "multimodal.pipelines.caption",
-    "load_captioner": "multimodal.pipelines.caption",
-    "embed": "multimodal.pipelines.embed",
-    "load_model_encoder": "multimodal.pipelines.embed",
-    "read_embeddings": "multimodal.pipelines.embed",
-    "InputItem": "multimodal.pipelines.inputs",
-    "UnreadableInput": "multimodal.pipelines.inputs",
-    "collect_inputs": "multimodal.pipelines.inputs",
-    "DEFAULT_TEMPLATES": "multimodal.pipelines.zero_shot",
-    "ZeroShotClasses": "multimodal.pipelines.zero_shot",
-    "ZeroShotRow": "multimodal.pipelines.zero_shot",
-    "class_embeddings": "multimodal.pipelines.zero_shot",
-    "zero_shot": "multimodal.pipelines.zero_shot",
+    **dict.fromkeys([
+        "CaptionerBundle", "caption", "load_captioner"
+    ], "multimodal.pipelines.caption"),
+    **dict.fromkeys([
+        "embed", "load_model_encoder", "read_embeddings"
+    ], "multimodal.pipelines.embed"),
+    **dict.fromkeys([
+        "InputItem", "UnreadableInput", "collect_inputs"
+    ], "multimodal.pipelines.inputs"),
+    **dict.fromkeys([
+        "DEFAULT_TEMPLATES", "ZeroShotClasses", "ZeroShotRow", "class_embeddings", "zero_shot"
+    ], "multimodal.pipelines.zero_shot"),
 }
 
 warnings.warn("multimodal.inference is deprecated and will be removed in 0.2: use "

@@ -13,14 +13,11 @@ from typing import Any
 
 # name -> the module that defines it now (resolved on first use)
 MOVED: dict[str, str] = {
-    "TTSBundle": "multimodal.checkpoints",
-    "load_tts": "multimodal.pipelines.speak",
-    "MIN_SPEECH_SECONDS": "multimodal.pipelines.speak",
-    "check_readable": "multimodal.pipelines.speak",
-    "encode_prompt": "multimodal.pipelines.speak",
-    "load_prompt": "multimodal.pipelines.speak",
-    "split_sentences": "multimodal.pipelines.speak",
-    "synthesize": "multimodal.pipelines.speak",
+    **dict.fromkeys(["TTSBundle"], "multimodal.checkpoints"),
+    **dict.fromkeys([
+        "load_tts", "MIN_SPEECH_SECONDS", "check_readable", "encode_prompt", "load_prompt",
+        "split_sentences", "synthesize"
+    ], "multimodal.pipelines.speak"),
 }
 
 warnings.warn("multimodal.synthesis is deprecated and will be removed in 0.2: use "
