@@ -40,8 +40,8 @@ from multimodal.weights import (
 __all__ = [
     "BUNDLE_KEY", "CHECKPOINT_HINT", "TTSBundle", "bundle_state", "checkpoint_codec",
     "checkpoint_image_preprocessor", "checkpoint_settings", "checkpoint_tokenizer",
-    "codec_from_state", "datamodule_arguments", "load_checkpoint", "model_from_checkpoint",
-    "read_checkpoint", "tokenizer_from_state",
+    "codec_from_state", "datamodule_arguments", "model_from_checkpoint", "read_checkpoint",
+    "tokenizer_from_state",  # load_checkpoint: deprecated (mm.from_pretrained of a file)
 ]
 
 BUNDLE_KEY = "tts"
