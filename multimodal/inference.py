@@ -1,17 +1,39 @@
-"""The verbs over folders moved to :mod:`multimodal.pipelines` (``inputs``, ``embed``,
-``zero_shot``, ``caption``); their names are kept importable from here for one release."""
+"""Deprecated: the verbs over folders moved to :mod:`multimodal.pipelines`. Importing this
+module warns; it is removed in 0.2.
 
-from multimodal.pipelines.caption import CaptionerBundle, caption, load_captioner  # noqa: F401
-from multimodal.pipelines.embed import embed, load_model_encoder, read_embeddings  # noqa: F401
-from multimodal.pipelines.inputs import (  # noqa: F401
-    InputItem,
-    UnreadableInput,
-    collect_inputs,
-)
-from multimodal.pipelines.zero_shot import (  # noqa: F401
-    DEFAULT_TEMPLATES,
-    ZeroShotClasses,
-    ZeroShotRow,
-    class_embeddings,
-    zero_shot,
-)
+``mm.embed``, ``mm.zero_shot``, ``mm.caption`` are unchanged; the other names are defined in
+:mod:`multimodal.pipelines.inputs`, ``embed``, ``zero_shot`` and ``caption``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
+# name -> the module that defines it now (resolved on first use)
+MOVED: dict[str, str] = {
+    **dict.fromkeys([
+        "CaptionerBundle", "caption", "load_captioner"
+    ], "multimodal.pipelines.caption"),
+    **dict.fromkeys([
+        "embed", "load_model_encoder", "read_embeddings"
+    ], "multimodal.pipelines.embed"),
+    **dict.fromkeys([
+        "InputItem", "UnreadableInput", "collect_inputs"
+    ], "multimodal.pipelines.inputs"),
+    **dict.fromkeys([
+        "DEFAULT_TEMPLATES", "ZeroShotClasses", "ZeroShotRow", "class_embeddings", "zero_shot"
+    ], "multimodal.pipelines.zero_shot"),
+}
+
+warnings.warn("multimodal.inference is deprecated and will be removed in 0.2: use "
+              "multimodal.embed / multimodal.zero_shot / multimodal.caption, or import from "
+              "multimodal.pipelines.inputs / embed / zero_shot / caption",
+              DeprecationWarning, stacklevel=2)
+
+
+def __getattr__(name: str) -> Any:
+    if name in MOVED:
+        return getattr(importlib.import_module(MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

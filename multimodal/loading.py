@@ -18,6 +18,8 @@ kind               what :class:`Loaded` holds
 
 The model is always the whole model; a caller takes the part it needs with
 :meth:`Loaded.part` (:func:`select_part`: a CLIP's vision tower, a Whisper's encoder).
+:func:`from_pretrained` (``mm.from_pretrained``: the model alone of a ``save_pretrained``
+folder or a ``.ckpt``) and :func:`read_config` live here too (they were in ``hub.py``).
 """
 
 from __future__ import annotations
@@ -49,12 +51,20 @@ from multimodal.convert.hf_preprocess import (
     read_preprocessor_config,
 )
 from multimodal.files import CONFIG_NAME, PathKind, path_kind
-from multimodal.hub import from_pretrained
 from multimodal.installed import resolve_weights
+from multimodal.registry import model_class
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
+from multimodal.weights import (
+    WEIGHTS_NAME,
+    check_against_header,
+    config_from_dict,
+    load_safetensors,
+    load_state_dict_checked,
+    read_meta,
+)
 
-__all__ = ["Loaded", "folder_preprocessor", "is_whisper", "load", "model_kind", "model_parts",
-           "select_part"]
+__all__ = ["Loaded", "folder_preprocessor", "from_pretrained", "is_whisper", "load", "model_kind",
+           "model_parts", "read_config", "select_part"]
 
 WHISPER_ARCHITECTURE = "WhisperForConditionalGeneration"
 
@@ -129,6 +139,32 @@ def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = Non
         tok = read_tokenizer(path / TOKENIZER_NAME)
     preprocessor = folder_preprocessor(path, model)  # ours too: written by save_pretrained
     return Loaded(model.eval(), kind, path, tok, preprocessor, read_folder_pooling(path))
+
+
+def read_config(path: str | Path) -> tuple[type[nn.Module], Any]:
+    """``(model class, config)`` of a folder written by ``save_pretrained``."""
+    cfg_file, meta = read_meta(path)
+    model_cls = model_class(meta.get("model_type"), cfg_file)
+    return model_cls, config_from_dict(model_cls.config_class, meta["config"])
+
+
+def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
+    """Rebuild any model written by ``save_pretrained`` (safetensors + JSON config), or
+    the model of a Lightning ``.ckpt`` of one of our tasks (a file: see
+    :func:`multimodal.checkpoints.read_checkpoint`, whose errors say what a file that is
+    no checkpoint is instead). Every other kind of model path: :func:`load`."""
+    if Path(path).is_file():
+        return model_from_checkpoint(read_checkpoint(path), path)
+    model_cls, config = read_config(path)
+    cfg_file, meta = read_meta(path)
+    weights = cfg_file.parent / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"weights file {weights} not found")
+    # config.json against the safetensors header before anything is allocated
+    check_against_header(model_cls, meta["config"], cfg_file, weights, strict=strict)
+    model = model_cls(config)
+    load_state_dict_checked(model, load_safetensors(weights), strict=strict)
+    return model.eval()
 
 
 def _from_checkpoint(path: Path) -> Loaded:

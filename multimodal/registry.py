@@ -4,8 +4,8 @@ This module sits below the models and the weight format (it imports nothing of t
 package): a model module registers its class with :func:`register_model` (under its name,
 the ``model_type`` that ``save_pretrained`` writes) and its presets with
 :func:`register_preset` / :func:`register_config_preset`. Building a preset by name needs
-every model imported, so ``create_model`` / ``list_presets`` live above the models, in
-:mod:`multimodal.hub`.
+every model imported, so ``create_model`` / ``list_presets`` live in
+:mod:`multimodal.models`, which imports them all.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ read, and finds a ``model_type``'s class in :data:`multimodal.registry.MODEL_CLA
 classes models register with :func:`multimodal.registry.register_model`). It never imports
 a model; what needs every model
 (``multimodal.from_pretrained`` by ``model_type``, checkpoints, encoders) is in
-:mod:`multimodal.hub`, above the models.
+:mod:`multimodal.loading` and :mod:`multimodal.checkpoints`, above the models.
 
 >>> model.save_pretrained("out/vit")
 >>> same = type(model).from_pretrained("out/vit")     # or multimodal.from_pretrained

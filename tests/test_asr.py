@@ -121,7 +121,8 @@ def test_resample_and_mix_make_those_clips_usable(model_dir, tmp_path):
 
 def test_cli_resamples_22050_hz_as_every_verb_does_with_one_note(model_dir, tmp_path, capfd):
     """espeak-ng's 22 050 Hz and a stereo file: transcribed (same text as the file converted
-    to 16 kHz mono by hand), one ``note:`` line naming them; ``--resample`` still accepted."""
+    to 16 kHz mono by hand), one ``note:`` line naming them; ``--resample`` / ``--mix`` still
+    accepted, each with a note saying it is no longer needed."""
     import torchaudio
 
     tone = _tone(1.0, rate=22050)
@@ -139,7 +140,9 @@ def test_cli_resamples_22050_hz_as_every_verb_does_with_one_note(model_dir, tmp_
         got = dict(line.split("\t", 1) for line in out.strip().splitlines())
         assert got[str(tmp_path / "say.wav")] == want["by_hand.wav"]
         notes = [ln for ln in err.splitlines() if ln.startswith("note:")]
-        assert notes == ["note: converted to 16000 Hz mono, as Whisper reads (say.wav: "
+        assert notes == [*(f"note: {flag} is no longer needed (removed in 0.2): every file is "
+                           "read as 16 kHz mono" for flag in extra),
+                         "note: converted to 16000 Hz mono, as Whisper reads (say.wav: "
                          "22050 Hz, two.wav: 2 channels averaged)"]
 
 

@@ -191,7 +191,7 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path, name):
     with pytest.raises(ValueError, match=pattern):
         mm.synthesize(path, "the cat", torch.zeros(SR))
     with pytest.raises(ValueError, match=pattern):
-        mm.load_checkpoint(path)
+        mm.from_pretrained(path)
 
 
 def test_speak_cli_says_not_a_checkpoint_without_a_traceback(tmp_path, capsys):

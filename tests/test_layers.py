@@ -28,13 +28,14 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
     models                     every model; imports the layers above, never Lightning
     optimize                   compiled / bf16 / int8 encoder inference (functions on any
                                model; precision and generation's compile check only)
-    checkpoints, hub, convert  what knows every model: Lightning checkpoints read, models by
-                               model_type and presets, conversion from other libraries
+    checkpoints, convert       what knows every model: Lightning checkpoints read (and the
+                               text-to-speech bundle they hold), conversion from other
+                               libraries
     loading                    load(path): the one dispatch over model paths, the whole model
-                               and what comes with it (tokenizer, preprocessing, pooling)
-    encoder, synthesis, asr    pickers of the parts of load(path): an encoder as a feature
-                               extractor, the text-to-speech bundle (CodecLM), the speech
-                               recogniser (Whisper)
+                               and what comes with it (tokenizer, preprocessing, pooling);
+                               from_pretrained by model_type
+    encoder                    the picker of load(path) used everywhere: an encoder as a
+                               feature extractor (a verb's own picker sits in its pipeline)
     tasks | data | pipelines   Lightning; data sits beside tasks and neither imports the
                                other. pipelines: the verbs over inputs (embed, zero-shot,
                                caption, transcribe, speak, chat), no Lightning
@@ -45,7 +46,9 @@ with ``ast`` (nothing is imported to find them) and checked against the layer or
 
 A module may import its own package and any package listed for it in ``ALLOWED``
 (a module listed there by itself, ``package.module``, has its own entry);
-anything else, and any cycle between modules, fails the test.
+anything else, and any cycle between modules, fails the test. The modules that moved
+(``hub``, ``asr``, ``synthesis``, ``inference``, ``chat``: deprecated shims that warn on
+import, removed in 0.2) are imported by no module of the package (:data:`SHIMS`).
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ ROOT = Path(__file__).resolve().parents[1] / "multimodal"
 _BASE = {"weights", "registry", "plots", "progress", "precision", "installed", "files", "deps"}
 _LAYERS = {*_BASE, "nn", "tokenizers"}
 _MODELS = {*_LAYERS, "generation", "models"}
-_ZOO = {*_MODELS, "checkpoints", "hub", "convert", "embeddings", "optimize"}
+_ZOO = {*_MODELS, "checkpoints", "convert", "embeddings", "optimize"}
+# deprecated modules kept for one release: re-exports that warn on import; nothing imports them
+SHIMS = ("hub", "asr", "synthesis", "inference", "chat")
 ALLOWED: dict[str, set[str]] = {
     "__init__": set(),  # lazy attribute access only, never a module-level import
     "registry": set(),
@@ -84,25 +89,20 @@ ALLOWED: dict[str, set[str]] = {
     "optimize": {"precision", "generation", "nn"},  # nn.quantized: the packed int8 / int4 layers
     "models": _MODELS,
     "checkpoints": _ZOO,  # Lightning checkpoints: model, tokenizer, data arguments
-    "hub": _ZOO,  # from_pretrained by model_type, presets (+ lazy aliases of moved names)
     "convert": _ZOO,
     "embeddings": {"tokenizers"},
     "loading": _ZOO,  # load(path): one dispatch, the whole model + what comes with it
-    # pickers of parts of load(path)
+    # the picker of parts of load(path) that every verb uses
     "encoder": {*_ZOO, "loading"},  # Encoder / load_encoder
-    "synthesis": {*_MODELS, "checkpoints", "loading"},  # text-to-speech from a CodecLM
-    "asr": {*_ZOO, "loading"},  # speech to text with a Whisper
     # the verbs over inputs: embed, zero-shot, caption, transcribe, speak, chat
-    "pipelines": {*_ZOO, "loading", "encoder", "asr", "synthesis", "progress", "pipelines"},
-    # the modules the verbs left, kept importable for one release: aliases only
-    "inference": {"pipelines"},
-    "chat": {"pipelines"},
-    "tasks": {*_ZOO, "loading", "encoder", "synthesis", "tasks"},
+    "pipelines": {*_ZOO, "loading", "encoder", "progress", "pipelines"},
+    # the deprecated shims import nothing of the package statically (importlib, on use)
+    **{shim: set() for shim in SHIMS},
+    "tasks": {*_ZOO, "loading", "encoder", "tasks"},
     "data": {*_LAYERS, "data"},
     # the LitServe server: loaders, no Lightning
-    "serve": {*_ZOO, "asr", "loading", "encoder", "pipelines", "serve"},
-    "cli": {*_ZOO, "tasks", "data", "cli", "pipelines", "asr", "synthesis", "loading",
-            "encoder", "serve"},
+    "serve": {*_ZOO, "loading", "encoder", "pipelines", "serve"},
+    "cli": {*_ZOO, "tasks", "data", "cli", "pipelines", "loading", "encoder", "serve"},
 }
 
 
@@ -288,8 +288,8 @@ def test_lower_layers_import_no_models(roots: tuple[str, ...]) -> None:
     loaded = json.loads(out)
     ours = [m for m in loaded if m.startswith("multimodal.")]
     assert set(roots) <= set(ours), "the subprocess did not import the roots"
-    assert [m for m in ours if m.split(".")[1] in {"models", "hub", "convert", "tasks",
-                                                     "data", "cli"}] == []
+    assert [m for m in ours if m.split(".")[1] in {"models", "convert", "tasks", "data",
+                                                     "cli", *SHIMS}] == []
     assert [m for m in loaded if m.split(".")[0] == "lightning"] == []
 
 
@@ -332,18 +332,54 @@ def test_pipelines_and_loaders_import_no_lightning() -> None:
     assert [m for m in loaded if m.startswith(("multimodal.tasks", "multimodal.cli"))] == []
 
 
-@pytest.mark.parametrize("module", ["multimodal.hub", "multimodal.asr", "multimodal.synthesis"])
-def test_moved_names_resolve_to_their_new_home(module: str) -> None:
-    """A module that names were moved out of keeps a ``MOVED`` table for one release, read
-    lazily (the new home sits above it): each name is the new home's object, and the
-    new home is a module of a layer above the old one or beside it."""
+def test_no_module_imports_a_deprecated_shim() -> None:
+    """The five moved modules are re-exports for users only: no module of the package
+    imports them (statically, at any depth), and no package code names them in a string
+    for ``importlib`` (the package ``__init__`` keeps ``hub`` reachable as a deprecated
+    attribute, the shims name themselves)."""
+    modules = _modules()
+    shims = {f"multimodal.{s}" for s in SHIMS}
+    wrong = [f"{modules[m].relative_to(ROOT.parent)}:{line} imports {t}"
+             for m, imps in _graph().items() for t, line, _ in imps if t in shims]
+    for module, path in modules.items():
+        if module in shims or module == "multimodal":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and node.value in shims:
+                wrong.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} names "
+                             f"{node.value!r}")
+    assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.parametrize("module", [f"multimodal.{s}" for s in SHIMS])
+def test_moved_modules_warn_and_resolve_to_their_new_home(module: str) -> None:
+    """A moved module warns on import (a DeprecationWarning naming the new place and the
+    release that removes it) and keeps a ``MOVED`` table, read lazily: each name is the
+    object of its new home, a module of a layer that is no shim."""
     import importlib
 
-    old = importlib.import_module(module)
+    import multimodal
+
+    short = module.rpartition(".")[2]
+    before = multimodal.__dict__.get(short)  # ``mm.chat`` the function, not the module
+    sys.modules.pop(module, None)
+    try:
+        with pytest.warns(DeprecationWarning, match=r"removed in 0\.2") as caught:
+            old = importlib.import_module(module)
+    finally:
+        sys.modules.pop(module, None)
+        if before is None:
+            multimodal.__dict__.pop(short, None)
+        else:
+            multimodal.__dict__[short] = before
+    assert module in str(caught[0].message)
+    assert old.MOVED, module
     for name, home in old.MOVED.items():
         target = getattr(importlib.import_module(home), name)
         assert getattr(old, name) is target, f"{module}.{name}"
-        assert _package(home) in ALLOWED, home
+        assert _package(home) in ALLOWED and _package(home) not in SHIMS, home
+        assert home in str(caught[0].message) or name in str(caught[0].message) \
+            or home.rpartition(".")[2] in str(caught[0].message), (module, home)
 
 
 # argparse parsers outside cli/: none (the data recipes are `python -m multimodal.cli.datasets

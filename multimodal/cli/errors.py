@@ -219,7 +219,7 @@ def worker_error(text: str) -> tuple[str, list[str], str] | None:
 
 def _section(exc: BaseException) -> str | None:
     """Which part of the config raised ``exc``: ``--data (ClassName)`` for a frame of
-    multimodal.data, ``--model (ClassName)`` for a task / model / hub frame."""
+    multimodal.data, ``--model (ClassName)`` for a task / model / loading frame."""
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
     files = [frame.filename for frame in frames]
     worker = worker_error(str(exc))
@@ -235,7 +235,7 @@ def _section(exc: BaseException) -> str | None:
         if part == "data":
             return "--data"
         if part in ("tasks", "models", "nn", "tokenizers", "convert") or \
-                rel.stem in ("hub", "weights"):
+                rel.stem in ("loading", "weights"):
             return "--model"
         if part == "cli":
             return None

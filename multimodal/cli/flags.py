@@ -1,6 +1,7 @@
 """Flags shared by the verbs, spelled one way: ``--batch_size``, ``--num_beams``,
 ``--top_k``, ``--model`` ... (snake case, as LightningCLI's options are). An older spelling
-(``--batch-size``, ``speak --ckpt``) still works as a hidden alias.
+(``--batch-size``, ``speak --ckpt``) still works as a hidden alias until 0.2, with a one-line
+``note:`` on stderr naming the spelling to use.
 
 Also the checks that run before a verb starts its work: an output path that can be written
 with a suffix the verb writes, a list of labels without repeats. No torch here.
@@ -11,12 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from multimodal.cli.errors import UsageError
 
-__all__ = ["VerbParser", "add_alias", "check_out", "model_path", "parse", "parse_labels"]
+__all__ = ["REMOVED_IN", "VerbParser", "add_alias", "check_out", "model_path", "parse",
+           "parse_labels"]
 
 
 class VerbParser(argparse.ArgumentParser):
@@ -30,8 +33,33 @@ class VerbParser(argparse.ArgumentParser):
         raise UsageError(message, f"{self.prog} --help lists the options")
 
 
+REMOVED_IN = "0.2"
+"""The release that drops the old spellings (:func:`add_alias`)."""
+
+
+class _OldSpelling(argparse.Action):
+    """Stores like the option it stands for, after a one-line note on stderr (once per
+    parse) naming the spelling to use."""
+
+    def __init__(self, *args: object, new: str, flag: bool = False, **kwargs: object) -> None:
+        if flag:
+            kwargs["nargs"] = 0
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.new, self.flag = new, flag
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        noted = getattr(namespace, "_old_spellings_noted", set())
+        if option_string not in noted:
+            print(f"note: {option_string} is an old spelling of {self.new} (removed in "
+                  f"{REMOVED_IN}): use {self.new}", file=sys.stderr)
+            namespace._old_spellings_noted = noted | {option_string}  # type: ignore[attr-defined]
+        setattr(namespace, self.dest, True if self.flag else values)
+
+
 def add_alias(parser: argparse.ArgumentParser, old: str, new: str) -> None:
-    """Accept ``old`` (hidden from ``--help``) for the already added option ``new``."""
+    """Accept ``old`` (hidden from ``--help``) for the already added option ``new``; using it
+    prints a one-line ``note:`` on stderr that names ``new`` (until :data:`REMOVED_IN`)."""
     action = next(a for a in parser._actions if new in a.option_strings)
     if action.required:  # either spelling satisfies it: checked by require()
         action.required = False
@@ -39,9 +67,9 @@ def add_alias(parser: argparse.ArgumentParser, old: str, new: str) -> None:
         parser._required_aliases = [*getattr(parser, "_required_aliases", []),  # type: ignore[attr-defined]
                                     (new, action.dest)]
     kwargs: dict = {"dest": action.dest, "help": argparse.SUPPRESS,
-                    "default": argparse.SUPPRESS}
+                    "default": argparse.SUPPRESS, "action": _OldSpelling, "new": new}
     if isinstance(action, argparse._StoreTrueAction):
-        kwargs["action"] = "store_true"
+        kwargs["flag"] = True
     else:
         kwargs.update(type=action.type, nargs=action.nargs, choices=action.choices)
     parser.add_argument(old, **kwargs)
@@ -51,6 +79,8 @@ def parse(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namespac
     """``parser.parse_args(args)``, then the options made optional by :func:`add_alias` for
     their second spelling checked as required."""
     ns = parser.parse_args(args)
+    if hasattr(ns, "_old_spellings_noted"):
+        del ns._old_spellings_noted
     missing = [flag for flag, dest in getattr(parser, "_required_aliases", [])
                if getattr(ns, dest, None) is None]
     if missing:

@@ -24,7 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from multimodal.cli.flags import VerbParser, add_alias, check_out, model_path, parse, parse_labels
+from multimodal.cli.flags import (
+    REMOVED_IN,
+    VerbParser,
+    add_alias,
+    check_out,
+    model_path,
+    parse,
+    parse_labels,
+)
 
 __all__ = ["caption_main", "embed_main", "speak_main", "transcribe_main", "zero_shot_main"]
 
@@ -185,8 +193,8 @@ def transcribe_main(args: list[str]) -> int:
     parser.add_argument("--num_beams", type=int, default=1, help="1: greedy")
     parser.add_argument("--batch_size", type=int, default=4, help="30 s windows per batch")
     parser.add_argument("--resample", action="store_true",
-                        help="kept for old commands: files not at 16 kHz are always resampled "
-                             "(one note line says which)")
+                        help="no longer needed (removed in 0.2): files not at 16 kHz are always "
+                             "resampled (one note line says which)")
     parser.add_argument("--bf16", action="store_true",
                         help="run the layers in bfloat16 (CPUs with native bf16)")
     parser.add_argument("--compile", action="store_true",
@@ -195,11 +203,15 @@ def transcribe_main(args: list[str]) -> int:
     parser.add_argument("--quantize", default=None, choices=["int8", "int4"],
                         help="weight-only quantised decoder (packed CPU kernels)")
     parser.add_argument("--mix", action="store_true",
-                        help="kept for old commands: the channels of a multi-channel file are "
-                             "always averaged")
+                        help="no longer needed (removed in 0.2): the channels of a multi-channel "
+                             "file are always averaged")
     add_alias(parser, "--num-beams", "--num_beams")
     add_alias(parser, "--batch-size", "--batch_size")
     ns = parse(parser, args)
+    for flag in ("resample", "mix"):  # what they asked for is always done now
+        if getattr(ns, flag):
+            print(f"note: --{flag} is no longer needed (removed in {REMOVED_IN}): every file "
+                  "is read as 16 kHz mono", file=sys.stderr)
     check_out(ns.out, (".csv", ".jsonl"))
     ns.model = model_path(ns.model)  # after the cheap checks, before loading
     import torch

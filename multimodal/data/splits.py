@@ -127,11 +127,15 @@ class SplitDataModule(L.LightningDataModule):
 
     @property
     def predict_dir(self) -> str | None:
-        """The old name of ``predict`` (deprecated)."""
+        """The old name of ``predict`` (deprecated, removed in 0.2)."""
+        warnings.warn("predict_dir is deprecated and will be removed in 0.2: use predict",
+                      DeprecationWarning, stacklevel=2)
         return self.predict
 
     @predict_dir.setter
     def predict_dir(self, value: str | None) -> None:
+        warnings.warn("predict_dir is deprecated and will be removed in 0.2: use predict",
+                      DeprecationWarning, stacklevel=2)
         self.predict = value
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -340,7 +341,11 @@ class TextEncoder(ClassifierHeadMixin, PretrainedMixin, nn.Module):
             pooled = pool_tokens(features, attention_mask, self.config.pool)
         return nn.functional.normalize(pooled, dim=-1) if self.config.normalize else pooled
 
-    pooled = pool  # the name used before the common API
+    def pooled(self, features: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """Deprecated (removed in 0.2): the name :meth:`pool` had before the common API."""
+        warnings.warn("TextEncoder.pooled is deprecated and will be removed in 0.2: use "
+                      "TextEncoder.pool", DeprecationWarning, stacklevel=2)
+        return self.pool(features, attention_mask=attention_mask)
 
     def forward_head(self, features: Tensor, pre_logits: bool = False, *,
                      attention_mask: Tensor | None = None) -> Tensor:

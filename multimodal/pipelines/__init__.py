@@ -14,7 +14,8 @@ module         what it runs
 ``chat``       ``mm.chat``: one chat turn through a tokenizer's chat template
 =============  ====================================================================
 
-They sit above the loaders (:mod:`multimodal.loading`, :mod:`multimodal.encoder`,
-:mod:`multimodal.asr`, :mod:`multimodal.synthesis`) and below ``serve`` and ``cli``, which
+They sit above the loaders (:mod:`multimodal.loading`, :mod:`multimodal.encoder`; a verb's
+own picker of the parts of ``load(path)``, such as ``transcribe.load_transcriber`` or
+``speak.load_tts``, sits in its module) and below ``serve`` and ``cli``, which
 parse arguments and print. Nothing is imported here: ``import multimodal.pipelines.embed``.
 """

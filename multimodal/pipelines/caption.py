@@ -24,7 +24,8 @@ from multimodal.pipelines.inputs import (
 )
 from multimodal.progress import progress
 
-__all__ = ["CaptionerBundle", "caption", "load_captioner"]
+# load_captioner: the verb's picker of load(path), not an entry point (mm.caption takes a path)
+__all__ = ["CaptionerBundle", "caption"]
 
 
 @dataclass

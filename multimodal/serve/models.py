@@ -5,7 +5,7 @@ serves it, and :func:`load_served` loads it:
 
 * a whole Whisper (:func:`multimodal.loading.is_whisper`: a CTranslate2 directory, a
   ``WhisperForConditionalGeneration`` folder with its tokenizer, a saved Whisper) ->
-  ``"transcribe"`` (:func:`multimodal.asr.load_transcriber`);
+  ``"transcribe"`` (:func:`multimodal.pipelines.transcribe.load_transcriber`);
 * a ``.gguf`` file (SmolLM2 and other Llama-family decoders) -> ``"chat"``
   (:func:`multimodal.load_encoder` reads model, tokenizer and chat template);
 * a task ``.ckpt`` that recorded class names (a classifier) -> ``"classify"``
@@ -27,7 +27,7 @@ KINDS: tuple[str, ...] = ("embed", "chat", "transcribe", "classify")
 
 @dataclass
 class Served:
-    """A loaded model: its kind, the model (an :class:`~multimodal.hub.Encoder` for embed and
+    """A loaded model: its kind, the model (an :class:`~multimodal.encoder.Encoder` for embed and
     chat, a Whisper for transcribe) and its tokenizer."""
 
     kind: str
@@ -90,7 +90,7 @@ def load_served(path: str | Path, kind: str | None = None, *, compile: bool = Fa
         encoder, model, names = load_classifier(str(path))
         return Served(kind, model, (encoder, names))
     if kind == "transcribe":
-        from multimodal.asr import load_transcriber
+        from multimodal.pipelines.transcribe import load_transcriber
 
         model, tokenizer = load_transcriber(path)
         return Served(kind, model.eval(), tokenizer)

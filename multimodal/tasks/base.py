@@ -64,7 +64,7 @@ class ModelTask(L.LightningModule):
 
     Checkpoints carry ``checkpoint["multimodal_model"] = {"model_type", "model_config"}``
     (plain types, so ``torch.load(weights_only=True)`` reads them and
-    :func:`multimodal.hub.load_checkpoint` rebuilds the model without the task). They are
+    :func:`multimodal.from_pretrained` rebuilds the model without the task). They are
     kept out of ``hyper_parameters``, which LightningCLI feeds back to ``__init__`` when a
     run is resumed or tested from a checkpoint.
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -191,6 +192,20 @@ class ClassificationTask(ModelTask):
         if stage == "fit":
             self._without_validation()
             self._regime_length()
+            self._note_old_metric_names()
+
+    def _note_old_metric_names(self) -> None:
+        """``val/acc`` is logged beside ``val/acc_macro`` (the same number) until 0.2: a
+        callback that ranks or stops by the old name gets a FutureWarning naming the new
+        one (a CLI run shows it)."""
+        trainer = self._trainer
+        for callback in getattr(trainer, "callbacks", None) or []:
+            monitor = getattr(callback, "monitor", None)
+            if isinstance(monitor, str) and monitor.endswith("/acc"):
+                warnings.warn(f"{type(callback).__name__}(monitor={monitor!r}): {monitor} is "
+                              f"the old name of {monitor}_macro (the same number), logged "
+                              f"until 0.2: monitor {monitor}_macro", FutureWarning,
+                              stacklevel=2)
 
     def _without_validation(self) -> None:
         """A data module that holds no validation split (``min_held_out_per_class``: too few
@@ -489,7 +504,7 @@ class ClassificationTask(ModelTask):
         for name, metric in metrics.items():
             metric.update(logits, labels)
             self.log(f"{prefix}/{name}", metric, prog_bar=name == "acc_macro")
-            if name == "acc_macro":  # the old name, the same number
+            if name == "acc_macro":  # the old name, the same number (until 0.2)
                 self.log(f"{prefix}/acc", metric)
         if prefix == "test":
             self.confusion.update(logits, labels)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from multimodal.hub import from_pretrained
+from multimodal.loading import from_pretrained
 from multimodal.models.text import TextEncoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask

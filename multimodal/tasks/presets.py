@@ -1,4 +1,4 @@
-"""``preset: NAME`` for a task: the named model (:func:`multimodal.hub.create_model`) with the
+"""``preset: NAME`` for a task: the named model (:func:`multimodal.models.create_model`) with the
 config's ``overrides`` and the sizes its data module fixes.
 
 The sizes come from the data module's ``model_sizes`` (``{"image_size": 32, "in_channels": 1}``,
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from multimodal.hub import create_model
+from multimodal.models import create_model
 
 
 def with_fields(config: Any, fields: Mapping[str, Any], where: str = "") -> Any:

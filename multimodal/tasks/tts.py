@@ -31,12 +31,12 @@ from torch import Tensor
 
 from multimodal.checkpoints import (
     BUNDLE_KEY,
+    TTSBundle,
     bundle_state,
     codec_from_state,
     tokenizer_from_state,
 )
 from multimodal.models.codec_lm import IGNORE_INDEX, CodecLM, nar_loss
-from multimodal.synthesis import TTSBundle
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tokenizers.codec import MelRVQCodec

@@ -165,7 +165,7 @@ def test_image_data_follows_a_clip_style_processor(tmp_path, height, width):
     pixels = np.random.default_rng(1).integers(0, 256, (height, width, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(pngs / "wide.png")
     dm = ImageClassificationDataModule(train=str(tmp_path / "photos"), **settings)
-    dm.predict_dir = str(pngs)
+    dm.predict = str(pngs)
     ours, names = next(iter(dm.predict_dataloader()))
     assert list(names) == ["wide.png"]
     theirs = ImagePreprocessor.from_dict(pre)([str(pngs / "wide.png")])

@@ -339,7 +339,7 @@ def test_checkpoint_with_a_hostile_model_config_is_refused_before_building(tmp_p
     path = tmp_path / "task.ckpt"
     torch.save({"state_dict": state, "multimodal_model": {"model_type": "TextEncoder",
                                                           "model_config": cfg}}, path)
-    torch.testing.assert_close(mm.load_checkpoint(path).state_dict(), model.state_dict())
+    torch.testing.assert_close(mm.from_pretrained(path).state_dict(), model.state_dict())
     for changes, pattern in (
             ({"depth": 100_000}, r"model_config: backbone\.depth = 100,000, but task\.ckpt "
                                  r"holds 2 layers"),
@@ -350,4 +350,4 @@ def test_checkpoint_with_a_hostile_model_config_is_refused_before_building(tmp_p
         torch.save({"state_dict": state, "multimodal_model": {"model_type": "TextEncoder",
                                                               "model_config": hostile}}, path)
         with pytest.raises(ValueError, match=pattern):
-            mm.load_checkpoint(path)
+            mm.from_pretrained(path)

@@ -85,7 +85,7 @@ def test_bert_hidden_states_and_pooler_match():
         ref = source(ids, attention_mask=mask, token_type_ids=types)
         hidden = ours(ids, attention_mask=mask, token_type_ids=types)
         torch.testing.assert_close(hidden, ref.last_hidden_state, atol=ATOL, rtol=RTOL)
-        torch.testing.assert_close(ours.pooled(hidden), ref.pooler_output, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(ours.pool(hidden), ref.pooler_output, atol=ATOL, rtol=RTOL)
 
 
 def test_bert_masked_lm_and_classifier_match():

@@ -14,7 +14,7 @@ from torch import nn
 
 import multimodal as mm
 from multimodal.generation import generate as generation_loop
-from multimodal.hub import create_model, list_presets
+from multimodal.models import create_model, list_presets
 from multimodal.models.api import GENERATE_DEFAULTS, MODALITIES, AttentionMaps, Model
 from multimodal.models.codec_lm import CodecAR
 from multimodal.registry import MODEL_CLASSES

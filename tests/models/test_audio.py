@@ -334,7 +334,7 @@ def test_cli_fit_then_predict_spoken_words(tmp_path: Path, capsys) -> None:
     assert all(ln.split("\t")[1] in {r["word"] for r in rows} for ln in lines)
     # the checkpoint's model on the raw files (its own tokenizer and stats) agrees with the
     # CLI's predict (data-module features)
-    model = mm.load_checkpoint(ckpt)
+    model = mm.from_pretrained(ckpt)
     files = sorted(folder.iterdir())
     probs = torch.cat([model.predict_waveform(*load_audio(f)) for f in files])
     conf, idx = probs.max(-1)

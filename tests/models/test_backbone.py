@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import multimodal as mm
-from multimodal.checkpoints import load_checkpoint
+from multimodal.loading import from_pretrained
 from multimodal.models.backbone import BACKBONE_FIELDS, model_config
 from multimodal.nn.block import TransformerConfig
 from multimodal.registry import MODEL_CLASSES
@@ -161,7 +161,7 @@ def test_folders_saved_with_flat_configs_still_load(name: str, tmp_path: Path) -
 def test_lightning_checkpoint_with_flat_config_still_loads(tmp_path: Path) -> None:
     path = tmp_path / "old.ckpt"
     shutil.copy(FIXTURES / "text_encoder.ckpt", path)
-    model = load_checkpoint(path)
+    model = from_pretrained(path)
     assert isinstance(model, mm.TextEncoder)
     assert (model.config.norm, model.config.embed_norm) == ("post", True)
     io = load_file(str(FIXTURES / "text_encoder_io.safetensors"))

@@ -13,6 +13,7 @@ import soundfile as sf
 import torch
 
 import multimodal as mm
+from multimodal.checkpoints import TTSBundle
 from multimodal.models.codec_lm import (
     IGNORE_INDEX,
     CodecAR,
@@ -24,7 +25,6 @@ from multimodal.models.codec_lm import (
     pack_segments,
 )
 from multimodal.pipelines.speak import split_sentences, synthesize
-from multimodal.synthesis import TTSBundle
 from multimodal.tasks.tts import TTSTask, crop_prompt
 from multimodal.tokenizers.codec import CodecConfig, MelRVQCodec
 from multimodal.tokenizers.phonemes import PhonemeTokenizer
@@ -331,7 +331,7 @@ def test_checkpoint_alone_synthesizes_the_same_audio(tmp_path: Path) -> None:
     hop = task.codec.config.features.hop_length
     win = task.codec.config.features.win_length
     assert a.numel() == (stats["ar_tokens"] - 1) * hop + win  # one frame per AR token
-    from multimodal.synthesis import load_tts
+    from multimodal.pipelines.speak import load_tts
 
     bundle = load_tts(path)
     assert isinstance(bundle, TTSBundle)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from multimodal.hub import from_pretrained
+from multimodal.loading import from_pretrained
 from multimodal.models.rnn import RecurrentState, RNNSeq2Seq, RNNSeq2SeqConfig
 from multimodal.nn.alignment import AdditiveScore, MultiplicativeScore, attend
 from multimodal.tasks.seq2seq import Seq2SeqTask

@@ -16,7 +16,7 @@ from multimodal.data.numbers import (
     target_tokenizer,
     words_to_number,
 )
-from multimodal.hub import from_pretrained
+from multimodal.loading import from_pretrained
 from multimodal.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from multimodal.tasks.seq2seq import Seq2SeqTask, exact_match
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID

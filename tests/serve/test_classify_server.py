@@ -30,7 +30,7 @@ def task_probabilities(path, texts) -> np.ndarray:
     from multimodal.tasks.classification import ClassificationTask
 
     ckpt = read_checkpoint(path)
-    model = mm.load_checkpoint(path)
+    model = mm.from_pretrained(path)
     task = ClassificationTask(model=model).eval()
     tok = checkpoint_tokenizer(ckpt)
     rows = []

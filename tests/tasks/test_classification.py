@@ -159,7 +159,7 @@ def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
     # the checkpoint loads with weights_only=True (no pickled objects)
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt["multimodal_model"]["model_type"] == "ViT"
-    assert mm.load_checkpoint(last).config.num_classes == 10
+    assert mm.from_pretrained(last).config.num_classes == 10
     # predict: a folder of PNGs made from real digits, one class name per file
     from multimodal.data.sources.digits import load_digits
 

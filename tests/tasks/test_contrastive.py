@@ -156,8 +156,8 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, loss):
 def test_task_trains_on_scenes_logs_the_metrics_and_keeps_its_tokenizer(tmp_path):
     import lightning as L
 
-    from multimodal.checkpoints import load_checkpoint
     from multimodal.data.captions import CaptionDataModule
+    from multimodal.loading import from_pretrained
     from multimodal.tasks.contrastive import ContrastiveTask
 
     L.seed_everything(0)
@@ -184,7 +184,7 @@ def test_task_trains_on_scenes_logs_the_metrics_and_keeps_its_tokenizer(tmp_path
     assert 0.0 <= float(m["val/i2t_R@1"]) <= float(m["val/i2t_R@5"]) <= 1.0
     assert model.logit_scale.item() <= math.log(100.0)  # clamped after every step
     ckpt = next(tmp_path.rglob("*.ckpt"))
-    again = ContrastiveTask(load_checkpoint(ckpt))
+    again = ContrastiveTask(from_pretrained(ckpt))
     again.on_load_checkpoint(torch.load(ckpt, weights_only=True))
     assert again.tokenizer is not None
     assert again.tokenizer.encode("a small red circle") == task.tokenizer.encode(

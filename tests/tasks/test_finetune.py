@@ -142,7 +142,7 @@ def test_lora_merged_equals_unmerged(tmp_path):
     task.on_save_checkpoint(ckpt)
     torch.save(ckpt, tmp_path / "lora.ckpt")
     with torch.no_grad():
-        torch.testing.assert_close(mm.load_checkpoint(tmp_path / "lora.ckpt")(x), unmerged,
+        torch.testing.assert_close(mm.from_pretrained(tmp_path / "lora.ckpt")(x), unmerged,
                                    atol=1e-5, rtol=1e-5)
 
 

@@ -152,7 +152,7 @@ def test_linear_probe_is_one_pass_and_the_solved_head(tmp_path):
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
     train, val = _images(48, 0), _images(24, 1)
     count = _Count(task)
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc", mode="max",
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc_macro", mode="max",
                            save_last=True)
     trainer = _trainer(tmp_path, [count, ckpt], max_epochs=10)
     trainer.fit(task, DataLoader(train, batch_size=8), DataLoader(val, batch_size=8))
