@@ -368,6 +368,8 @@ def read_image(source: Any, channels: int | None = 3, name: str | None = None
             if not os.path.exists(source):
                 raise FileNotFoundError(f"image file not found: {source}")
             raise CorruptFileError(f"{name}: not a readable image (it is not a file)")
+        if os.path.getsize(source) == 0:
+            raise CorruptFileError(f"{name}: not a readable image ({_not_an_image(b'')})")
         from torchvision.io import read_file
 
         try:
@@ -377,6 +379,8 @@ def read_image(source: Any, channels: int | None = 3, name: str | None = None
                                    ) from None
     elif isinstance(source, (bytes, bytearray, memoryview)):
         name = name or "image bytes"
+        if not len(source):
+            raise CorruptFileError(f"{name}: not a readable image ({_not_an_image(b'')})")
         data = torch.frombuffer(bytearray(source), dtype=torch.uint8)
     elif isinstance(source, torch.Tensor) and source.dtype == torch.uint8 and source.ndim == 1:
         name, data = name or "image bytes", source
@@ -406,8 +410,11 @@ def _decode(data: torch.Tensor, channels: int | None, name: str) -> torch.Tensor
             return _decode_with_pil(data.numpy().tobytes(), name)
         mode = ImageReadMode.UNCHANGED if channels is None else \
             ImageReadMode[{1: "GRAY", 3: "RGB", 4: "RGB_ALPHA"}[channels]]
-        if channels == 4 and kind == "jpeg":
-            mode = ImageReadMode.RGB  # JPEG has no alpha (and its 4 channels are CMYK)
+        if channels in (1, 4) and kind == "jpeg":
+            # JPEG has no alpha (its 4 channels are CMYK); grey from colour is the luma of
+            # the decoded RGB, as PIL's convert("L") (libjpeg's own grey output is its Y
+            # plane before chroma upsampling: up to ~10 levels off on a small photo)
+            mode = ImageReadMode.RGB
         image = decode_image(data, mode=mode, apply_exif_orientation=kind in ("png", "jpeg"))
     except (RuntimeError, OSError, ValueError, SyntaxError) as err:
         raise CorruptFileError(f"{name}: not a readable image ({_why(err)})") from None
