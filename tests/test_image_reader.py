@@ -115,7 +115,7 @@ def test_one_error_names_the_file(tmp_path):
             and message.endswith(")") and "\n" not in message, message
     with pytest.raises(CorruptFileError, match=r"^input\[2\]: not a readable image \(the file"):
         read_image(b"", name="input[2]")
-    with pytest.raises(FileNotFoundError, match="missing.png"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.png"):
         read_image(tmp_path / "missing.png")
 
 

@@ -337,7 +337,8 @@ def test_zero_shot_with_templates_is_clips_prompt_ensemble(tmp_path, clip_folder
     torch.testing.assert_close(torch.tensor([r.probabilities for r in rows]), want,
                                atol=1e-5, rtol=1e-5)
     (tmp_path / "photos" / "empty.jpg").write_bytes(b"")
-    with pytest.raises(UnreadableInput, match=r"empty\.jpg: not a readable image \(the file is empty\)"):
+    with pytest.raises(UnreadableInput,
+                       match=r"empty\.jpg: not a readable image \(the file is empty\)"):
         zero_shot(str(clip_folder), tmp_path / "photos", ["cat", "dog"], templates)
     kept = zero_shot(str(clip_folder), tmp_path / "photos", ["cat", "dog"], templates,
                      skip_corrupt=True)
