@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from multimodal.convert.hf_preprocess import ImagePreprocessor, data_image_preprocessor
+from multimodal.convert.hf_preprocess import ImagePreprocessor
+from multimodal.convert.hf_preprocess import data_image_preprocessor as _preprocessor_of
 from multimodal.files import (
     IMAGE_EXTENSIONS,
     SPEECH_EXTENSIONS,
@@ -280,7 +281,7 @@ def measured_image_preprocessor(data_class: str | None, data_arguments: dict[str
     settings = {"image_size": size, "mean": mean, "std": std,
                 "resize": getattr(dm, "resize", None),
                 "interpolation": getattr(dm, "interpolation", None)}
-    preprocessor = data_image_preprocessor(settings, channels=channels)
+    preprocessor = _preprocessor_of(settings, channels=channels)
     if preprocessor is None:
         raise ValueError(f"{path}: images of {channels} channel(s) have no preprocessor "
                          "(1 or 3)")
