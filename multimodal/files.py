@@ -35,20 +35,14 @@ __all__ = [
     "AUDIO_EXTENSIONS",
     "CONFIG_NAME",
     "GGUF_MAGIC",
-    "IMAGE_CHANNELS",
     "IMAGE_EXTENSIONS",
     "MODEL_PATHS",
     "SPEECH_EXTENSIONS",
     "TABLE_EXTENSIONS",
     "TEXT_EXTENSIONS",
     "ZIP_MAGIC",
-    "CorruptFileError",
     "PathKind",
-    "check_image_header",
-    "image_format",
-    "image_to_channels",
     "path_kind",
-    "read_image",
     "read_rows",
     "sniff_torch_file",
     "starts_with",
@@ -285,6 +279,15 @@ def _chain(first: list[list[str]], rest: Iterable[list[str]]) -> Iterator[list[s
 
 
 # ------------------------------------------------------------------------------ images
+
+__all__ += [  # the one image reader
+    "IMAGE_CHANNELS",
+    "CorruptFileError",
+    "check_image_header",
+    "image_format",
+    "image_to_channels",
+    "read_image",
+]
 
 class CorruptFileError(ValueError):
     """A file that exists but cannot be decoded; the message names the file."""
