@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import multimodal.models  # noqa: F401  (registers every model class)
-from multimodal.convert.hf_preprocess import ImagePreprocessor
+from multimodal.convert.hf_preprocess import data_image_preprocessor
 from multimodal.files import sniff_torch_file
 from multimodal.models.codec_lm import CodecLM
 from multimodal.registry import model_class
@@ -183,23 +183,15 @@ def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Any:
 
 
 def checkpoint_image_preprocessor(ckpt: dict[str, Any], model: nn.Module) -> Any:
-    """An :class:`ImagePreprocessor` with the image size, channels and normalisation a
-    task checkpoint's data module recorded (``datamodule_hyper_parameters``: ``image_size``,
-    ``mean``, ``std``), or None when it recorded none of them."""
-    args = datamodule_arguments(ckpt)
+    """The ``ImagePreprocessor`` of a task checkpoint's data module (its recorded
+    arguments through :func:`~multimodal.convert.hf_preprocess.data_image_preprocessor`:
+    size, resize + centre crop, interpolation, mean, std), the model's image size and
+    channels where the data do not say; None when the data recorded no mean / std."""
     config = getattr(model, "config", None)
     vision = getattr(config, "vision", None) or getattr(config, "encoder", None) or config
-    size = args.get("image_size") or getattr(vision, "image_size", None)
-    if args.get("mean") is None or args.get("std") is None or not isinstance(size, int):
-        return None
-    channels = int(getattr(vision, "in_channels", 3))
-
-    def per_channel(value: Any) -> list[float]:
-        values = [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
-        return values * channels if len(values) == 1 else values
-
-    return ImagePreprocessor(size=size, image_mean=per_channel(args["mean"]),
-                             image_std=per_channel(args["std"]), channels=channels)
+    return data_image_preprocessor(datamodule_arguments(ckpt),
+                                   channels=int(getattr(vision, "in_channels", 3)),
+                                   image_size=getattr(vision, "image_size", None))
 
 
 

@@ -11,7 +11,12 @@ magic bytes itself:
 * :func:`sniff_torch_file`: whether a file starts like one ``torch.save`` writes, or what it
   looks like instead (a Git LFS pointer, an HTML page, a text file);
 * :func:`read_rows`: the rows of a ``.csv`` / ``.tsv`` / ``.jsonl`` table (manifests,
-  labelled texts, text pairs, captions), every error naming ``path:line``.
+  labelled texts, text pairs, captions), every error naming ``path:line``;
+* :func:`read_image`: the one image reader (a file, its bytes or a PIL image -> ``uint8``
+  ``(C, H, W)``) of training, ``predict``, ``embed``, the converters' preprocessing and the
+  server: every format of :data:`IMAGE_EXTENSIONS`, EXIF orientation applied, converted to
+  the channels asked for, one :class:`CorruptFileError` naming the file
+  (``<file>: not a readable image (<why>)``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "AUDIO_EXTENSIONS",
@@ -268,3 +276,224 @@ def _csv_records(reader: Any, path: Path) -> Iterator[list[str]]:
 def _chain(first: list[list[str]], rest: Iterable[list[str]]) -> Iterator[list[str]]:
     yield from first
     yield from rest
+
+
+# ------------------------------------------------------------------------------ images
+
+__all__ += [  # the one image reader
+    "IMAGE_CHANNELS",
+    "CorruptFileError",
+    "check_image_header",
+    "image_format",
+    "image_to_channels",
+    "read_image",
+]
+
+class CorruptFileError(ValueError):
+    """A file that exists but cannot be decoded; the message names the file."""
+
+
+IMAGE_CHANNELS = {1: "L", 3: "RGB", 4: "RGBA"}
+"""The channel counts :func:`read_image` converts to, with PIL's name for each mode."""
+
+_PNG = b"\x89PNG\r\n\x1a\n"
+_FORMATS = "PNG, JPEG, GIF, WebP, BMP or TIFF"
+
+
+def image_format(head: bytes) -> str | None:
+    """``"png" | "jpeg" | "gif" | "webp" | "bmp" | "tiff"`` from the first bytes of a file
+    (16 are enough), or None when they start none of these (the formats of
+    :data:`IMAGE_EXTENSIONS`)."""
+    if head.startswith(_PNG):
+        return "png"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[:2] == b"BM":
+        return "bmp"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    return None
+
+
+def _not_an_image(head: bytes) -> str:
+    if not head:
+        return "the file is empty"
+    return f"it starts with the bytes {head[:8]!r}, not those of a {_FORMATS} image"
+
+
+def check_image_header(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`CorruptFileError` (the message of :func:`read_image`) when the file
+    does not start like an image of :func:`image_format` (a cheap check: the first bytes,
+    nothing decoded)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as err:
+        raise CorruptFileError(f"{path}: not a readable image (could not be read: "
+                               f"{err.strerror or err})") from None
+    if image_format(head) is None:
+        raise CorruptFileError(f"{path}: not a readable image ({_not_an_image(head)})")
+
+
+def read_image(source: Any, channels: int | None = 3, name: str | None = None
+               ) -> torch.Tensor:
+    """The one image reader: ``source`` (a path, the bytes of a file as ``bytes`` or a 1-D
+    ``uint8`` tensor, or a PIL image) -> ``uint8`` ``(channels, H, W)``.
+
+    * formats: PNG, JPEG, GIF (its first frame) and WebP decoded by ``torchvision.io``
+      (the decoders release the GIL: data-loader threads run in parallel); BMP, TIFF, a
+      palette PNG wanted with alpha and a WebP carrying EXIF by PIL. What a file is goes
+      by its first bytes (:func:`image_format`), never by its name.
+    * EXIF orientation is applied (a phone photo taken upright comes out upright), as
+      PIL's ``ImageOps.exif_transpose`` does.
+    * ``channels``: 3 (RGB), 1 (grey, ITU-R 601 luma) or 4 (RGBA), converted as PIL's
+      ``Image.convert`` converts (:func:`image_to_channels`; 16-bit PNGs scaled to 8 bits);
+      None keeps the file's own channels (1 to 4).
+    * errors: ``FileNotFoundError`` for a path that does not exist; anything else that
+      cannot be read or decoded is one :class:`CorruptFileError`, ``"<name>: not a
+      readable image (<why>)"``, ``name`` defaulting to the path (``"image bytes"`` /
+      ``"PIL image"`` for the others).
+    """
+    import torch
+
+    if channels is not None and channels not in IMAGE_CHANNELS:
+        raise ValueError(f"in_channels must be 1, 3 or 4, got {channels}")
+    if _is_pil_image(source):
+        image = _from_pil(source, name or "PIL image")
+        return image_to_channels(image, channels or image.shape[0])
+    if isinstance(source, (str, os.PathLike)):
+        name = name or str(source)
+        if not os.path.isfile(source):
+            if not os.path.exists(source):
+                raise FileNotFoundError(f"image file not found: {source}")
+            raise CorruptFileError(f"{name}: not a readable image (it is not a file)")
+        if os.path.getsize(source) == 0:
+            raise CorruptFileError(f"{name}: not a readable image ({_not_an_image(b'')})")
+        from torchvision.io import read_file
+
+        try:
+            data = read_file(str(source))
+        except RuntimeError as err:
+            raise CorruptFileError(f"{name}: not a readable image (could not be read: {err})"
+                                   ) from None
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        name = name or "image bytes"
+        if not len(source):
+            raise CorruptFileError(f"{name}: not a readable image ({_not_an_image(b'')})")
+        data = torch.frombuffer(bytearray(source), dtype=torch.uint8)
+    elif isinstance(source, torch.Tensor) and source.dtype == torch.uint8 and source.ndim == 1:
+        name, data = name or "image bytes", source
+    else:
+        raise TypeError(f"read_image reads a path, bytes or a PIL image, got "
+                        f"{type(source).__name__}")
+    image = _decode(data, channels, name)
+    return image_to_channels(image, channels or image.shape[0])
+
+
+def _decode(data: torch.Tensor, channels: int | None, name: str) -> torch.Tensor:
+    """uint8 / uint16 ``(C, H, W)`` of the encoded bytes ``data``, EXIF orientation applied,
+    in the channels asked for where the decoder converts itself (else as stored)."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    head = bytes(data[:32].tolist())
+    kind = image_format(head)
+    if kind is None:
+        raise CorruptFileError(f"{name}: not a readable image ({_not_an_image(head)})")
+    # torchvision.io reads no BMP nor TIFF, turns palette PNGs into wrong RGBA (0.26) and
+    # applies EXIF orientation to JPEG and PNG only: PIL for those
+    webp_exif = kind == "webp" and head[12:16] == b"VP8X" and len(head) > 20 \
+        and head[20] & 0x08
+    palette_alpha = channels == 4 and kind == "png" and len(head) > 25 and head[25] == 3
+    try:
+        if kind in ("bmp", "tiff") or webp_exif or palette_alpha:
+            return _decode_with_pil(data.numpy().tobytes(), name)
+        mode = ImageReadMode.UNCHANGED if channels is None else \
+            ImageReadMode[{1: "GRAY", 3: "RGB", 4: "RGB_ALPHA"}[channels]]
+        if channels in (1, 4) and kind == "jpeg":
+            # JPEG has no alpha (its 4 channels are CMYK); grey from colour is the luma of
+            # the decoded RGB, as PIL's convert("L") (libjpeg's own grey output is its Y
+            # plane before chroma upsampling: up to ~10 levels off on a small photo)
+            mode = ImageReadMode.RGB
+        image = decode_image(data, mode=mode, apply_exif_orientation=kind in ("png", "jpeg"))
+    except (RuntimeError, OSError, ValueError, SyntaxError) as err:
+        raise CorruptFileError(f"{name}: not a readable image ({_why(err)})") from None
+    return image[0] if image.ndim == 4 else image  # an animated GIF: its first frame
+
+
+def _why(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _is_pil_image(source: Any) -> bool:
+    module = type(source).__module__
+    if not module.startswith("PIL."):
+        return False
+    from PIL import Image
+
+    return isinstance(source, Image.Image)
+
+
+def _decode_with_pil(data: bytes, name: str) -> torch.Tensor:
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+            return _from_pil(im, name)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
+        raise CorruptFileError(f"{name}: not a readable image ({_why(err)})") from None
+
+
+def _from_pil(im: Any, name: str) -> torch.Tensor:
+    """uint8 ``(C, H, W)`` of a PIL image, EXIF orientation applied: grey / grey + alpha /
+    RGBA kept, a palette as RGBA, anything else (CMYK, YCbCr, 16-bit ...) as RGB."""
+    import numpy as np
+    import torch
+    from PIL import ImageOps
+
+    try:
+        im = ImageOps.exif_transpose(im)
+        mode = {"L": "L", "LA": "LA", "RGBA": "RGBA", "P": "RGBA", "PA": "RGBA"}.get(
+            im.mode, "RGB")
+        array = np.asarray(im.convert(mode))
+    except (OSError, ValueError, SyntaxError) as err:
+        raise CorruptFileError(f"{name}: not a readable image ({_why(err)})") from None
+    array = array[..., None] if array.ndim == 2 else array
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+
+def image_to_channels(image: torch.Tensor, channels: int) -> torch.Tensor:
+    """uint8/uint16 (C, H, W) with C in 1..4 -> uint8 (channels, H, W).
+
+    16-bit values are scaled to 8 bits (``v * 255 / 65535``, rounded). Conversions follow
+    PIL's ``Image.convert``: grey -> RGB copies the channel, RGB -> grey is ITU-R 601 luma
+    (``0.299 R + 0.587 G + 0.114 B``), alpha is dropped when not wanted and set to 255 when
+    wanted but absent.
+    """
+    import torch
+    from torchvision.transforms.v2 import functional as TF
+
+    if image.dtype == torch.uint16:
+        image = (image.to(torch.int32) * 255 + 32767).div(65535, rounding_mode="floor")
+        image = image.to(torch.uint8)
+    elif image.dtype != torch.uint8:
+        raise ValueError(f"expected a uint8 or uint16 image, got {image.dtype}")
+    c = image.shape[0]
+    if c == channels:
+        return image
+    colour = image[:1].expand(3, -1, -1) if c in (1, 2) else image[:3]
+    if channels == 1:
+        return image[:1].clone() if c in (1, 2) else TF.rgb_to_grayscale(colour)
+    if channels == 3:
+        return colour.contiguous()
+    if channels == 4:
+        alpha = image[-1:] if c in (2, 4) else torch.full_like(image[:1], 255)
+        return torch.cat([colour, alpha])
+    raise ValueError(f"in_channels must be 1, 3 or 4, got {channels}")

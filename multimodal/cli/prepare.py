@@ -133,7 +133,7 @@ def _images(args: argparse.Namespace) -> dict[str, int]:
 
 def _audio(args: argparse.Namespace) -> dict[str, int]:
     from multimodal.data.audio import AudioClassificationDataModule
-    from multimodal.data.audio_files import AudioShardEncoder
+    from multimodal.data.readers.audio import AudioShardEncoder
 
     dm = AudioClassificationDataModule(
         train=args.root, val=args.val, test=args.test, val_size=_size(args.val_size),
@@ -146,7 +146,7 @@ def _audio(args: argparse.Namespace) -> dict[str, int]:
 
 def _captions(args: argparse.Namespace) -> dict[str, int]:
     from multimodal.data.captions import CaptionDataModule
-    from multimodal.data.captions_files import CaptionShardEncoder
+    from multimodal.data.readers.captions import CaptionShardEncoder
 
     dm = CaptionDataModule(train=args.root, val=args.val, test=args.test,
                            image_root=args.image_root, val_size=_size(args.val_size),

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from multimodal.files import read_image
 from multimodal.tokenizers.image_geometry import center_crop, shortest_edge_size
 
 PREPROCESSOR_NAME = "preprocessor_config.json"
@@ -97,7 +98,7 @@ def apply_audio_preprocessor(model: Any, pre: dict[str, Any],
 
 
 class ImagePreprocessor:
-    """Images (PNG/JPEG paths, PIL images or ``uint8`` tensors ``(3, H, W)``) -> a float
+    """Images (paths, PIL images or ``uint8`` tensors ``(3, H, W)``) -> a float
     batch ``(B, 3, H', W')`` as a transformers image processor of the same settings gives.
 
     ``size``: ``{"height": h, "width": w}`` or ``{"shortest_edge": s}``; ``crop_size``:
@@ -170,21 +171,11 @@ class ImagePreprocessor:
                 raise ValueError(f"image tensors must be uint8 ({self.channels}, H, W), got "
                                  f"{image.dtype} {tuple(image.shape)}")
             return image
-        from PIL import Image
-        from torchvision.transforms.v2.functional import pil_to_tensor
-
-        if isinstance(image, (str, Path)):
-            path = Path(image)
-            if not path.is_file():
-                raise FileNotFoundError(f"image file not found: {path}")
-            with Image.open(path) as img:
-                image = img.convert("RGB" if self.channels == 3 else "L")
-        elif isinstance(image, Image.Image):
-            image = image.convert("RGB" if self.channels == 3 else "L")
-        else:
+        try:  # a path or a PIL image: the one image reader (EXIF orientation, channels)
+            return read_image(image, self.channels)
+        except TypeError:
             raise ValueError(f"expected an image path, a PIL image or a uint8 tensor, got "
-                             f"{type(image).__name__}")
-        return pil_to_tensor(image)
+                             f"{type(image).__name__}") from None
 
     def _resize(self, x: Tensor) -> Tensor:
         from torchvision.transforms.v2 import InterpolationMode
@@ -228,3 +219,55 @@ class ImagePreprocessor:
         if len(shapes) > 1:
             raise ValueError(f"images of different sizes after preprocessing: {sorted(shapes)}")
         return torch.stack(out)
+
+
+def data_image_preprocessor(data: Any, *, channels: int | None = None,
+                            image_size: int | None = None) -> ImagePreprocessor | None:
+    """The one map from an image data module's settings to the :class:`ImagePreprocessor`
+    that resizes, crops and normalises as its evaluation transform does
+    (:func:`multimodal.data.vision_transforms.image_transform` with ``train=False``), so
+    ``predict``, ``embed``, ``zero-shot``, ``caption`` and ``serve`` read images as ``fit``
+    did. Used where a model is saved (``save_pretrained`` of a task: the live data module)
+    and where a checkpoint loads (its recorded data arguments, once).
+
+    ``data``: the data module's arguments (a mapping, as a checkpoint records them under
+    ``datamodule_hyper_parameters``) or the data module itself (its attributes: then
+    ``mean`` / ``std`` are the statistics it measured on the training images). Read:
+
+    * ``image_size``: the square side (else ``image_size`` given here, the model's);
+    * ``resize``: the shorter side is resized to it (aspect kept), then a centre crop of
+      ``image_size``; without it, a resize to ``image_size x image_size``;
+    * ``interpolation``: ``"bilinear"`` (default), ``"bicubic"``, ... (PIL's codes in the
+      processor);
+    * ``mean`` / ``std``: one value or one per channel, of pixels scaled to [0, 1]:
+      ``x = (pixel / 255 - mean) / std``;
+    * ``in_channels``: 1 or 3 (``channels`` given here wins: the model's).
+
+    None when the data do not say it all: no ``mean`` / ``std`` (a data module measures
+    them at ``setup``; a checkpoint's arguments then hold none), no size, statistics that
+    cannot be read, or channels other than 1 and 3."""
+    def get(key: str) -> Any:
+        if isinstance(data, dict):
+            return data.get(key)
+        try:
+            return getattr(data, key, None)
+        except (RuntimeError, ValueError, TypeError, OSError):  # statistics not measurable
+            return None
+
+    size = get("image_size") or image_size
+    channels = channels or get("in_channels") or 3
+    mean, std = get("mean"), get("std")
+    if not isinstance(size, int) or channels not in (1, 3) or mean is None or std is None:
+        return None
+
+    def per_channel(value: Any) -> list[float]:
+        values = [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
+        return values * channels if len(values) == 1 else values
+
+    resize = get("resize")
+    codes = {name: code for code, name in _RESAMPLE.items()}
+    return ImagePreprocessor(
+        size={"shortest_edge": int(resize)} if resize else size,
+        resample=codes.get(get("interpolation") or "bilinear", 2),
+        do_center_crop=bool(resize), crop_size=size if resize else None,
+        image_mean=per_channel(mean), image_std=per_channel(std), channels=channels)

@@ -12,9 +12,11 @@ what it takes from a pretrained model) and shares the loader recipe of ``splits`
 ``sampling``'s resumable shuffle).
 
 Built-in sources, one module each: ``sources/`` (how each dataset is obtained offline and
-read). Readers of your own files: ``readers`` (class folders, manifests, image decoding),
-``audio_files`` (labelled recordings), ``captions_files`` (caption manifests, COCO JSON),
-``text_files`` (.txt / JSONL text), ``text_labelled`` (``text,label`` CSV / JSONL, class
+read). Readers of your own files: the package ``readers/`` (``file_lists``: class
+folders, manifests; ``audio``: labelled recordings; ``captions``: caption manifests, COCO
+JSON; ``text``: .txt / JSONL text; images are decoded by :func:`multimodal.files.read_image`;
+the old modules ``audio_files`` / ``captions_files`` / ``text_files`` warn and forward for
+one release), ``text_labelled`` (``text,label`` CSV / JSONL, class
 folders of .txt, ``source,target`` pairs, texts to predict), ``text_tokenizer`` (a Hugging
 Face or own ``tokenizer.json`` and its special ids), ``shards`` (LitData). Items and
 batches: ``vision_datasets``, ``audio_datasets``, ``documents``. Per-modality transforms:

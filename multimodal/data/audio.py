@@ -30,7 +30,10 @@ from multimodal.data.audio_datasets import (
     AudioBatchCollate,
     AudioFolderDataset,
 )
-from multimodal.data.audio_files import (
+from multimodal.data.audio_transforms import SAMPLE_RATE, centre_crop
+from multimodal.data.noise import NoiseMixer
+from multimodal.data.readers import FileList
+from multimodal.data.readers.audio import (
     AudioFileDataset,
     AudioShardDecoder,
     SkippingAudioCollate,
@@ -38,9 +41,6 @@ from multimodal.data.audio_files import (
     check_audio_files,
     read_audio_files,
 )
-from multimodal.data.audio_transforms import SAMPLE_RATE, centre_crop
-from multimodal.data.noise import NoiseMixer
-from multimodal.data.readers import FileList
 from multimodal.data.shards import ShardLoaderMixin, read_shard_meta, shard_dataset
 from multimodal.data.sources import GET_AUDIO
 from multimodal.data.sources.sonic_pi import (
@@ -79,7 +79,7 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
     """Spoken words (20 classes, split by voice), Sonic Pi samples (split by file), your
     own recordings (``train``: a class-per-subfolder folder or a ``path,label`` manifest of
     WAV / FLAC / OGG / MP3 files at any sample rate and channel count; see
-    :mod:`multimodal.data.audio_files`), or LitData shards of them (``shards``).
+    :mod:`multimodal.data.readers.audio`), or LitData shards of them (``shards``).
 
     Args:
         dataset: ``"spoken_words"`` or ``"sonic_pi"``.
@@ -259,7 +259,7 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
 
     def _file_lists(self) -> dict[str, FileList]:
         """Train / val / test lists of your files (given, or held out seeded), each checked
-        header by header (:func:`~multimodal.data.audio_files.check_audio_files`)."""
+        header by header (:func:`~multimodal.data.readers.audio.check_audio_files`)."""
         classes = self.class_names
         full = read_audio_files(self.files["train"], classes)  # type: ignore[arg-type]
         given = {k: self.files[k] for k in ("val", "test") if self.files[k] is not None}

@@ -1,6 +1,6 @@
 """Image-caption pairs for the captioning and contrastive tasks: procedural scenes, Twitter
 emoji, or your own files (a CSV / JSONL manifest or COCO-captions JSON, read by
-:mod:`multimodal.data.captions_files`).
+:mod:`multimodal.data.readers.captions`).
 
 Batches are ``{"images": float (B, 3, H, W), "captions": list[str]}`` with images
 normalised per channel, ``x = (pixel / 255 - mean) / std``, mean and std measured on the
@@ -18,14 +18,14 @@ import torch
 from torch.utils.data import Dataset
 
 from multimodal.data.batch_augment import BatchImageTransform, DivideNormalise
-from multimodal.data.captions_files import (
+from multimodal.data.device_batches import ResidentSplit, resident_setting
+from multimodal.data.readers.captions import (
     CaptionFiles,
     CaptionShardDecoder,
     FileCaptionDataset,
     read_caption_files,
     split_by_image,
 )
-from multimodal.data.device_batches import ResidentSplit, resident_setting
 from multimodal.data.shards import ShardLoaderMixin, read_shard_file, read_shard_meta, shard_dataset
 from multimodal.data.sources.emoji import find_package_dir, load_emoji
 from multimodal.data.sources.scenes import (

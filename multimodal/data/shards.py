@@ -43,13 +43,9 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from multimodal.data.readers import (
-    CorruptFileError,
-    FileList,
-    decode_image_bytes,
-    image_to_channels,
-)
+from multimodal.data.readers import FileList
 from multimodal.data.workers import ignore_job_signals
+from multimodal.files import CorruptFileError, read_image
 
 __all__ = [
     "ShardLoaderMixin",
@@ -89,20 +85,13 @@ def _is_url(path: str) -> bool:
 def encode_image_file(path: str, image_size: int | None) -> bytes:
     """The file's bytes unchanged, or (with ``image_size``) its image resized so that the
     shorter side is ``image_size`` and re-encoded as lossless PNG."""
-    from torchvision.io import ImageReadMode, decode_image, encode_png, read_file
+    from torchvision.io import encode_png, read_file
     from torchvision.transforms.v2 import functional as TF
 
     data = read_file(path)
     if image_size is None:
         return data.numpy().tobytes()
-    try:
-        image = decode_image(data, mode=ImageReadMode.UNCHANGED)
-    except RuntimeError as err:
-        raise CorruptFileError(f"{path} could not be decoded as an image: {err}") from err
-    if image.ndim == 4:
-        image = image[0]
-    if image.shape[0] not in (1, 2, 3, 4) or image.dtype != torch.uint8:
-        image = image_to_channels(image, 3 if image.shape[0] >= 3 else 1)
+    image = read_image(data, None, path)  # its own channels, 8 bits, EXIF orientation applied
     image = TF.resize(image, image_size, antialias=True)
     return encode_png(image).numpy().tobytes()
 
@@ -305,7 +294,7 @@ class _ShardDecoder:
     def __call__(self, item: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
         data = torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8)
         try:
-            image = decode_image_bytes(data, self.in_channels, f"shard item {item['label']}")
+            image = read_image(data, self.in_channels, f"shard item {item['label']}")
         except CorruptFileError:
             if self.skip_corrupt:
                 return None

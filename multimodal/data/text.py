@@ -12,7 +12,7 @@ by document (so no passage of a test document was seen in training), stratified 
 and train their WordPiece tokenizer on the training documents only.
 
 :class:`TextCorpusDataModule` also reads your own text (``train``: ``.txt`` files, a folder
-of them, a glob, or JSONL with a ``text`` field; :mod:`multimodal.data.text_files`).
+of them, a glob, or JSONL with a ``text`` field; :mod:`multimodal.data.readers.text`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from multimodal.data.documents import (
     pack_blocks,
     split_documents,
 )
+from multimodal.data.readers.text import read_text_documents
 from multimodal.data.shards import ShardLoaderMixin, read_shard_meta, shard_splits
 from multimodal.data.sources.corpora import SOURCES, check_sources, load_corpus
 from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR
@@ -37,7 +38,6 @@ from multimodal.data.sources.shakespeare import (
     DEFAULT_ROOT,
 )
 from multimodal.data.splits import SplitDataModule, held_out_sizes
-from multimodal.data.text_files import read_text_documents
 from multimodal.data.text_tokenizer import (
     AnyTextTokenizer,
     SpecialIds,

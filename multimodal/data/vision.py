@@ -20,9 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from multimodal.data.batch_augment import AffineNormalise, BatchImageTransform, DivideNormalise
 from multimodal.data.device_batches import ResidentSplit, resident_setting
 from multimodal.data.readers import (
-    CorruptFileError,
     FileList,
-    decode_image_file,
     find_classes,
     is_manifest,
     read_labelled_manifest,
@@ -56,7 +54,7 @@ from multimodal.data.vision_transforms import (
     image_transform,
     per_channel,
 )
-from multimodal.files import IMAGE_EXTENSIONS
+from multimodal.files import IMAGE_EXTENSIONS, CorruptFileError, read_image
 
 __all__ = ["DATASETS", "ImageClassificationDataModule"]
 
@@ -468,7 +466,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
             images, labels, skipped = [], [], 0
             for path, label in zip(files.paths, files.labels.tolist(), strict=True):  # type: ignore[union-attr]
                 try:
-                    image = decode_image_file(str(path), self.in_channels)
+                    image = read_image(str(path), self.in_channels)
                 except CorruptFileError:
                     if not self.skip_corrupt:
                         raise
@@ -548,12 +546,11 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
 
     def predict_dataloader(self) -> DataLoader:
         if self.predict is None:
-            raise ValueError("predict needs predict: a folder of PNG/JPEG images "
-                             "(--data.init_args.predict)")
-        custom = self.resize is not None or self.interpolation != "bilinear"
-        dataset = ImageFolderDataset(
+            raise ValueError("predict needs predict: a folder of images (" +
+                             " ".join(IMAGE_EXTENSIONS) + "; --data.init_args.predict)")
+        dataset = ImageFolderDataset(  # the evaluation transform of fit, whatever its settings
             self.predict, self.image_size, self.in_channels, self.mean, self.std,
-            transform=image_transform(self.transform_config(), train=False) if custom else None,
+            transform=image_transform(self.transform_config(), train=False),
             skip_corrupt=self.skip_corrupt,
         )
         return self.loader(dataset, shuffle=False)

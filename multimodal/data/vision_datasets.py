@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from multimodal.data.readers import CorruptFileError, FileList, decode_image_file
+from multimodal.data.readers import FileList
+from multimodal.files import IMAGE_EXTENSIONS, CorruptFileError, check_image_header, read_image
 
 __all__ = [
     "FileImageDataset",
@@ -148,17 +149,17 @@ class TensorImageDataset(Dataset):
         return image.float().mul_(self._scale).add_(self._shift), self.labels[index]
 
 
-_IMAGE_MAGICS = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")  # PNG, JPEG
-
-
 class ImageFolderDataset(Dataset):
-    """PNG/JPEG files of a folder, in sorted file-name order, as model inputs.
+    """The image files of a folder (every extension ``fit`` reads,
+    :data:`~multimodal.files.IMAGE_EXTENSIONS`), in sorted file-name order, as model inputs,
+    read by the one image reader (:func:`~multimodal.files.read_image`).
 
     Items are ``(x, filename)`` with ``x`` float32 (in_channels, image_size, image_size)
     normalised as ``(pixel / 255 - mean) / std`` (or ``transform(uint8 image)`` when given).
-    Hidden files are skipped; any other file that is not a PNG or JPEG, or does not
-    decode, raises ValueError naming it, or with ``skip_corrupt`` is left out (each file is
-    decoded once here to find out) and listed in ``skipped`` and in a logged warning.
+    Hidden files are skipped; any other file whose name is not an image's, or whose first
+    bytes are no image format's, raises ValueError naming it (:class:`CorruptFileError`
+    for the latter), or with ``skip_corrupt`` is left out (each file is decoded once here
+    to find out) and listed in ``skipped`` and in a logged warning.
     """
 
     def __init__(
@@ -188,11 +189,11 @@ class ImageFolderDataset(Dataset):
         self.image_size, self.in_channels = image_size, in_channels
         kept = []
         for file in self.files:
-            with open(file, "rb") as f:
-                head = f.read(8)
             try:
-                if not any(head.startswith(m) for m in _IMAGE_MAGICS):
-                    raise ValueError(f"{file} is not a PNG or JPEG image")
+                if file.suffix.lower() not in IMAGE_EXTENSIONS:
+                    raise ValueError(f"{file}: not an image file (expected one of "
+                                     f"{' '.join(IMAGE_EXTENSIONS)})")
+                check_image_header(file)
                 if skip_corrupt:
                     self._decode(file)
                 kept.append(file)
@@ -213,13 +214,7 @@ class ImageFolderDataset(Dataset):
         return len(self.files)
 
     def _decode(self, file: Path) -> torch.Tensor:
-        from torchvision.io import ImageReadMode, decode_image, read_file
-
-        mode = ImageReadMode.GRAY if self.in_channels == 1 else ImageReadMode.RGB
-        try:
-            return decode_image(read_file(str(file)), mode=mode)
-        except RuntimeError as err:
-            raise ValueError(f"{file} could not be decoded as an image: {err}") from err
+        return read_image(file, self.in_channels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str]:
         file = self.files[index]
@@ -230,7 +225,7 @@ class ImageFolderDataset(Dataset):
         return (image.float() / 255.0 - self._mean) / self._std, file.name
 
 class FileImageDataset(Dataset):
-    """Items ``(x, label)`` decoded from image files: ``decode_image_file`` to uint8
+    """Items ``(x, label)`` decoded from image files: ``read_image`` to uint8
     (in_channels, H, W), then ``transform`` (see :mod:`multimodal.data.vision_transforms`).
 
     A file that cannot be decoded raises :class:`CorruptFileError` naming it, or with
@@ -254,7 +249,7 @@ class FileImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         try:
-            image = decode_image_file(str(self.files.paths[index]), self.in_channels)
+            image = read_image(str(self.files.paths[index]), self.in_channels)
         except CorruptFileError:
             if self.skip_corrupt:
                 return None

@@ -19,7 +19,7 @@ from multimodal.pipelines.inputs import (
     Skipped,
     UnreadableInput,
     collect_inputs,
-    data_image_preprocessor,
+    measured_image_preprocessor,
     read_batch,
 )
 from multimodal.progress import progress
@@ -59,7 +59,7 @@ def load_captioner(path: str | Path, *, image_size: int | None = None,
         if loaded.kind != "checkpoint":
             raise ValueError(f"{path} has no preprocessor_config.json: give --image_size, "
                              "--mean and --std")
-        preprocessor = data_image_preprocessor(loaded.data_class, loaded.data_arguments, path,
+        preprocessor = measured_image_preprocessor(loaded.data_class, loaded.data_arguments, path,
                                                 model.config.encoder.in_channels)
     if image_size is not None or mean is not None or std is not None:
         channels = model.config.encoder.in_channels

@@ -39,7 +39,7 @@ from multimodal.pipelines.inputs import (
     UnreadableInput,
     check_kind,
     collect_inputs,
-    data_image_preprocessor,
+    measured_image_preprocessor,
     read_batch,
 )
 from multimodal.progress import progress
@@ -91,7 +91,7 @@ def load_model_encoder(model: Any) -> Encoder:
             and loaded is not None and loaded.kind == "checkpoint":
         config = encoder.backbone.config
         vision = getattr(config, "vision", config)
-        encoder.preprocessor = data_image_preprocessor(
+        encoder.preprocessor = measured_image_preprocessor(
             loaded.data_class, loaded.data_arguments, loaded.path,
             int(getattr(vision, "in_channels", 3)), getattr(vision, "image_size", None))
     return encoder

@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from multimodal.convert.hf_preprocess import ImagePreprocessor
+from multimodal.convert.hf_preprocess import data_image_preprocessor as _preprocessor_of
 from multimodal.files import (
     IMAGE_EXTENSIONS,
     SPEECH_EXTENSIONS,
     TABLE_EXTENSIONS,
     TEXT_EXTENSIONS,
+    CorruptFileError,
+    read_image,
     read_rows,
 )
 from multimodal.tokenizers.audio import load_audio
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
     from multimodal.encoder import Encoder
 
 __all__ = ["InputItem", "Reader", "Skipped", "UnreadableInput", "check_kind", "collect_inputs",
-           "data_image_preprocessor", "item_kind", "read_batch"]
+           "item_kind", "measured_image_preprocessor", "read_batch"]
 
 
 class UnreadableInput(ValueError):
@@ -197,18 +200,12 @@ def _read_item(item: InputItem, kind: str, reader: Reader) -> Any:
         raise UnreadableInput(f"{item.where}: expected a file path for {kind}, got a text")
     if not item.path.is_file():
         raise UnreadableInput(f"{item.where}: file {item.path} not found")
-    if kind == "image":
-        from PIL import Image, UnidentifiedImageError
-        from torchvision.transforms.v2.functional import pil_to_tensor
-
-        channels = reader.channels
+    if kind == "image":  # the reader fit's data modules use
         try:
-            with Image.open(item.path) as img:
-                img.load()
-                return pil_to_tensor(img.convert("RGB" if channels == 3 else "L"))
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-            raise UnreadableInput(f"{item.where}: cannot read {item.path} as an image "
-                                  f"({err})") from None
+            return read_image(item.path, reader.channels)
+        except CorruptFileError as err:  # "<file>: not a readable image (...)"
+            where = "" if item.where == str(item.path) else f"{item.where}: "
+            raise UnreadableInput(f"{where}{err}") from None
     try:
         wave, rate = load_audio(item.path)
     except (ValueError, OSError, RuntimeError) as err:
@@ -256,13 +253,15 @@ def read_batch(items: Sequence[InputItem], kind: str, reader: Reader, skip_corru
     return kept, values
 
 
-def data_image_preprocessor(data_class: str | None, data_arguments: dict[str, Any],
-                             path: Path, channels: int,
-                             image_size: int | None = None) -> ImagePreprocessor:
-    """Image size and normalisation of the run that wrote the checkpoint ``path``, measured
-    again by its data module (``data_class(**data_arguments)``; data modules measure their
-    mean and std on the training images when the configuration gives none); ``image_size``
-    when the data keep the native size."""
+def measured_image_preprocessor(data_class: str | None, data_arguments: dict[str, Any],
+                                path: Path, channels: int,
+                                image_size: int | None = None) -> ImagePreprocessor:
+    """The preprocessing of the run that wrote the checkpoint ``path`` when its arguments
+    hold no ``mean`` / ``std``: its data module (``data_class(**data_arguments)``) measures
+    them again on the training images (``setup("fit")``), and the one map
+    :func:`~multimodal.convert.hf_preprocess.data_image_preprocessor` turns the module into
+    the preprocessor (size, resize + centre crop, interpolation, the measured statistics);
+    ``image_size`` (the model's) when the data keep the native size."""
     import importlib
 
     class_path = data_class or "multimodal.data.captions.CaptionDataModule"
@@ -279,7 +278,27 @@ def data_image_preprocessor(data_class: str | None, data_arguments: dict[str, An
     if not isinstance(size, int):
         raise ValueError(f"{path}: the image size is recorded neither by the data "
                          "module nor by the model; give --image_size")
-    mean, std = [float(v) for v in mean], [float(v) for v in std]
-    return ImagePreprocessor(size=size, image_mean=mean * channels if len(mean) == 1 else mean,
-                             image_std=std * channels if len(std) == 1 else std,
-                             channels=channels)
+    settings = {"image_size": size, "mean": mean, "std": std,
+                "resize": getattr(dm, "resize", None),
+                "interpolation": getattr(dm, "interpolation", None)}
+    preprocessor = _preprocessor_of(settings, channels=channels)
+    if preprocessor is None:
+        raise ValueError(f"{path}: images of {channels} channel(s) have no preprocessor "
+                         "(1 or 3)")
+    return preprocessor
+
+
+def __getattr__(name: str) -> Any:
+    """``data_image_preprocessor`` (this module's name for :func:`measured_image_preprocessor`
+    before the one map of data arguments moved to :mod:`multimodal.convert.hf_preprocess`),
+    for one release."""
+    if name == "data_image_preprocessor":
+        import warnings
+
+        warnings.warn("multimodal.pipelines.inputs.data_image_preprocessor(data_class, "
+                      "data_arguments, path, channels) is deprecated and goes in 0.2: use "
+                      "measured_image_preprocessor (same arguments), or "
+                      "multimodal.convert.hf_preprocess.data_image_preprocessor(arguments)",
+                      DeprecationWarning, stacklevel=2)
+        return measured_image_preprocessor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

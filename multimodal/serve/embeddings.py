@@ -136,19 +136,17 @@ def _data_url(url: str, i: int) -> tuple[str, bytes]:
 
 
 def _image(data: bytes, i: int, channels: int = 3) -> tuple[str, np.ndarray]:
-    """("image", uint8 ``(H, W, channels)``), read as the offline loop reads a file (RGB, or
-    grey for a model of one channel)."""
-    import io
-
-    from PIL import Image
+    """("image", uint8 ``(H, W, channels)``), read by the reader of the offline loop and of
+    training (:func:`multimodal.files.read_image`: RGB, or grey for a model of one
+    channel)."""
+    from multimodal.files import read_image
 
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            pixels = np.asarray(img.convert("RGB" if channels == 3 else "L"), dtype=np.uint8)
-            pixels = pixels.reshape(*pixels.shape[:2], -1)
-    except Exception as err:  # PIL raises many kinds, DecompressionBombError among them
-        raise ApiError(400, f"input[{i}] is not a readable image: {err}", f"input[{i}]",
-                       "invalid_image") from None
+        pixels = read_image(data, channels, f"input[{i}]").permute(1, 2, 0).numpy()
+    except Exception as err:  # CorruptFileError; PIL's DecompressionBombError among others
+        text = str(err) if str(err).startswith(f"input[{i}]: ") else \
+            f"input[{i}]: not a readable image ({err})"
+        raise ApiError(400, text, f"input[{i}]", "invalid_image") from None
     return ("image", pixels)
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
+from multimodal.convert.hf_preprocess import data_image_preprocessor
 from multimodal.loading import Loaded
 from multimodal.tasks.finetune import FinetuneConfig, apply_regime, lora_settings, merged_model
 from multimodal.tasks.optim import (
@@ -25,7 +26,7 @@ from multimodal.tasks.optim import (
     clip_gradients,
     resolve_optimizer,
 )
-from multimodal.tasks.pretrained import HEAD_MODULES, data_image_preprocessor, task_model
+from multimodal.tasks.pretrained import HEAD_MODULES, task_model
 
 CHECKPOINT_KEY = "multimodal_model"
 

@@ -261,32 +261,6 @@ def _config_image_settings(folder: Path) -> dict[str, Any]:
     return {}
 
 
-def data_image_preprocessor(datamodule: Any) -> Any:
-    """The preprocessing an image data module applies at evaluation (its image size, the
-    shorter side it resizes to before a centre crop, interpolation, mean and std) as an
-    :class:`~multimodal.convert.hf_preprocess.ImagePreprocessor`, so that a folder written
-    by ``save_pretrained`` carries it (``preprocessor_config.json``); None for data that are
-    not images of 1 or 3 channels, or whose statistics cannot be read."""
-    from multimodal.convert.hf_preprocess import ImagePreprocessor
-
-    size = getattr(datamodule, "image_size", None)
-    channels = getattr(datamodule, "in_channels", None)
-    if not isinstance(size, int) or channels not in (1, 3):
-        return None
-    try:
-        mean, std = [float(v) for v in datamodule.mean], [float(v) for v in datamodule.std]
-    except (AttributeError, RuntimeError, ValueError, TypeError, OSError):
-        return None
-    resize = getattr(datamodule, "resize", None)
-    codes = {name: code for code, name in _RESAMPLE.items()}
-    return ImagePreprocessor(
-        size={"shortest_edge": resize} if resize else size,
-        resample=codes.get(getattr(datamodule, "interpolation", "bilinear"), 2),
-        do_center_crop=bool(resize), crop_size=size if resize else None,
-        image_mean=mean * channels if len(mean) == 1 else mean,
-        image_std=std * channels if len(std) == 1 else std, channels=channels)
-
-
 def _kind(path: Path) -> str | None:
     """What :func:`~multimodal.loading.load` reads ``path`` as, None where it holds no model
     (load_pretrained says why)."""

@@ -15,8 +15,8 @@ import torchaudio
 
 from multimodal.data.audio import AudioClassificationDataModule
 from multimodal.data.audio_datasets import AudioBatchCollate
-from multimodal.data.audio_files import SkippingAudioCollate
 from multimodal.data.readers import CorruptFileError
+from multimodal.data.readers.audio import SkippingAudioCollate
 
 
 def tone(seconds: float, rate: int, freq: float, channels: int = 1) -> np.ndarray:

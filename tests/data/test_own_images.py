@@ -13,12 +13,12 @@ from PIL import Image
 
 from multimodal.data.readers import (
     CorruptFileError,
-    decode_image_file,
     read_labelled_manifest,
     scan_class_folders,
 )
 from multimodal.data.vision import ImageClassificationDataModule
 from multimodal.data.vision_transforms import ImageTransformConfig, image_transform
+from multimodal.files import read_image as decode_image_file
 
 RNG = np.random.default_rng(0)
 EXTS = (".png", ".jpg", ".webp", ".bmp", ".gif")
@@ -227,7 +227,7 @@ def test_corrupt_file_error_or_skip_with_count(tmp_path, caplog):
     (tmp_path / "a" / "zz_broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage")
     # verify_files (the default): found when the splits are made, before any batch
     dm = module(train=str(tmp_path), val_size=0, test_size=0, mean=0.5, std=0.25)
-    with pytest.raises(CorruptFileError, match=r"zz_broken\.png could not be decoded"):
+    with pytest.raises(CorruptFileError, match=r"zz_broken\.png: not a readable image \("):
         dm.setup("fit")
     # without the check: found when the loader reads it
     dm = module(train=str(tmp_path), val_size=0, test_size=0, mean=0.5, std=0.25,
@@ -259,12 +259,12 @@ def test_corrupt_file_error_or_skip_with_count(tmp_path, caplog):
 
 
 def test_every_file_is_decoded_once_before_training(tmp_path, monkeypatch):
-    from multimodal.data import readers
+    from multimodal.data.readers import file_lists
 
     make_folder(tmp_path, per_class=3)
     decoded: list[str] = []
-    real = readers.decode_image_file
-    monkeypatch.setattr(readers, "decode_image_file",
+    real = file_lists.read_image
+    monkeypatch.setattr(file_lists, "read_image",
                         lambda path, channels: decoded.append(str(path)) or real(path, channels))
     dm = module(train=str(tmp_path), val_size=0.2, test_size=0.2, mean=0.5, std=0.25)
     dm.setup("fit")

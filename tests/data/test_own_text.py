@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
+from multimodal.data.readers.text import read_text_documents
 from multimodal.data.text import TextCorpusDataModule
-from multimodal.data.text_files import read_text_documents
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven",
          "wizards", "quietly", "hex"]

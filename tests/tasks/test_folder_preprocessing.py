@@ -17,10 +17,10 @@ import torch
 from PIL import Image
 
 import multimodal as mm
-from multimodal.convert.hf_preprocess import ImagePreprocessor
+from multimodal.convert.hf_preprocess import ImagePreprocessor, data_image_preprocessor
 from multimodal.data.vision import ImageClassificationDataModule
 from multimodal.tasks import ClassificationTask
-from multimodal.tasks.pretrained import data_image_preprocessor, data_settings
+from multimodal.tasks.pretrained import data_settings
 
 
 def _vit(image_size: int = 28, channels: int = 1, classes: int = 2) -> mm.ViT:

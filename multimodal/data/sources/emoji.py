@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torchvision.io import ImageReadMode, decode_png, read_file
 
 from multimodal.data.splits import check_sizes, split_size
+from multimodal.files import read_image
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "data" / "cache" / "emoji"
 IMAGE_DIR = Path("img") / "twitter" / "64"
@@ -190,7 +190,7 @@ def read_emoji_image(path: str | Path, image_size: int = 64) -> torch.Tensor:
     resized (bilinear, antialiased) when S differs from the file's size."""
     if image_size < 1:
         raise ValueError(f"image_size must be positive, got {image_size}")
-    rgba = decode_png(read_file(str(path)), mode=ImageReadMode.RGB_ALPHA).float()
+    rgba = read_image(path, 4).float()
     alpha = rgba[3:] / 255.0
     rgb = rgba[:3] * alpha + 255.0 * (1.0 - alpha)
     if rgb.shape[-2:] != (image_size, image_size):

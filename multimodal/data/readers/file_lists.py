@@ -1,5 +1,6 @@
 """Generic readers of a user's own files: class-per-subfolder trees, CSV/JSONL manifests,
-and image decoding to a fixed channel count.
+and the check that every image of a split decodes (by the one image reader,
+:func:`multimodal.files.read_image`).
 
 Nothing here knows a task or a model. A reader returns *file lists*: paths as one
 :class:`PathArray` (UTF-8 bytes in one buffer, relative to a root, plus two offset arrays)
@@ -18,25 +19,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from multimodal.files import TABLE_EXTENSIONS, read_rows
+from multimodal.files import TABLE_EXTENSIONS, CorruptFileError, read_image, read_rows
 
 __all__ = [
-    "CorruptFileError",
     "FileList",
     "PathArray",
-    "decode_image_bytes",
-    "decode_image_file",
+    "PathArrayBuilder",
+    "check_files_exist",
     "find_classes",
-    "image_to_channels",
     "is_manifest",
     "read_labelled_manifest",
     "scan_class_folders",
     "undecodable_images",
 ]
-
-
-class CorruptFileError(ValueError):
-    """A file that exists but cannot be decoded; the message names the file."""
 
 
 class PathArray:
@@ -253,109 +248,21 @@ def check_files_exist(paths: Iterable[str], where: str) -> None:
 # ------------------------------------------------------------------------------ images
 
 
-def image_to_channels(image: torch.Tensor, channels: int) -> torch.Tensor:
-    """uint8/uint16 (C, H, W) with C in 1..4 -> uint8 (channels, H, W).
-
-    16-bit values are scaled to 8 bits (``v * 255 / 65535``, rounded). Conversions follow
-    PIL's ``Image.convert``: grey -> RGB copies the channel, RGB -> grey is ITU-R 601 luma
-    (``0.299 R + 0.587 G + 0.114 B``), alpha is dropped when not wanted and set to 255 when
-    wanted but absent.
-    """
-    from torchvision.transforms.v2 import functional as TF
-
-    if image.dtype == torch.uint16:
-        image = (image.to(torch.int32) * 255 + 32767).div(65535, rounding_mode="floor")
-        image = image.to(torch.uint8)
-    elif image.dtype != torch.uint8:
-        raise ValueError(f"expected a uint8 or uint16 image, got {image.dtype}")
-    c = image.shape[0]
-    if c == channels:
-        return image
-    colour = image[:1].expand(3, -1, -1) if c in (1, 2) else image[:3]
-    if channels == 1:
-        return image[:1].clone() if c in (1, 2) else TF.rgb_to_grayscale(colour)
-    if channels == 3:
-        return colour.contiguous()
-    if channels == 4:
-        alpha = image[-1:] if c in (2, 4) else torch.full_like(image[:1], 255)
-        return torch.cat([colour, alpha])
-    raise ValueError(f"in_channels must be 1, 3 or 4, got {channels}")
-
-
-_MODES = {1: "GRAY", 3: "RGB", 4: "RGB_ALPHA"}
-_PNG = b"\x89PNG\r\n\x1a\n"
-
-
 def undecodable_images(paths: Iterable[str], channels: int,
                        threads: int | None = None) -> list[tuple[int, CorruptFileError]]:
-    """``(index, error)`` of every file among ``paths`` that :func:`decode_image_file` cannot
-    decode, in order: each file read and decoded once, on ``threads`` threads (default: the
-    machine's cores; the decoders release the GIL). What ``fit`` runs before its first step,
-    so a broken file is named then, not in the test after training."""
+    """``(index, error)`` of every file among ``paths`` that
+    :func:`multimodal.files.read_image` cannot read, in order: each file read and decoded
+    once, on ``threads`` threads (default: the machine's cores; the decoders release the
+    GIL). What ``fit`` runs before its first step, so a broken file is named then, not in
+    the test after training."""
     from concurrent.futures import ThreadPoolExecutor
 
     def check(item: tuple[int, str]) -> tuple[int, CorruptFileError] | None:
         try:
-            decode_image_file(item[1], channels)
+            read_image(item[1], channels)
         except CorruptFileError as err:
             return item[0], err
         return None
 
     with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
         return [bad for bad in pool.map(check, enumerate(paths)) if bad is not None]
-
-
-def decode_image_file(path: str | os.PathLike, channels: int) -> torch.Tensor:
-    """Decode an image file (see :func:`decode_image_bytes`) to uint8 (channels, H, W).
-
-    Raises :class:`CorruptFileError` naming the file when it cannot be decoded.
-    """
-    from torchvision.io import read_file
-
-    try:
-        data = read_file(str(path))
-    except RuntimeError as err:
-        raise CorruptFileError(f"{path} could not be read: {err}") from err
-    return decode_image_bytes(data, channels, str(path))
-
-
-def decode_image_bytes(data: torch.Tensor, channels: int, name: str) -> torch.Tensor:
-    """Decode PNG / JPEG / WebP / GIF (first frame) bytes (a uint8 tensor) with
-    ``torchvision.io.decode_image`` to uint8 (channels, H, W). BMP, TIFF, and palette PNG
-    wanted as RGBA, go through PIL. Raises :class:`CorruptFileError` naming ``name``.
-    """
-    from torchvision.io import ImageReadMode, decode_image
-
-    if channels not in _MODES:
-        raise ValueError(f"in_channels must be 1, 3 or 4, got {channels}")
-    head = bytes(data[:26].tolist())
-    try:
-        # torchvision.io reads no BMP nor TIFF, and turns palette PNGs into wrong RGBA
-        # (0.26): PIL
-        if head[:2] == b"BM" or head[:4] in (b"II*\x00", b"MM\x00*") or (
-            channels == 4 and head[:8] == _PNG and len(head) > 25 and head[25] == 3
-        ):
-            image = _decode_with_pil(data.numpy().tobytes())
-        else:
-            mode = ImageReadMode[_MODES[channels]]
-            if channels == 4 and head[:3] == b"\xff\xd8\xff":
-                mode = ImageReadMode.RGB  # JPEG has no alpha (and its 4 channels are CMYK)
-            image = decode_image(data, mode=mode)
-    except (RuntimeError, OSError, ValueError) as err:
-        raise CorruptFileError(f"{name} could not be decoded as an image: {err}") from err
-    if image.ndim == 4:  # an animated GIF: its first frame
-        image = image[0]
-    return image_to_channels(image, channels)
-
-
-def _decode_with_pil(data: bytes) -> torch.Tensor:
-    import io
-
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as im:
-        im.load()
-        mode = {"L": "L", "LA": "LA", "RGBA": "RGBA", "P": "RGBA"}.get(im.mode, "RGB")
-        array = np.asarray(im.convert(mode))
-    array = array[..., None] if array.ndim == 2 else array
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)
