@@ -38,9 +38,7 @@ from multimodal.checkpoints import (
     model_from_checkpoint,
     read_checkpoint,
 )
-from multimodal.convert import from_hf_folder
-from multimodal.convert.ctranslate2 import whisper_tokenizer
-from multimodal.convert.gguf import load_gguf
+from multimodal.convert.hf_folder import from_hf_folder
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling
 from multimodal.convert.hf_preprocess import (
     PREPROCESSOR_NAME,
@@ -117,6 +115,8 @@ def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = Non
             loaded.tokenizer = None
         return loaded
     if kind == "gguf":
+        from multimodal.convert.gguf import load_gguf  # the GGUF reader: only for such a file
+
         model, tok = load_gguf(path, tokenizer=tokenizer, quantize=quantize)
         return Loaded(model.eval(), kind, path, tok)
     model = from_pretrained(path) if kind == "save_pretrained" else from_hf_folder(path)
@@ -124,6 +124,8 @@ def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = Non
     if not tokenizer:
         pass
     elif kind == "ctranslate2":  # vocabulary.txt / .json when there is no tokenizer.json
+        from multimodal.convert.ctranslate2 import whisper_tokenizer
+
         tok = whisper_tokenizer(path)
     elif (path / TOKENIZER_NAME).is_file():
         tok = read_tokenizer(path / TOKENIZER_NAME)

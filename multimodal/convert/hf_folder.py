@@ -20,8 +20,6 @@ from multimodal.convert.common import (
     meta_parameters,
     traced,
 )
-from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_special_tokens
-from multimodal.convert.gguf import from_gguf
 from multimodal.files import path_kind
 from multimodal.weights import check_depth, name_list, read_safetensors_header
 
@@ -138,6 +136,8 @@ def _folder_converter(arch: str, folder: Path, data: dict[str, Any]) -> Callable
     if arch == "WhisperForConditionalGeneration" and isinstance(sot, int) and any(
             (folder / name).is_file()
             for name in ("tokenizer.json", "vocabulary.txt", "vocabulary.json")):
+        from multimodal.convert.ctranslate2 import whisper_special_tokens
+
         tokens = whisper_special_tokens(folder, sot)
         return lambda model: converter(model, **tokens)
     return converter
@@ -163,6 +163,8 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
     folder = Path(folder)
     # llama.cpp's one file (anything named *.gguf gets the GGUF reader's own error)
     if folder.suffix.lower() == ".gguf" or (folder.is_file() and path_kind(folder) == "gguf"):
+        from multimodal.convert.gguf import from_gguf  # imported only for such a file
+
         return from_gguf(folder)
     if folder.is_file():
         raise ValueError(f"{folder} is a file, not a Hugging Face layout folder (config.json "
@@ -170,6 +172,8 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
     if path_kind(folder) == "ctranslate2":  # faster-whisper's layout: model.bin
+        from multimodal.convert.ctranslate2 import from_ctranslate2
+
         return from_ctranslate2(folder)
     config_file = folder / "config.json"
     try:
