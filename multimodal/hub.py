@@ -27,12 +27,10 @@ import multimodal.models  # noqa: F401  (registers every model class and preset)
 from multimodal.checkpoints import load_checkpoint as _load_checkpoint
 from multimodal.registry import PRESETS, model_class
 from multimodal.weights import (
-    WEIGHTS_NAME,
-    check_against_header,
     config_from_dict,
-    load_safetensors,
     load_state_dict_checked,
     read_meta,
+    saved_parts,
 )
 
 
@@ -50,15 +48,10 @@ def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
     no checkpoint is instead). Every other kind of model path: :func:`multimodal.load`."""
     if Path(path).is_file():
         return _load_checkpoint(path)
-    model_cls, config = read_config(path)
-    cfg_file, meta = read_meta(path)
-    weights = cfg_file.parent / WEIGHTS_NAME
-    if not weights.is_file():
-        raise FileNotFoundError(f"weights file {weights} not found")
-    # config.json against the safetensors header before anything is allocated
-    check_against_header(model_cls, meta["config"], cfg_file, weights, strict=strict)
+    cfg_file, meta = read_meta(path)  # config.json parsed once
+    model_cls, config, state = saved_parts(cfg_file, meta, strict=strict)
     model = model_cls(config)
-    load_state_dict_checked(model, load_safetensors(weights), strict=strict)
+    load_state_dict_checked(model, state, strict=strict)
     return model.eval()
 
 

@@ -46,10 +46,10 @@ from multimodal.convert.hf_preprocess import (
     apply_audio_preprocessor,
     read_preprocessor_config,
 )
-from multimodal.files import CONFIG_NAME, PathKind, path_kind
-from multimodal.hub import from_pretrained
+from multimodal.files import CONFIG_NAME, PathKind, path_kind, read_path_kind
 from multimodal.installed import resolve_weights
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
+from multimodal.weights import load_state_dict_checked, saved_parts
 
 __all__ = ["Loaded", "folder_preprocessor", "is_whisper", "load", "model_kind", "model_parts",
            "select_part"]
@@ -108,7 +108,7 @@ def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = Non
     GGUF file's Linears stay packed (see :mod:`multimodal.convert.gguf`); other kinds are
     read as stored."""
     path = Path(resolve_weights(path)).expanduser()  # an installed model's name: its path
-    kind = path_kind(path)
+    kind, meta = read_path_kind(path)  # a folder's config.json, parsed once
     if kind == "checkpoint":
         loaded = _from_checkpoint(path)
         if not tokenizer:
@@ -119,7 +119,12 @@ def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = Non
 
         model, tok = load_gguf(path, tokenizer=tokenizer, quantize=quantize)
         return Loaded(model.eval(), kind, path, tok)
-    model = from_pretrained(path) if kind == "save_pretrained" else from_hf_folder(path)
+    if kind == "save_pretrained":
+        model_cls, config, state = saved_parts(path / CONFIG_NAME, meta or {})
+        model = model_cls(config)
+        load_state_dict_checked(model, state)
+    else:
+        model = from_hf_folder(path)
     tok = None
     if not tokenizer:
         pass
