@@ -51,8 +51,8 @@ from multimodal.installed import resolve_weights
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
 from multimodal.weights import load_state_dict_checked, saved_parts
 
-__all__ = ["Loaded", "folder_preprocessor", "is_whisper", "load", "model_kind", "model_parts",
-           "select_part"]
+__all__ = ["Loaded", "folder_preprocessor", "is_whisper", "load", "load_located", "locate",
+           "model_kind", "model_parts", "select_part"]
 
 WHISPER_ARCHITECTURE = "WhisperForConditionalGeneration"
 
@@ -100,6 +100,17 @@ def model_kind(path: str | Path) -> PathKind:
     return path_kind(Path(resolve_weights(path)).expanduser())
 
 
+def locate(path: str | Path) -> tuple[Path, PathKind, dict[str, Any] | None]:
+    """The one resolution of a model path: ``(path, kind, config)``: an installed model's
+    name becomes its folder, the kind is what :func:`load` reads it as
+    (:data:`Loaded.kind`), and a Hugging Face or ``save_pretrained`` folder's
+    ``config.json`` comes parsed (None for other kinds), so a caller that goes on to build
+    the model reads it once. Errors as :func:`model_kind`."""
+    resolved = Path(resolve_weights(path)).expanduser()
+    kind, meta = read_path_kind(resolved)
+    return resolved, kind, meta
+
+
 def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = None) -> Loaded:
     """Read whatever model ``path`` holds (module docstring); ``FileNotFoundError`` /
     ``ValueError`` naming the path and what it is instead when it holds none.
@@ -107,8 +118,14 @@ def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = Non
     whose tokenizer is not rebuilt still gives its model). ``quantize="int8" | "int4"``: a
     GGUF file's Linears stay packed (see :mod:`multimodal.convert.gguf`); other kinds are
     read as stored."""
-    path = Path(resolve_weights(path)).expanduser()  # an installed model's name: its path
-    kind, meta = read_path_kind(path)  # a folder's config.json, parsed once
+    return load_located(locate(path), tokenizer=tokenizer, quantize=quantize)
+
+
+def load_located(located: tuple[Path, PathKind, dict[str, Any] | None], *,
+                 tokenizer: bool = True, quantize: str | None = None) -> Loaded:
+    """:func:`load` of what :func:`locate` found (``(path, kind, config)``): a caller that
+    located the path already does not resolve it or parse its ``config.json`` again."""
+    path, kind, meta = located
     if kind == "checkpoint":
         loaded = _from_checkpoint(path)
         if not tokenizer:
@@ -123,6 +140,8 @@ def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = Non
         model_cls, config, state = saved_parts(path / CONFIG_NAME, meta or {})
         model = model_cls(config)
         load_state_dict_checked(model, state)
+    elif kind == "hf":
+        model = from_hf_folder(path, config=meta)
     else:
         model = from_hf_folder(path)
     tok = None

@@ -50,9 +50,8 @@ from multimodal.checkpoints import (
     model_from_checkpoint,
     read_checkpoint,
 )
-from multimodal.files import CONFIG_NAME, PathKind, read_path_kind
-from multimodal.installed import resolve_weights
-from multimodal.loading import Loaded, load, select_part
+from multimodal.files import CONFIG_NAME, PathKind
+from multimodal.loading import Loaded, load, load_located, locate, select_part
 from multimodal.tasks.presets import preset_model, with_fields
 from multimodal.weights import build_model, is_tied_alias, meta_build, saved_parts
 
@@ -127,8 +126,7 @@ class PretrainedSource:
         dict, a folder's ``config.json``. ``FileNotFoundError`` / ``ValueError`` naming the
         path and the problem: missing, a file that is not a checkpoint, a folder without a
         model."""
-        resolved = Path(resolve_weights(path)).expanduser()
-        kind, meta = read_path_kind(resolved)
+        resolved, kind, meta = locate(path)
         ckpt = read_checkpoint(resolved) if kind == "checkpoint" else None
         return cls(resolved, kind, ckpt, meta, _stamp(resolved))
 
@@ -199,8 +197,9 @@ class PretrainedSource:
         """A Hugging Face / CTranslate2 / GGUF path through its converter
         (:func:`multimodal.loading.load`: the folder's tensors become the parameters, one
         copy), kept until :meth:`model_for` has built the task's model."""
-        if self._loaded is None:
-            self._loaded = load(self.path)
+        if self._loaded is None:  # the tokenizer of a folder: read by :attr:`tokenizer`
+            self._loaded = load_located((self.path, self.kind, self.meta),
+                                        tokenizer=self.kind in ("gguf", "ctranslate2"))
         return self._loaded
 
     def _whole(self) -> tuple[type[nn.Module], Any, dict[str, torch.Tensor]]:
@@ -305,8 +304,7 @@ class PretrainedSource:
                              f"and regularisation such as num_classes, drop_path, dropout can "
                              f"be overridden)" if changes else
                              f"{where}: {names} missing from its weights")
-        model = part_cls(part_config)  # the one model
-        model.load_state_dict(fits, strict=False)
+        model = _build_loaded(part_cls, part_config, fits)  # the one model
         model.train()
         self._release()
         new = [k for k in planned if k not in fits and k not in tied]
@@ -317,6 +315,49 @@ class PretrainedSource:
                        f"loaded {len(loaded)} tensors; new: {_short(new)}; left out: "
                        f"{_short(left)}{pooled}")
         return model
+
+
+def _build_loaded(model_cls: type[nn.Module], config: Any,
+                  fits: dict[str, torch.Tensor]) -> nn.Module:
+    """``model_cls(config)`` holding ``fits``: built with its parameters on ``meta`` (no
+    weight drawn only to be replaced), ``fits`` assigned as its parameters (cast to their
+    dtype; parameters shared by several names stay shared), then each parameter ``fits``
+    does not give (a new head) allocated and drawn as the model's own ``init_weights``
+    draws it (a Linear ~ truncated N(0, 0.02^2), zero bias; a LayerNorm the identity). A
+    new parameter of another kind of module is built the plain way: the whole model drawn,
+    then ``fits`` copied in."""
+    from multimodal.convert.common import meta_parameters
+    from multimodal.nn.init import init_weights
+
+    with meta_parameters():
+        model = model_cls(config)
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    new = [group for group in names.values() if not any(n in fits for n in group)]
+    owners = {model.get_submodule(n.rpartition(".")[0]) for group in new for n in group}
+    if any(not isinstance(m, (nn.Linear, nn.LayerNorm)) for m in owners):
+        model = model_cls(config)
+        model.load_state_dict(fits, strict=False)
+        return model
+    own = model.state_dict()
+    state = {k: v.to(own[k].dtype) if v.dtype != own[k].dtype else v for k, v in fits.items()}
+    model.load_state_dict(state, strict=False, assign=True)
+    for group in names.values():  # tied weights: one parameter again
+        given = [n for n in group if n in state]
+        if len(group) > 1 and given:
+            param = model.get_parameter(given[0])
+            for name in group:
+                owner, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(owner), attr, param)
+    device = next((t.device for t in state.values()), torch.device("cpu"))
+    for module in owners:
+        module.to_empty(device=device, recurse=False)
+        init_weights(module)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"{model_cls.__name__} built without values for {', '.join(left)}")
+    return model
 
 
 def pretrained_source(path: str | Path) -> PretrainedSource:

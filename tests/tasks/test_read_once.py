@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 import multimodal.installed
+import multimodal.loading
 import multimodal.tasks.pretrained as pretrained_mod
 from multimodal import ViT, ViTConfig
 from multimodal.cli.main import main as cli_main
@@ -86,7 +87,7 @@ class Counts:
 
         monkeypatch.setattr(torch, "load", counting_load)
         monkeypatch.setattr(Path, "read_text", counting_read_text)
-        monkeypatch.setattr(pretrained_mod, "resolve_weights", counting_resolve)
+        monkeypatch.setattr(multimodal.loading, "resolve_weights", counting_resolve)
         monkeypatch.setattr(ViT, "__init__", counting_init)
 
     def once(self) -> dict[str, int]:
