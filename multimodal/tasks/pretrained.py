@@ -342,6 +342,16 @@ def _build_loaded(model_cls: type[nn.Module], config: Any,
         return model
     own = model.state_dict()
     state = {k: v.to(own[k].dtype) if v.dtype != own[k].dtype else v for k, v in fits.items()}
+    group_of = {n: i for i, group in enumerate(names.values()) for n in group}
+    held: dict[int, int | None] = {}  # storage -> the tie group that holds it
+    for key, tensor in state.items():  # one tensor given for two untied weights: two copies
+        where = tensor.untyped_storage().data_ptr() if tensor.numel() else None
+        if where is None:
+            continue
+        if where in held and held[where] != group_of.get(key):
+            state[key] = tensor.clone()
+        else:
+            held.setdefault(where, group_of.get(key))
     model.load_state_dict(state, strict=False, assign=True)
     for group in names.values():  # tied weights: one parameter again
         given = [n for n in group if n in state]

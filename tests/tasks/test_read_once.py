@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,35 @@ print(before, after)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.strip().splitlines()[-1]
     assert out == "[] []"
+
+
+def test_the_one_model_holds_the_weights_with_ties_kept_and_a_drawn_head(tmp_path):
+    """The model built from PATH takes its tensors (assigned, not drawn then copied over):
+    weights tied in the architecture stay one parameter; a tensor given for two weights that
+    are not tied becomes two (an update of one leaves the other); the new head is drawn as
+    init_weights draws it (|w| <= 2 * 0.02, zero bias)."""
+    from multimodal import TextEncoder, TextEncoderConfig
+    from multimodal.tasks.pretrained import _build_loaded
+
+    config = TextEncoderConfig(vocab_size=40, max_len=8, dim=16, depth=1, heads=2, mlp_dim=32,
+                               mlm_head=True)
+    source = TextEncoder(config)
+    state = source.state_dict()
+    model = _build_loaded(TextEncoder, config, dict(state))
+    assert model.mlm.decoder.weight is model.tok_embed.weight  # tied: one parameter
+    for name, value in state.items():
+        torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0)
+    # norm1's weight and norm2's given the same tensor: two parameters after the build
+    shared = dict(state)
+    shared["transformer.blocks.0.norm2.weight"] = shared["transformer.blocks.0.norm1.weight"]
+    model = _build_loaded(TextEncoder, config, shared)
+    with torch.no_grad():
+        model.transformer.blocks[0].norm1.weight.add_(1.0)
+    assert not torch.equal(model.transformer.blocks[0].norm1.weight,
+                           model.transformer.blocks[0].norm2.weight)
+    # a new head of 3 classes: drawn, the rest loaded
+    headed = dataclasses.replace(config, num_classes=3)
+    model = _build_loaded(TextEncoder, headed, dict(state))
+    assert model.head.weight.abs().max() <= 0.04 and model.head.weight.std() > 0
+    assert torch.equal(model.head.bias, torch.zeros(3))
+    assert not any(p.is_meta for p in model.parameters())
