@@ -39,7 +39,8 @@ from multimodal.weights import (
 
 __all__ = [
     "BUNDLE_KEY", "CHECKPOINT_HINT", "TTSBundle", "bundle_state", "checkpoint_codec",
-    "checkpoint_image_preprocessor", "checkpoint_settings", "checkpoint_tokenizer",
+    "checkpoint_image_preprocessor", "checkpoint_parts", "checkpoint_settings",
+    "checkpoint_tokenizer",
     "codec_from_state", "datamodule_arguments", "model_from_checkpoint", "read_checkpoint",
     "tokenizer_from_state",  # load_checkpoint: deprecated (mm.from_pretrained of a file)
 ]
@@ -105,6 +106,25 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path = "checkpoint")
     ``model_config``: :class:`multimodal.tasks.base.ModelTask` writes it; older checkpoints
     kept them in ``hyper_parameters``) and its weights are found in ``state_dict`` under the
     task's prefix (``model.``)."""
+    model_cls, cfg, state, lora = checkpoint_parts(ckpt, path)
+    model = build_model(model_cls, cfg)
+    if isinstance(lora, dict):
+        from multimodal.nn.lora import merge_lora
+
+        _wrap_lora(model, lora)
+        load_state_dict_checked(model, _submodule_state(state, model))
+        return merge_lora(model, inplace=True).eval()
+    load_state_dict_checked(model, state)
+    return model.eval()
+
+
+def checkpoint_parts(ckpt: dict[str, Any], path: str | Path = "checkpoint") -> tuple[
+        type[nn.Module], dict[str, Any], dict[str, torch.Tensor], dict[str, Any] | None]:
+    """``(model class, config dict, the model's own weights, LoRA settings or None)`` of a
+    checkpoint dict, the recorded config checked against the tensors' shapes on ``meta``
+    (nothing allocated, nothing built): a fine-tune changes the config first and builds the
+    model once. With LoRA the weights are the task's whole state (base weights and
+    adapters, :func:`model_from_checkpoint` merges them)."""
     about = ckpt.get("multimodal_model") or ckpt.get("hyper_parameters") or {}
     kind, cfg = about.get("model_type"), about.get("model_config")
     if not isinstance(kind, str) or not isinstance(cfg, dict):
@@ -121,15 +141,9 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: str | Path = "checkpoint")
     if isinstance(lora, dict):
         _wrap_lora(shadow, lora)
     compare_shapes(shadow, _submodule_state(shapes, shadow), cfg, where, path)
-    model = build_model(model_cls, cfg)
     if isinstance(lora, dict):
-        from multimodal.nn.lora import merge_lora
-
-        _wrap_lora(model, lora)
-        load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
-        return merge_lora(model, inplace=True).eval()
-    load_state_dict_checked(model, _submodule_state(ckpt["state_dict"], model))
-    return model.eval()
+        return model_cls, cfg, ckpt["state_dict"], lora
+    return model_cls, cfg, _submodule_state(ckpt["state_dict"], shadow), None
 
 
 def _wrap_lora(model: nn.Module, settings: dict[str, Any]) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "ZIP_MAGIC",
     "PathKind",
     "path_kind",
+    "read_path_kind",
     "read_rows",
     "sniff_torch_file",
     "starts_with",
@@ -115,13 +116,20 @@ def path_kind(path: str | os.PathLike[str]) -> PathKind:
     Raises ``FileNotFoundError`` for a path that does not exist or a folder without
     ``config.json``, ``ValueError`` naming what the path is instead (a text file, an HTML
     page, a Git LFS pointer, a folder of images ...)."""
+    return read_path_kind(path)[0]
+
+
+def read_path_kind(path: str | os.PathLike[str]) -> tuple[PathKind, dict[str, Any] | None]:
+    """:func:`path_kind` and, for a folder of kind ``hf`` or ``save_pretrained``, its
+    ``config.json`` as parsed to tell them apart (None otherwise): a caller that goes on to
+    build the model reads the file once."""
     p = Path(path).expanduser()
     if p.is_file():
         if starts_with(p, GGUF_MAGIC):
-            return "gguf"
+            return "gguf", None
         what = sniff_torch_file(p)
         if what is None:
-            return "checkpoint"
+            return "checkpoint", None
         named = "a checkpoint file" if p.suffix.lower() in (".ckpt", ".pt", ".pth") \
             else "a model file"
         raise ValueError(f"{p} is not {named}: {what} (expected {MODEL_PATHS})")
@@ -130,7 +138,7 @@ def path_kind(path: str | os.PathLike[str]) -> PathKind:
     if not p.is_dir():
         raise ValueError(f"{p} is neither a file nor a folder (expected {MODEL_PATHS})")
     if (p / "model.bin").is_file() or (p / "model.bin.part1").is_file():
-        return "ctranslate2"
+        return "ctranslate2", None
     config = p / CONFIG_NAME
     if not config.is_file():
         raise FileNotFoundError(f"{p} has no {CONFIG_NAME}: no model in this folder "
@@ -142,8 +150,8 @@ def path_kind(path: str | os.PathLike[str]) -> PathKind:
     if not isinstance(meta, dict):
         raise ValueError(f"{config}: expected a JSON object, got {type(meta).__name__}")
     if "model_type" in meta and not isinstance(meta.get("config"), dict):
-        return "hf"
-    return "save_pretrained"
+        return "hf", meta
+    return "save_pretrained", meta
 
 
 # ------------------------------------------------------------------------------ tables

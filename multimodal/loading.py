@@ -40,9 +40,7 @@ from multimodal.checkpoints import (
     model_from_checkpoint,
     read_checkpoint,
 )
-from multimodal.convert import from_hf_folder
-from multimodal.convert.ctranslate2 import whisper_tokenizer
-from multimodal.convert.gguf import load_gguf
+from multimodal.convert.hf_folder import from_hf_folder
 from multimodal.convert.hf_pooling import FolderPooling, read_folder_pooling
 from multimodal.convert.hf_preprocess import (
     PREPROCESSOR_NAME,
@@ -50,21 +48,19 @@ from multimodal.convert.hf_preprocess import (
     apply_audio_preprocessor,
     read_preprocessor_config,
 )
-from multimodal.files import CONFIG_NAME, PathKind, path_kind
+from multimodal.files import CONFIG_NAME, PathKind, path_kind, read_path_kind
 from multimodal.installed import resolve_weights
 from multimodal.registry import model_class
 from multimodal.tokenizers.io import TOKENIZER_NAME, read_tokenizer
 from multimodal.weights import (
-    WEIGHTS_NAME,
-    check_against_header,
     config_from_dict,
-    load_safetensors,
     load_state_dict_checked,
     read_meta,
+    saved_parts,
 )
 
-__all__ = ["Loaded", "folder_preprocessor", "from_pretrained", "is_whisper", "load", "model_kind",
-           "model_parts", "read_config", "select_part"]
+__all__ = ["Loaded", "folder_preprocessor", "from_pretrained", "is_whisper", "load", "load_located",
+           "locate", "model_kind", "model_parts", "read_config", "select_part"]
 
 WHISPER_ARCHITECTURE = "WhisperForConditionalGeneration"
 
@@ -112,6 +108,17 @@ def model_kind(path: str | Path) -> PathKind:
     return path_kind(Path(resolve_weights(path)).expanduser())
 
 
+def locate(path: str | Path) -> tuple[Path, PathKind, dict[str, Any] | None]:
+    """The one resolution of a model path: ``(path, kind, config)``: an installed model's
+    name becomes its folder, the kind is what :func:`load` reads it as
+    (:data:`Loaded.kind`), and a Hugging Face or ``save_pretrained`` folder's
+    ``config.json`` comes parsed (None for other kinds), so a caller that goes on to build
+    the model reads it once. Errors as :func:`model_kind`."""
+    resolved = Path(resolve_weights(path)).expanduser()
+    kind, meta = read_path_kind(resolved)
+    return resolved, kind, meta
+
+
 def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = None) -> Loaded:
     """Read whatever model ``path`` holds (module docstring); ``FileNotFoundError`` /
     ``ValueError`` naming the path and what it is instead when it holds none.
@@ -119,21 +126,38 @@ def load(path: str | Path, *, tokenizer: bool = True, quantize: str | None = Non
     whose tokenizer is not rebuilt still gives its model). ``quantize="int8" | "int4"``: a
     GGUF file's Linears stay packed (see :mod:`multimodal.convert.gguf`); other kinds are
     read as stored."""
-    path = Path(resolve_weights(path)).expanduser()  # an installed model's name: its path
-    kind = path_kind(path)
+    return load_located(locate(path), tokenizer=tokenizer, quantize=quantize)
+
+
+def load_located(located: tuple[Path, PathKind, dict[str, Any] | None], *,
+                 tokenizer: bool = True, quantize: str | None = None) -> Loaded:
+    """:func:`load` of what :func:`locate` found (``(path, kind, config)``): a caller that
+    located the path already does not resolve it or parse its ``config.json`` again."""
+    path, kind, meta = located
     if kind == "checkpoint":
         loaded = _from_checkpoint(path)
         if not tokenizer:
             loaded.tokenizer = None
         return loaded
     if kind == "gguf":
+        from multimodal.convert.gguf import load_gguf  # the GGUF reader: only for such a file
+
         model, tok = load_gguf(path, tokenizer=tokenizer, quantize=quantize)
         return Loaded(model.eval(), kind, path, tok)
-    model = from_pretrained(path) if kind == "save_pretrained" else from_hf_folder(path)
+    if kind == "save_pretrained":
+        model_cls, config, state = saved_parts(path / CONFIG_NAME, meta or {})
+        model = model_cls(config)
+        load_state_dict_checked(model, state)
+    elif kind == "hf":
+        model = from_hf_folder(path, config=meta)
+    else:
+        model = from_hf_folder(path)
     tok = None
     if not tokenizer:
         pass
     elif kind == "ctranslate2":  # vocabulary.txt / .json when there is no tokenizer.json
+        from multimodal.convert.ctranslate2 import whisper_tokenizer
+
         tok = whisper_tokenizer(path)
     elif (path / TOKENIZER_NAME).is_file():
         tok = read_tokenizer(path / TOKENIZER_NAME)
@@ -155,15 +179,10 @@ def from_pretrained(path: str | Path, *, strict: bool = True) -> nn.Module:
     no checkpoint is instead). Every other kind of model path: :func:`load`."""
     if Path(path).is_file():
         return model_from_checkpoint(read_checkpoint(path), path)
-    model_cls, config = read_config(path)
-    cfg_file, meta = read_meta(path)
-    weights = cfg_file.parent / WEIGHTS_NAME
-    if not weights.is_file():
-        raise FileNotFoundError(f"weights file {weights} not found")
-    # config.json against the safetensors header before anything is allocated
-    check_against_header(model_cls, meta["config"], cfg_file, weights, strict=strict)
+    cfg_file, meta = read_meta(path)  # config.json parsed once
+    model_cls, config, state = saved_parts(cfg_file, meta, strict=strict)
     model = model_cls(config)
-    load_state_dict_checked(model, load_safetensors(weights), strict=strict)
+    load_state_dict_checked(model, state, strict=strict)
     return model.eval()
 
 

@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 from torch import Tensor, nn
 
-from multimodal.registry import MODEL_CLASSES
+from multimodal.registry import MODEL_CLASSES, model_class
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -394,7 +394,7 @@ def compare_shapes(shadow: nn.Module, header: Mapping[str, tuple[torch.dtype, tu
                           f"{fields_hint(cfg_file.name, fields, need, shape)}")
         elif own[name].is_floating_point() and not dtype.is_floating_point:
             dtypes.append(f"{name} ({dtype})")
-    missing = [k for k in own if k not in header and not _is_tied_alias(shadow, k, header)]
+    missing = [k for k in own if k not in header and not is_tied_alias(shadow, k, header)]
     unexpected = [k for k in header if k not in own]
     problems = []
     if shapes:
@@ -422,6 +422,23 @@ def load_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
                          "refused because loading them can execute code") from None
 
 
+def saved_parts(cfg_file: Path, meta: dict[str, Any], *, strict: bool = True
+                ) -> tuple[type[nn.Module], Any, dict[str, Tensor]]:
+    """``(model class, config, weights)`` of a ``save_pretrained`` folder from its parsed
+    ``config.json`` (``meta``): the config checked against the safetensors header on
+    ``meta`` before the weights are read; nothing is built, so a caller may change the
+    config first (a fine-tune's ``overrides``) and build the model once."""
+    if not isinstance(meta.get("config"), dict):
+        raise ValueError(f"{cfg_file}: expected an object with 'model_type' and 'config'")
+    model_cls = model_class(meta.get("model_type"), cfg_file)
+    weights = cfg_file.parent / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"weights file {weights} not found")
+    check_against_header(model_cls, meta["config"], cfg_file, weights, strict=strict)
+    config = config_from_dict(model_cls.config_class, meta["config"])
+    return model_cls, config, load_safetensors(weights)
+
+
 def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor],
                             strict: bool = True, assign: bool = False) -> None:
     """``load_state_dict`` with an error that lists every missing, unexpected or
@@ -432,7 +449,7 @@ def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor],
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     # tied weights are stored once by safetensors' save_model
-    missing = [k for k in missing if not _is_tied_alias(model, k, state)]
+    missing = [k for k in missing if not is_tied_alias(model, k, state)]
     problems = []
     if shape_errors:
         problems.append("mis-shaped: " + name_list(shape_errors, sep="; "))
@@ -445,7 +462,9 @@ def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor],
     model.load_state_dict(state, strict=False, assign=assign)
 
 
-def _is_tied_alias(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool:
+def is_tied_alias(model: nn.Module, key: str, state: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``model``'s parameter ``key`` is the same tensor as another parameter whose
+    name is in ``state`` (tied weights, stored once)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     if key not in params:
         return False
@@ -464,10 +483,12 @@ __all__ = [
     "config_int_fields",
     "config_to_dict",
     "fields_hint",
+    "is_tied_alias",
     "load_safetensors",
     "load_state_dict_checked",
     "meta_build",
     "name_list",
     "read_meta",
     "read_safetensors_header",
+    "saved_parts",
 ]

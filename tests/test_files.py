@@ -232,6 +232,9 @@ CLASSIFIER_CALLERS = {
         "loading.py",  # the one dispatch over model paths
         "convert/hf_folder.py",  # mm.from_hf(path) reads a GGUF file and a CTranslate2 folder
     },
+    "read_path_kind": {
+        "loading.py",  # locate(path): the kind and a folder's config.json, read once
+    },
     "sniff_torch_file": {
         "checkpoints.py",  # a file read as a checkpoint says what it is instead
         "cli/main.py",  # --ckpt_path of a resumed run: Lightning's file, not a model path

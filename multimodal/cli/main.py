@@ -440,15 +440,14 @@ def _check_pretrained_part(config: Namespace, pretrained: str, modality: str | N
     accepts = getattr(task, "accepts", None)
     if task is None or not isinstance(accepts, tuple) or modality is None:
         return
-    from multimodal.loading import select_part
-    from multimodal.tasks.pretrained import load_pretrained
+    from multimodal.tasks.pretrained import pretrained_source
 
-    try:
-        source = load_pretrained(pretrained)
+    try:  # the read the task's model comes from too (no model built here)
+        source = pretrained_source(pretrained)
     except (FileNotFoundError, ValueError, OSError):  # the task's own load reports it
         return
     try:
-        select_part(source.model, modality, accepts, source.path, task.__name__)
+        source.check_part(modality, accepts, task.__name__)
     except ValueError as err:
         raise UsageError(str(err), "--model.init_args.pretrained") from None
 

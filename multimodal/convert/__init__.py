@@ -51,8 +51,6 @@ from multimodal.convert import (  # noqa: F401  (each module registers its conve
     hf_vision,
 )
 from multimodal.convert.common import HF_CONVERTERS, SUPPORTED
-from multimodal.convert.ctranslate2 import from_ctranslate2
-from multimodal.convert.gguf import from_gguf, gguf_tokenizer, load_gguf
 from multimodal.convert.hf_audio import whisper_from_hf
 from multimodal.convert.hf_folder import from_hf_folder, read_hf_weights
 from multimodal.convert.openclip import from_open_clip
@@ -89,6 +87,21 @@ def from_hf(model: nn.Module | str | os.PathLike) -> nn.Module:
     if name not in HF_CONVERTERS or not hasattr(model, "config"):
         raise ValueError(f"from_hf supports {SUPPORTED['transformers']}; got {name}")
     return HF_CONVERTERS[name](model)
+
+
+# The CTranslate2 and GGUF readers are imported when one of their names is first used (a
+# BERT fine-tune never reads such a file, so it does not import them).
+_LAZY = {"from_ctranslate2": "multimodal.convert.ctranslate2",
+         "from_gguf": "multimodal.convert.gguf", "gguf_tokenizer": "multimodal.convert.gguf",
+         "load_gguf": "multimodal.convert.gguf"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def convert(model: nn.Module, **kwargs: Any) -> nn.Module:

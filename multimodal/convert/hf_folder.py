@@ -20,8 +20,6 @@ from multimodal.convert.common import (
     meta_parameters,
     traced,
 )
-from multimodal.convert.ctranslate2 import from_ctranslate2, whisper_special_tokens
-from multimodal.convert.gguf import from_gguf
 from multimodal.files import path_kind
 from multimodal.weights import check_depth, name_list, read_safetensors_header
 
@@ -138,12 +136,14 @@ def _folder_converter(arch: str, folder: Path, data: dict[str, Any]) -> Callable
     if arch == "WhisperForConditionalGeneration" and isinstance(sot, int) and any(
             (folder / name).is_file()
             for name in ("tokenizer.json", "vocabulary.txt", "vocabulary.json")):
+        from multimodal.convert.ctranslate2 import whisper_special_tokens
+
         tokens = whisper_special_tokens(folder, sot)
         return lambda model: converter(model, **tokens)
     return converter
 
 
-def from_hf_folder(folder: str | Path) -> nn.Module:
+def from_hf_folder(folder: str | Path, *, config: dict[str, Any] | None = None) -> nn.Module:
     """A folder in the Hugging Face layout -> our model, without transformers. (A
     CTranslate2 Whisper directory, ``model.bin`` + ``config.json``, is recognised too:
     :func:`multimodal.convert.ctranslate2.from_ctranslate2`.) A model comes out whole: a
@@ -159,10 +159,18 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
 
     A GGUF file (``*.gguf``, or any file starting with the GGUF magic) is read by
     :func:`multimodal.convert.gguf.from_gguf` instead.
+
+    ``config``: the folder's ``config.json`` already parsed (by
+    :func:`multimodal.loading.locate`, which found the folder to be of kind ``hf``): not
+    read again.
     """
     folder = Path(folder)
+    if config is not None:
+        return _convert_folder(folder, folder / "config.json", config)
     # llama.cpp's one file (anything named *.gguf gets the GGUF reader's own error)
     if folder.suffix.lower() == ".gguf" or (folder.is_file() and path_kind(folder) == "gguf"):
+        from multimodal.convert.gguf import from_gguf  # imported only for such a file
+
         return from_gguf(folder)
     if folder.is_file():
         raise ValueError(f"{folder} is a file, not a Hugging Face layout folder (config.json "
@@ -170,6 +178,8 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
     if path_kind(folder) == "ctranslate2":  # faster-whisper's layout: model.bin
+        from multimodal.convert.ctranslate2 import from_ctranslate2
+
         return from_ctranslate2(folder)
     config_file = folder / "config.json"
     try:
@@ -178,6 +188,11 @@ def from_hf_folder(folder: str | Path) -> nn.Module:
         raise ValueError(f"{config_file} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{config_file}: expected a JSON object, got {type(data).__name__}")
+    return _convert_folder(folder, config_file, data)
+
+
+def _convert_folder(folder: Path, config_file: Path, data: dict[str, Any]) -> nn.Module:
+    """The Hugging Face folder ``folder`` whose ``config.json`` says ``data``, converted."""
     model_type = data.get("model_type")
     known = HF_MODEL_TYPES.get(model_type or "")
     archs = [a for a in data.get("architectures") or [] if a in HF_CONVERTERS]

@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
 from multimodal.convert.hf_preprocess import data_image_preprocessor
-from multimodal.loading import Loaded
 from multimodal.tasks.finetune import FinetuneConfig, apply_regime, lora_settings, merged_model
 from multimodal.tasks.optim import (
     OPTIMIZER_KEYS,
@@ -26,7 +25,7 @@ from multimodal.tasks.optim import (
     clip_gradients,
     resolve_optimizer,
 )
-from multimodal.tasks.pretrained import HEAD_MODULES, task_model
+from multimodal.tasks.pretrained import HEAD_MODULES, PretrainedSource, task_model
 
 CHECKPOINT_KEY = "multimodal_model"
 
@@ -146,7 +145,7 @@ class ModelTask(L.LightningModule):
     def model_from(cls, model: nn.Module | None = None, *, pretrained: str | None = None,
                    preset: str | None = None, overrides: dict[str, Any] | None = None,
                    data_sizes: dict[str, Any] | None = None, modality: str | None = None
-                   ) -> tuple[nn.Module, Loaded | None]:
+                   ) -> tuple[nn.Module, PretrainedSource | None]:
         """The model the task trains and, with ``pretrained``, what came with it: exactly one
         of ``model``, ``preset`` (with ``overrides`` and the data's ``data_sizes``) or
         ``pretrained`` (with ``overrides``), of the task's :attr:`accepts`
