@@ -57,7 +57,11 @@ class ImageTransformConfig:
     ``shift``: random translation by up to ``image_size // 8`` pixels (the built-in
     datasets' augmentation); ``random_resized_crop``: the smallest area fraction of
     ``RandomResizedCrop`` (None: plain resize); ``auto_augment``: ``"rand"``
-    (RandAugment), ``"trivial"`` (TrivialAugmentWide) or None.
+    (RandAugment), ``"trivial"`` (TrivialAugmentWide) or None; ``color_jitter``: the
+    strength s of SimCLR's colour distortion (None: off): with probability 0.8 brightness,
+    contrast and saturation scaled by a factor drawn from [1 - 0.8s, 1 + 0.8s] and hue
+    shifted by up to 0.2s of the circle, then grey with probability 0.2 -- for classes that
+    colour does not define (a shape in any colour on any ground).
     """
 
     image_size: int
@@ -67,6 +71,7 @@ class ImageTransformConfig:
     flip: bool = False
     random_resized_crop: float | None = None
     auto_augment: str | None = None
+    color_jitter: float | None = None
     # a pretrained model's resizing: the shorter side to ``resize`` (aspect kept), then a
     # centre crop of image_size (None: a plain resize to image_size x image_size)
     resize: int | None = None
@@ -90,6 +95,9 @@ class ImageTransformConfig:
             )
         if len(self.mean) != len(self.std):
             raise ValueError(f"mean {self.mean} and std {self.std} differ in length")
+        if self.color_jitter is not None and not 0 < self.color_jitter <= 1.25:
+            raise ValueError(f"color_jitter is a strength in (0, 1.25] (1.25: brightness "
+                             f"factors down to 0), got {self.color_jitter}")
 
 
 def image_transform(
@@ -113,6 +121,11 @@ def image_transform(
         steps.append(v2.RandAugment())
     elif train and config.auto_augment == "trivial":
         steps.append(v2.TrivialAugmentWide())
+    if train and config.color_jitter is not None:
+        jitter = 0.8 * config.color_jitter
+        steps += [v2.RandomApply([v2.ColorJitter(jitter, jitter, jitter,
+                                                 min(0.5, 0.2 * config.color_jitter))], p=0.8),
+                  v2.RandomGrayscale(0.2)]
     steps += [
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(list(config.mean), list(config.std)),

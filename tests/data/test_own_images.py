@@ -289,3 +289,39 @@ def test_given_normalisation_and_augment_options(tmp_path):
         module(train=str(tmp_path), auto_augment="cutmix")
     with pytest.raises(ValueError, match="mean and std together"):
         module(train=str(tmp_path), mean=0.5)
+
+
+def test_color_jitter_changes_colour_not_geometry_and_greys_one_image_in_five():
+    """SimCLR's colour distortion: a red square on blue keeps its place (the pixel-wise
+    changes are colour maps, so the square's mask is the same), its colours change in about
+    0.8 of the draws and it turns grey (R = G = B) in about 0.2 of them."""
+    torch.manual_seed(0)
+    image = torch.zeros(3, 16, 16, dtype=torch.uint8)
+    image[2] = 200
+    image[:, 4:10, 4:10] = torch.tensor([220, 30, 30], dtype=torch.uint8)[:, None, None]
+    config = ImageTransformConfig(16, (0.0,) * 3, (1.0,) * 3, color_jitter=0.5)
+    jitter = image_transform(config, train=True)
+    same, grey, draws = 0, 0, 2000
+    inside = torch.zeros(16, 16, dtype=torch.bool)
+    inside[4:10, 4:10] = True
+    for _ in range(draws):
+        x = jitter(image)
+        assert x.shape == (3, 16, 16)
+        # every pixel of the square equals every other pixel of it, and the ground likewise
+        assert torch.allclose(x[:, inside], x[:, inside][:, :1], atol=1e-6)
+        assert torch.allclose(x[:, ~inside], x[:, ~inside][:, :1], atol=1e-6)
+        same += bool(torch.allclose(x, image.float() / 255, atol=1e-6))
+        grey += bool(torch.allclose(x[0], x[1], atol=2 / 255)
+                     and torch.allclose(x[1], x[2], atol=2 / 255))
+    # P(untouched) = 0.2 (no jitter) * 0.8 (no grey) = 0.16; P(grey) = 0.2; binomial
+    # standard deviations at n = 2000 are ~0.008 and ~0.009: margins of ~5 of them
+    assert abs(same / draws - 0.16) < 0.04
+    assert abs(grey / draws - 0.2) < 0.045
+    assert image_transform(config, train=False)(image).allclose(image.float() / 255)
+    with pytest.raises(ValueError, match="color_jitter"):
+        ImageTransformConfig(16, (0.0,), (1.0,), color_jitter=2.0)
+
+
+def test_color_jitter_is_for_your_own_images():
+    with pytest.raises(ValueError, match="color_jitter apply to your own images"):
+        ImageClassificationDataModule(dataset="digits", color_jitter=0.5)
