@@ -1,0 +1,105 @@
+"""RunGuard without a host sync per step (#50, item 3): the non-finite flag stays on the
+device and is the fused optimiser's ``found_inf`` (a bad step is not applied there), the
+host reads it every ``check_every_n_steps``, at epoch ends, before validation and before
+every checkpoint. Tiny digits ViT on CPU, as tests/cli/test_faults.py."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from multimodal.cli.faults import RunGuard
+from multimodal.cli.saving import TrainingDiverged, nonfinite_parameter
+from tests.cli.test_faults import Weights, poison_loss, trainer
+from tests.cli.test_resume import digits
+
+
+class CountingGuard(RunGuard):
+    """Records the step counter at every host read of the flags."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.reads: list[int] = []
+
+    def settle(self, trainer=None, optimizer=None) -> None:
+        if self._pending is not None and (trainer or self._trainer) is not None:
+            self.reads.append(int((trainer or self._trainer).global_step))
+        super().settle(trainer, optimizer)
+
+
+def test_the_flag_is_read_every_n_steps_and_before_saves_only(tmp_path):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    guard = CountingGuard(check_every_n_steps=4)
+    trainer(tmp_path, guard, epochs=2).fit(task, data)  # 5 steps an epoch
+    # optimiser steps 3 and 7 (0-based: the 4th and 8th), the epoch ends (5, 10) with
+    # their validation and checkpoint saves; no read at any other step
+    assert set(guard.reads) == {3, 5, 7, 10}, guard.reads
+    assert guard.every_n_steps(trainer(tmp_path)) == 4
+
+
+def test_cpu_default_reads_every_step():
+    run = L.Trainer(accelerator="cpu", logger=False, log_every_n_steps=7)
+    assert RunGuard().every_n_steps(run) == 1
+    assert RunGuard(check_every_n_steps=3).every_n_steps(run) == 3
+    with pytest.raises(ValueError, match="check_every_n_steps must be >= 1"):
+        RunGuard(check_every_n_steps=0)
+
+
+def test_a_late_read_stops_with_the_weights_of_the_last_finite_step(tmp_path):
+    """NaN at step 7 (0-based 6), read at the 8th step: the 7th was not applied on the
+    device; last.ckpt has the step counter 7 and the weights (and AdamW moments) of the
+    6 finite steps."""
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    poison_loss(task, {6})
+    weights = Weights()
+    run = trainer(tmp_path, weights, RunGuard(check_every_n_steps=4))
+    with pytest.raises(TrainingDiverged) as stop:
+        run.fit(task, data)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert str(stop.value).startswith("the training loss is not finite at step 7 (epoch 1, ")
+    assert (f"{last} holds the weights of step 6, the last finite state (step 7 was not "
+            f"applied; its step counter is 7)") in str(stop.value)
+    saved = torch.load(last, weights_only=True)
+    assert saved["global_step"] == 7
+    after_six = next(after for step, _, after in weights.steps if step == 5)
+    for name, value in saved["state_dict"].items():
+        assert torch.equal(value, after_six[name]), name
+    assert nonfinite_parameter(task) is None
+    moments = [s["exp_avg"] for s in saved["optimizer_states"][0]["state"].values()]
+    assert all(bool(torch.isfinite(m).all()) for m in moments)
+    assert {float(s["step"]) for s in saved["optimizer_states"][0]["state"].values()} == {6.0}
+
+
+def test_a_late_read_skips_the_steps_on_the_device(tmp_path):
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    poison_loss(task, {1, 2})
+    weights, guard = Weights(), RunGuard(on_nonfinite="skip", check_every_n_steps=4)
+    with pytest.warns(UserWarning, match=r"not finite at step 2 \(epoch 0\) and 1 more up to "
+                                         r"step 3: step skipped \(2 so far\)"):
+        trainer(tmp_path, weights, guard).fit(task, data)
+    assert guard.skipped == 2
+    for step, before, after in weights.steps:
+        same = all(torch.equal(before[k], after[k]) for k in before)
+        assert same == (step in (1, 2)), step
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
+                      weights_only=True)["callbacks"]["RunGuard"] == {"skipped": 2}
+
+
+def test_a_not_fused_optimiser_is_read_every_step_and_still_skips(tmp_path, monkeypatch):
+    """AdamW without the fused kernel has no ``found_inf``: the flag is read every step and
+    the step's gradients dropped, as before."""
+    monkeypatch.setenv("MULTIMODAL_FUSED_ADAMW", "0")
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    poison_loss(task, {2})
+    weights, guard = Weights(), RunGuard(on_nonfinite="skip", check_every_n_steps=4)
+    with pytest.warns(UserWarning, match=r"not finite at step 3 \(epoch 0\): step skipped"):
+        trainer(tmp_path, weights, guard, epochs=1).fit(task, data)
+    assert not getattr(task.trainer.optimizers[0], "_step_supports_amp_scaling", False)
+    assert guard.skipped == 1
+    for step, before, after in weights.steps:
+        assert all(torch.equal(before[k], after[k]) for k in before) == (step == 2), step
