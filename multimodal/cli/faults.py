@@ -57,8 +57,9 @@ class RunGuard(L.Callback):
     host looking. The host reads the flags every ``check_every_n_steps`` optimiser steps
     (default: every step on the CPU, where a read costs nothing; ``log_every_n_steps`` on
     an accelerator), at the end of every epoch, before validation, before any checkpoint is
-    written and at the end of the fit. Another optimiser (not fused), or a grad scaler,
-    reads the flag every step as before.
+    written and at the end of the fit. Reading every step (the CPU's default), another
+    optimiser (not fused) or a grad scaler: the flag is read in the step, which is then not
+    taken (stop) or has its gradients dropped (skip), as before.
 
     ``on_nonfinite="stop"`` (default): from the first non-finite step on, no step is applied
     (the flag is sticky); at the next read ``last.ckpt`` (in the checkpoint folder) is
@@ -140,9 +141,10 @@ class RunGuard(L.Callback):
                                  optimizer: torch.optim.Optimizer) -> None:
         self._trainer, self._optimizer = trainer, optimizer
         flags = self._flags(trainer, pl_module, optimizer)
-        if not self._on_device(trainer, optimizer):
+        if self.every_n_steps(trainer) == 1 or not self._on_device(trainer, optimizer):
+            # read now (every step: free on the CPU; or no found_inf to drop a step with)
             if getattr(optimizer, "found_inf", None) is self._found_inf is not None:
-                del optimizer.found_inf  # an optimiser that was fused before (not ours now)
+                del optimizer.found_inf  # left from an earlier fit with another setting
             loss_bad, grad_bad = (bool(v > 0) for v in flags.tolist())  # the host sync
             if loss_bad or grad_bad:
                 self._nonfinite(trainer, optimizer, trainer.global_step,
