@@ -208,6 +208,13 @@ class RunGuard(L.Callback):
             return
         self._stop(trainer, optimizer, what, step, epoch)
 
+    def _put_back(self, trainer: L.Trainer) -> None:
+        """The optimisers without our ``found_inf``, as they were, for a later use."""
+        for optimizer in trainer.optimizers:
+            if self._found_inf is not None and \
+                    getattr(optimizer, "found_inf", None) is self._found_inf:
+                del optimizer.found_inf
+
     def _stop(self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, what: str,
               bad_step: int | None = None, epoch: int | None = None) -> None:
         step = trainer.global_step
@@ -231,6 +238,7 @@ class RunGuard(L.Callback):
         else:
             where = "no checkpoint written now (the weights are not finite); the ones " \
                 "already written are kept"
+        self._put_back(trainer)
         raise TrainingDiverged(f"{head}; {where} (a lower learning rate, gradient clipping "
                                "--trainer.gradient_clip_val 1.0, or --on_nonfinite skip)")
 
@@ -278,6 +286,7 @@ class RunGuard(L.Callback):
             signal_handling._SIGCHLD_handler_set = True  # torch's is not put back later
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._put_back(trainer)
         previous, self._sigchld = getattr(self, "_sigchld", None), None
         if previous is not None:
             from torch.utils.data._utils import signal_handling

@@ -103,3 +103,24 @@ def test_a_not_fused_optimiser_is_read_every_step_and_still_skips(tmp_path, monk
     assert guard.skipped == 1
     for step, before, after in weights.steps:
         assert all(torch.equal(before[k], after[k]) for k in before) == (step == 2), step
+
+
+def test_a_save_between_reads_reads_first_and_never_saves_the_unread_step(tmp_path):
+    """A plain ModelCheckpoint saving every step, reads every 100 steps: the save after
+    the bad step reads the flag first and stops the run; its file is not written."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    L.seed_everything(0, verbose=False)
+    task, data = digits()()
+    poison_loss(task, {2})
+    every = ModelCheckpoint(dirpath=tmp_path / "every", filename="{step}",
+                            every_n_train_steps=1, save_top_k=-1)
+    with pytest.raises(TrainingDiverged, match=r"not finite at step 3 .* holds the weights of "
+                                                 r"step 2, the last finite state \(step 3 was "
+                                                 r"not applied; its step counter is 3\)"):
+        trainer(tmp_path, every, RunGuard(check_every_n_steps=100)).fit(task, data)
+    assert sorted(p.name for p in (tmp_path / "every").glob("*.ckpt")) == \
+        ["step=1.ckpt", "step=2.ckpt"]
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
+                      weights_only=True)["global_step"] == 3
+    assert not hasattr(task.trainer.optimizers[0], "found_inf")  # put back at teardown
