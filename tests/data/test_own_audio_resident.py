@@ -254,3 +254,23 @@ def test_gloo_ranks_take_slices_of_one_permutation(tmp_path):
     assert Counter(shares[0]["lengths"] + shares[1]["lengths"]) == Counter(lengths)
     val = [int(n) for b in reference.val_dataloader() for n in b["lengths"]]
     assert sorted(shares[0]["val"] + shares[1]["val"]) == sorted(val)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_held_on_cuda_the_batches_are_the_cpu_ones(tmp_path):
+    """The same seed gives the same cropped waveforms on the GPU as on the CPU (the order
+    and the draws come from the host generator, the gather is exact) and log-mel features
+    equal to float rounding."""
+    for features in (False, True):
+        data = AudioClassificationDataModule(train=wav_folder(tmp_path / str(features)),
+                                             n_mels=16, batch_size=3, clip_seconds=0.3,
+                                             features=features, device_resident=True)
+        data.setup("fit")
+        held = data.resident_split("train")
+        cpu = data.train_dataloader()
+        gpu = DeviceBatches([a.cuda() for a in held.arrays], 3, shuffle=True,
+                            transform=held.transform, assemble=held.assemble)
+        key = "features" if features else "waveform"
+        for x, y in zip(epoch(cpu, 1), epoch(gpu, 1), strict=True):
+            assert y[key].is_cuda and torch.equal(x["lengths"], y["lengths"].cpu())
+            torch.testing.assert_close(x[key], y[key].cpu(), atol=1e-4, rtol=1e-4)
