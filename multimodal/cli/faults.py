@@ -87,9 +87,10 @@ class RunGuard(L.Callback):
         self.skipped = 0
         self.failed_saves = 0
         self._bad_loss: torch.Tensor | None = None
-        # on the device, between two reads: (first bad step, 1 if its gradient norm (else
-        # its loss) was the bad value, its epoch, bad steps since the last read)
-        self._pending: torch.Tensor | None = None
+        # on the device, between two reads: each step's (loss bad, gradient norm bad) flags;
+        # on the host their steps and epochs (no device work for those)
+        self._history: torch.Tensor | None = None
+        self._slots: list[tuple[int, int]] = []
         self._found_inf: torch.Tensor | None = None
         self._trainer: L.Trainer | None = None
         self._optimizer: torch.optim.Optimizer | None = None
@@ -151,43 +152,43 @@ class RunGuard(L.Callback):
                                 trainer.current_epoch, 1, "gradient norm" if not loss_bad
                                 else "training loss", dropped=False)
             return
-        device = flags.device
-        if self._pending is None or self._pending.device != device:
-            self._pending = torch.tensor([-1, 0, 0, 0], dtype=torch.long, device=device)
-            self._found_inf = torch.zeros((), dtype=torch.float32, device=device)
-        bad = flags.sum() > 0
-        pending = self._pending
-        fresh = bad & (pending[0] < 0)
-        grad_only = (flags[0] <= 0).long()
-        first = torch.stack([torch.full((), trainer.global_step, device=device), grad_only,
-                             torch.full((), trainer.current_epoch, device=device)])
-        pending[:3] = torch.where(fresh, first, pending[:3])
-        pending[3] += bad.long()
-        # stop: sticky from the first bad step on (the weights stay the last finite ones)
-        drop = pending[0] >= 0 if self.on_nonfinite == "stop" else bad
-        self._found_inf.copy_(drop.float())
+        n = self.every_n_steps(trainer)
+        history = self._history
+        if history is None or history.device != flags.device or history.shape[0] < n:
+            history = self._history = torch.zeros(n, 2, device=flags.device)
+            self._found_inf = torch.zeros((), dtype=torch.float32, device=flags.device)
+            self._slots = []
+        if len(self._slots) >= history.shape[0]:
+            self.settle(trainer, optimizer)  # (not reached: reads come every n steps)
+        history[len(self._slots)].copy_(flags)  # this step's flags, read with the window's
+        self._slots.append((trainer.global_step, trainer.current_epoch))
+        bad = (flags.amax() > 0).float()  # exactly 1 where the step is dropped
+        if self.on_nonfinite == "stop":  # sticky: the weights stay the last finite ones
+            torch.maximum(self._found_inf, bad, out=self._found_inf)
+        else:
+            self._found_inf.copy_(bad)
         optimizer.found_inf = self._found_inf  # read by the fused step: not applied if 1
-        if (trainer.global_step + 1) % self.every_n_steps(trainer) == 0:
+        if (trainer.global_step + 1) % n == 0:
             self.settle(trainer, optimizer)
 
     def settle(self, trainer: L.Trainer | None = None,
                optimizer: torch.optim.Optimizer | None = None) -> None:
-        """Read the flags kept on the device (one host sync) and act on them: stop the run
-        or count the skipped steps. Called at every read point (see the class doc)."""
-        pending = self._pending
+        """Read the flags kept on the device since the last read (one host sync) and act on
+        them: stop the run or count the skipped steps. Called at every read point (see the
+        class doc)."""
         trainer = trainer if trainer is not None else self._trainer
         optimizer = optimizer if optimizer is not None else self._optimizer
-        if pending is None or trainer is None or optimizer is None:
+        slots = self._slots
+        if not slots or self._history is None or trainer is None or optimizer is None:
             return
-        step, grad_only, epoch, count = pending.tolist()
-        if count == 0:
+        rows = self._history[: len(slots)].tolist()
+        self._slots = []  # (a save on the way to a stop must not read them again)
+        bad = [i for i, (loss, grad) in enumerate(rows) if loss > 0 or grad > 0]
+        if not bad:
             return
-        if self.on_nonfinite == "skip":
-            pending.copy_(torch.tensor([-1, 0, 0, 0]))
-        else:
-            self._pending = None  # stopping: a save on the way must not read it again
-        what = "gradient norm" if grad_only else "training loss"
-        self._nonfinite(trainer, optimizer, step, epoch, count, what, dropped=True)
+        step, epoch = slots[bad[0]]
+        what = "training loss" if rows[bad[0]][0] > 0 else "gradient norm"
+        self._nonfinite(trainer, optimizer, step, epoch, len(bad), what, dropped=True)
 
     def _nonfinite(self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, step: int,
                    epoch: int, count: int, what: str, dropped: bool) -> None:

@@ -23,7 +23,7 @@ class CountingGuard(RunGuard):
         self.reads: list[int] = []
 
     def settle(self, trainer=None, optimizer=None) -> None:
-        if self._pending is not None and (trainer or self._trainer) is not None:
+        if self._slots and (trainer or self._trainer) is not None:
             self.reads.append(int((trainer or self._trainer).global_step))
         super().settle(trainer, optimizer)
 
