@@ -124,3 +124,25 @@ def test_a_save_between_reads_reads_first_and_never_saves_the_unread_step(tmp_pa
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
                       weights_only=True)["global_step"] == 3
     assert not hasattr(task.trainer.optimizers[0], "found_inf")  # put back at teardown
+
+
+@pytest.mark.slow  # two gloo processes: about 30 s on the busy 2-core box
+def test_ddp_ranks_stop_together_at_a_late_read(tmp_path):
+    """Only rank 1's loss is NaN (step 3); the flags are all-reduced on the device every
+    step and read every 2 steps: both ranks drop the step, read it at the 4th step and
+    stop together; last.ckpt has the step counter 3 and the weights of step 2."""
+    import multimodal as mm
+    from multimodal.data.vision import ImageClassificationDataModule
+    from tests.cli.test_faults import NanOnRank
+    from tests.cli.test_resume import DIGITS_VIT
+
+    L.seed_everything(0, verbose=False)
+    task = NanOnRank(mm.ViT(mm.ViTConfig(**DIGITS_VIT)), optimizer={"lr": 3e-3})
+    data = ImageClassificationDataModule("digits", batch_size=16, val_size=32, limit_train=80,
+                                         augment=False)
+    run = trainer(tmp_path, RunGuard(check_every_n_steps=2), devices=2, strategy="ddp_spawn")
+    with pytest.raises(Exception, match=r"training loss is not finite at step 3 .*holds the "
+                                        r"weights of step 2"):
+        run.fit(task, data)
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
+                      weights_only=True)["global_step"] == 3
