@@ -511,8 +511,11 @@ class Preemption(L.Callback):
 
     Every checkpoint it writes is written to a temporary file first and renamed, so a kill
     while writing leaves the previous ``last.ckpt`` whole. On several processes the ranks
-    agree (a logical OR of their flags, one all-reduce) at the end of every step and of every
-    validation, so all save and stop together, also when only one rank got the signal.
+    agree (a logical OR of their flags, one all-reduce, a host sync) every
+    ``sync_every_n_steps`` training batches (default 10: a signal is acted on within 10
+    steps, while the steps in between run without that sync), at the end of every epoch and
+    of every validation, so all save and stop together, also when only one rank got the
+    signal. One process checks its own flag every step (no collective, no sync).
 
     The handlers replace Lightning's own for these signals once training starts: Lightning's
     SIGTERM handler broadcasts from inside the handler, a collective call that the other
@@ -523,9 +526,14 @@ class Preemption(L.Callback):
     """
 
     def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1"),
-                 every_minutes: float | None = None, requeue: bool = True) -> None:
+                 every_minutes: float | None = None, requeue: bool = True,
+                 sync_every_n_steps: int = 10) -> None:
         if every_minutes is not None and every_minutes <= 0:
             raise ValueError(f"every_minutes must be > 0 or None, got {every_minutes}")
+        if sync_every_n_steps < 1:
+            raise ValueError(f"sync_every_n_steps must be >= 1, got {sync_every_n_steps}")
+        self.sync_every_n_steps = sync_every_n_steps
+        self._batches = 0  # training batches ended (the same count on every rank)
         names = {s.name for s in signal.Signals}
         for name in signals:
             if name not in names:
@@ -574,7 +582,7 @@ class Preemption(L.Callback):
                             self._previous[signum] = previous
             return
         self.received, self.saved_path, self._active = None, None, True
-        self._last_save = time.monotonic()
+        self._last_save, self._batches = time.monotonic(), 0
         for name in self.signals:
             signum = int(getattr(signal, name))
             try:
@@ -626,6 +634,17 @@ class Preemption(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._batches += 1
+        if trainer.world_size > 1 and self._batches % self.sync_every_n_steps:
+            return  # the ranks agree every sync_every_n_steps batches only
+        self._check(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.world_size > 1 and self._batches % self.sync_every_n_steps:
+            self._check(trainer)  # (else checked at this epoch's last batch already)
+
+    def _check(self, trainer: L.Trainer) -> None:
+        """Stop on a noted signal, save when ``every_minutes`` is due (agreed over ranks)."""
         due = self.every_minutes is not None and \
             time.monotonic() - self._last_save >= 60 * self.every_minutes
         stop, due = self._agreed(trainer, self.received is not None, due)

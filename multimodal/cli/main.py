@@ -240,7 +240,10 @@ def add_run_defaults(config: Namespace) -> None:
     * ``early_stopping: N`` (``--early_stopping N``; the own-data configs set it) and no
       ``EarlyStopping`` among the callbacks: one on ``val/loss`` (min) with patience N
       validations. With ``trainer.min_steps`` (the step budget, :class:`StepBudget`) a run
-      trains at least that many steps, then stops once the validation loss stalls;
+      trains at least that many steps, then stops once the validation loss stalls. It is
+      checked after each validation, not at the end of a training epoch: a run that
+      ``max_steps`` ends before its first validation ends normally (an ``EarlyStopping``
+      of your own that leaves ``check_on_train_epoch_end`` unset gets the same);
     * a ``LearningRateMonitor`` when there is a logger and the config names none.
     """
     root = ROOT_PLACEHOLDER
@@ -271,7 +274,8 @@ def add_run_defaults(config: Namespace) -> None:
     if patience is not None and not _has_callback(callbacks, EarlyStopping):
         callbacks.append(Namespace(
             class_path="lightning.pytorch.callbacks.EarlyStopping",
-            init_args=Namespace(monitor="val/loss", mode="min", patience=int(patience))))
+            init_args=Namespace(monitor="val/loss", mode="min", patience=int(patience),
+                                check_on_train_epoch_end=False)))
     if trainer.get("logger") not in (None, False, []) and \
             not _has_callback(callbacks, LearningRateMonitor):
         callbacks.append(Namespace(
@@ -771,6 +775,12 @@ class MultimodalCLI(LightningCLI):
         if not any(isinstance(c, Preemption) for c in trainer.callbacks):
             minutes = self._get(self.config, "checkpoint_every_minutes", default=None)
             trainer.callbacks.append(Preemption(every_minutes=minutes))
+        for stopper in trainer.callbacks:
+            if isinstance(stopper, EarlyStopping) and \
+                    getattr(stopper, "_check_on_train_epoch_end", False) is None:
+                # on a validation's metrics: a train epoch that max_steps ends before the
+                # first validation has none, and strict would end the run with an error
+                stopper._check_on_train_epoch_end = False
         if not any(isinstance(c, RunGuard) for c in trainer.callbacks):
             trainer.callbacks.append(RunGuard(  # divergence, failed saves: multimodal.cli.faults
                 on_nonfinite=self._get(self.config, "on_nonfinite", default=None) or "stop",

@@ -81,6 +81,9 @@ def write_checkpoint(trainer: L.Trainer, path: str | os.PathLike[str],
     (12.0 MB free in FOLDER) ...``); when the run's :class:`RunGuard` says
     ``on_save_error="continue"`` it warns instead and returns None. Returns the path."""
     path = Path(path)
+    guard = _save_policy(trainer)
+    if callable(getattr(guard, "settle", None)):
+        guard.settle(trainer)  # a non-finite step not yet read stops the run here
     module = trainer.lightning_module
     bad = nonfinite_parameter(module) if module is not None else None
     if bad is not None:
@@ -97,7 +100,8 @@ def write_checkpoint(trainer: L.Trainer, path: str | os.PathLike[str],
         if trainer.is_global_zero:
             os.replace(partial, path)
     except (OSError, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and "writ" not in str(err).lower():
+        if isinstance(err, TrainingDiverged) or (
+                isinstance(err, RuntimeError) and "writ" not in str(err).lower()):
             raise
         with contextlib.suppress(OSError):
             partial.unlink()

@@ -31,6 +31,7 @@ from multimodal.data.audio_datasets import (
     AudioFolderDataset,
 )
 from multimodal.data.audio_transforms import SAMPLE_RATE, centre_crop
+from multimodal.data.device_batches import ResidentSplit, resident_setting
 from multimodal.data.noise import NoiseMixer
 from multimodal.data.readers import FileList
 from multimodal.data.readers.audio import (
@@ -123,6 +124,20 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
             files' encoded bytes, split as when they were written), streamed with
             ``litdata.StreamingDataset`` (:mod:`multimodal.data.shards`); ``train`` / ``val``
             / ``test`` are then unused.
+        device_resident: your own recordings (``train``) decoded once (16 kHz mono) and held
+            whole on the accelerator: ``auto`` (default) on an accelerator when they take
+            at most ``device_resident_max_mb`` (one log line says so), ``true`` also on the
+            CPU (an error where they cannot be held: the built-in sources, shards, or
+            ``noise``, mixed clip by clip), ``false`` the DataLoader path. Batches are
+            taken by index from the seeded epoch permutation, training clips cropped at
+            random and log-mel features computed on the device
+            (:mod:`multimodal.data.audio_batches`); no loader workers; the same order, crop
+            distribution and exact mid-epoch resume as the DataLoader path. Batches are
+            padded to the split's width (at most ``clip_seconds``), not the batch's longest
+            clip.
+        device_resident_max_mb: the most the held splits may take for ``auto`` (MiB):
+            training holds whole clips (the crop is drawn per epoch), evaluation the
+            centre-cropped ones.
     """
 
     modality = "audio"
@@ -159,8 +174,14 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
         val_fraction: int | float | None = None,
         test_fraction: int | float | None = None,
         min_held_out_per_class: int = 0,
+        device_resident: bool | str = "auto",
+        device_resident_max_mb: float = 2048.0,
     ) -> None:
         super().__init__()
+        self.device_resident = resident_setting(device_resident)
+        if device_resident_max_mb < 0:
+            raise ValueError(f"device_resident_max_mb must be >= 0, got {device_resident_max_mb}")
+        self.device_resident_max_mb = float(device_resident_max_mb)
         val_size, test_size = held_out_sizes(val_size, test_size, val_fraction, test_fraction)
         self.min_held_out_per_class = check_min_per_class(min_held_out_per_class)
         if shards is not None and (train is not None or val is not None or test is not None):
@@ -367,6 +388,81 @@ class AudioClassificationDataModule(ShardLoaderMixin, SplitDataModule):
     def split_dataset(self, split: str) -> Dataset:
         self.setup()
         return self._datasets[split]
+
+    # -- held on the device (multimodal.data.device_batches, .audio_batches) ----------------
+    def resident_refusal(self) -> str | None:
+        if self.dataset == "shards":
+            return "shards are streamed, not held in memory"
+        if self.dataset != "files":
+            return f"the built-in {self.dataset} clips are read one by one"
+        if self.noise_kind != "none":
+            return "noise is mixed clip by clip"
+        return None
+
+    def resident_bytes(self) -> int:
+        """Bytes the held splits take (float32 samples, int64 lengths and labels), from the
+        files' headers: training's whole clips, the others' centre crops."""
+        import soundfile as sf
+
+        from multimodal.tokenizers.audio import resampled_length
+
+        self.setup()
+        total = 0
+        for split, files in self.file_splits.items():
+            longest = 0
+            for path in files.paths.tolist():
+                info = sf.info(path)
+                longest = max(longest, resampled_length(info.frames, info.samplerate,
+                                                        SAMPLE_RATE))
+            if split != "train":
+                longest = min(longest, self.clip_samples)
+            total += len(files) * (4 * longest + 16)
+        return total
+
+    def _decoded_clips(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
+        """``split``'s recordings decoded once: (waves (N, W), lengths, labels); training's
+        whole, the others centre-cropped to ``clip_seconds``. A file that cannot be decoded
+        raises, or with ``skip_corrupt`` is left out and counted in one log line."""
+        from multimodal.data.audio_batches import pad_clips
+        from multimodal.data.readers import CorruptFileError
+
+        decoded = self.__dict__.setdefault("_decoded", {})
+        if split not in decoded:
+            dataset = self._datasets[split]
+            clips, labels, skipped = [], [], 0
+            for i in range(len(dataset)):  # type: ignore[arg-type]
+                try:
+                    clip = dataset.waveform(i)  # type: ignore[attr-defined]
+                except CorruptFileError:
+                    if not self.skip_corrupt:
+                        raise
+                    skipped += 1
+                    continue
+                clips.append(clip if split == "train" else centre_crop(clip, self.clip_samples))
+                labels.append(int(dataset.files.labels[i]))  # type: ignore[attr-defined]
+            if skipped:
+                log.warning("%s split: skipped %d unreadable audio file(s) of %d", split,
+                            skipped, len(dataset))  # type: ignore[arg-type]
+            waves, lengths = pad_clips(clips)
+            decoded[split] = (waves, lengths, torch.tensor(labels, dtype=torch.int64))
+        return decoded[split]
+
+    def resident_split(self, split: str) -> ResidentSplit | None:
+        """Your recordings of ``split`` decoded once, for
+        :class:`~multimodal.data.device_batches.DeviceBatches`: training clips cropped at
+        random per batch, then waveforms or log-mel features, all on the device
+        (:mod:`multimodal.data.audio_batches`)."""
+        from multimodal.data.audio_batches import AudioBatchAssembler, BatchAudioCrop
+
+        if self.resident_refusal() is not None:
+            return None
+        self.setup()
+        if split not in self._datasets:
+            return None
+        arrays = list(self._decoded_clips(split))
+        crop = BatchAudioCrop(self.clip_samples) if split == "train" else None
+        assemble = AudioBatchAssembler((lambda: self.tokenizer) if self.features else None)
+        return ResidentSplit(arrays, crop, assemble=assemble)
 
     def collate_fn(self) -> Callable[[list[Any]], dict[str, Any]]:
         collate = AudioBatchCollate(self.tokenizer if self.features else None)

@@ -137,6 +137,12 @@ class BatchImageTransform:
             if self.pad else None
         return flips, offsets
 
+    def apply(self, arrays: list[torch.Tensor], flips: torch.Tensor | None,
+              offsets: torch.Tensor | None) -> list[torch.Tensor]:
+        """A held batch's arrays with the first (the images) transformed
+        (:class:`~multimodal.data.device_batches.BatchTransform`)."""
+        return [self(arrays[0], flips, offsets), *arrays[1:]]
+
     def __call__(self, images: torch.Tensor, flips: torch.Tensor | None = None,
                  offsets: torch.Tensor | None = None) -> torch.Tensor:
         if flips is not None or offsets is not None:

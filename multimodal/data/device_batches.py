@@ -31,15 +31,35 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import SequentialSampler
 
-from multimodal.data.batch_augment import BatchImageTransform
 from multimodal.data.sampling import LoaderPosition, set_rng_state
 
-__all__ = ["DeviceBatches", "EpochCounter", "ResidentSplit", "resident_setting"]
+__all__ = ["BatchTransform", "DeviceBatches", "EpochCounter", "ResidentSplit",
+           "resident_setting"]
+
+
+class BatchTransform(Protocol):
+    """What a held split's batches go through (e.g.
+    :class:`~multimodal.data.batch_augment.BatchImageTransform`,
+    :class:`~multimodal.data.audio_batches.BatchAudioCrop`): :meth:`draw` makes the random
+    choices of a whole epoch at once (two tensors with one row per item, or None), in the
+    permutation's order, from the epoch's generator; :meth:`apply` transforms a batch's
+    arrays (as held, indexed) with its rows of those draws."""
+
+    @property
+    def random(self) -> bool: ...
+
+    def to(self, device: torch.device | str) -> BatchTransform: ...
+
+    def draw(self, n: int, generator: torch.Generator
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None]: ...
+
+    def apply(self, arrays: list[torch.Tensor], first: torch.Tensor | None,
+              second: torch.Tensor | None) -> list[torch.Tensor]: ...
 
 RESIDENT_SETTINGS = ("auto", "true", "false")
 
@@ -60,11 +80,12 @@ def resident_setting(value: bool | str) -> str:
 @dataclass
 class ResidentSplit:
     """A split as a data module hands it to :class:`DeviceBatches`: host tensors (items
-    along dim 0; the first is the uint8 images ``transform`` applies to), and optionally
+    along dim 0; e.g. the uint8 images and labels, or waveforms, their lengths and labels),
+    the batch ``transform`` (:class:`BatchTransform`), and optionally
     per-item host values and how a batch is assembled (see :class:`DeviceBatches`)."""
 
     arrays: list[torch.Tensor]
-    transform: BatchImageTransform | None = None
+    transform: BatchTransform | None = None
     host_items: Sequence[Any] | None = None
     assemble: Callable[[list[torch.Tensor], list[Any] | None], Any] | None = None
 
@@ -83,8 +104,9 @@ class EpochCounter:
 class DeviceBatches:
     """Batches of one split whose tensors live on one device.
 
-    ``arrays``: tensors with the items along dim 0, all on the device (the first: the uint8
-    images that ``transform`` applies to; the others, e.g. labels, are indexed only).
+    ``arrays``: tensors with the items along dim 0, all on the device (indexed, then given
+    to ``transform.apply`` with the batch's draws: an image transform changes the first,
+    the uint8 images; labels are indexed only).
     ``host_items``: a per-item sequence kept on the host (e.g. caption strings), indexed
     with the host copy of the same indices. ``assemble(arrays, host_items)`` makes the batch
     (default: the tuple of arrays). ``shuffle``: training (epoch permutations, augmentation,
@@ -97,7 +119,7 @@ class DeviceBatches:
         batch_size: int,
         shuffle: bool,
         seed: int = 0,
-        transform: BatchImageTransform | None = None,
+        transform: BatchTransform | None = None,
         position: LoaderPosition | None = None,
         world: int = 1,
         rank: int = 0,
@@ -191,9 +213,9 @@ class DeviceBatches:
             rows = index[lo:hi]
             arrays = [a.index_select(0, rows) for a in self.arrays]
             if self.transform is not None:
-                arrays[0] = self.transform(arrays[0],
-                                           flips[lo:hi] if flips is not None else None,
-                                           offsets[lo:hi] if offsets is not None else None)
+                arrays = self.transform.apply(arrays,
+                                              flips[lo:hi] if flips is not None else None,
+                                              offsets[lo:hi] if offsets is not None else None)
             host = None
             if self.host_items is not None:
                 host = [self.host_items[i] for i in order[lo:hi].tolist()]

@@ -118,7 +118,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
             (files only; None: off).
         color_jitter: strength of SimCLR's colour distortion in training (brightness,
             contrast, saturation, hue; grey 1 time in 5) for classes colour does not define
-            (files only; None: off; :class:`~multimodal.data.vision_transforms.ImageTransformConfig`).
+            (files only; None: off; see ImageTransformConfig).
         mean: per-channel normalisation mean (one value or one per channel); default: the
             training statistics.
         std: per-channel normalisation std; given together with ``mean``.

@@ -235,7 +235,7 @@ class SignalOnRank(L.Callback):
 @pytest.mark.slow
 def test_ddp_ranks_stop_together_and_exit_143(tmp_path):
     """2 gloo processes, SIGTERM to rank 1 only: both ranks save at the same step and exit
-    with 143 (ranks agree by an all-reduce of their flags every step)."""
+    with 143 (ranks agree by an all-reduce of their flags, here every step)."""
     from torch.multiprocessing import ProcessExitedException
 
     L.seed_everything(0, verbose=False)
@@ -245,9 +245,53 @@ def test_ddp_ranks_stop_together_and_exit_143(tmp_path):
                         logger=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=tmp_path, enable_checkpointing=False,
                         num_sanity_val_steps=0, limit_val_batches=0,
-                        callbacks=[record, SignalOnRank(1, 1), Preemption()])
+                        callbacks=[record, SignalOnRank(1, 1),
+                                   Preemption(sync_every_n_steps=1)])
     with pytest.raises(ProcessExitedException) as stop:
         trainer.fit(task, data)
     assert stop.value.exit_code == 143
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt",
                       weights_only=True)["global_step"] == 2
+
+
+class _CountingStrategy:
+    def __init__(self) -> None:
+        self.root_device, self.reduced = torch.device("cpu"), 0
+
+    def reduce(self, votes, reduce_op="sum"):
+        self.reduced += 1
+        return votes
+
+
+def test_ranks_agree_every_n_steps_only():
+    """Under DDP the flags are all-reduced (a host sync) every sync_every_n_steps batches
+    and at the end of an epoch, not every step; one process never all-reduces."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    guard = Preemption(sync_every_n_steps=4)
+    strategy = _CountingStrategy()
+    run = SimpleNamespace(world_size=2, strategy=strategy, global_step=0)
+    for _ in range(9):
+        guard.on_train_batch_end(run, None, None, None, 0)
+    assert strategy.reduced == 2  # after batches 4 and 8
+    guard.on_train_epoch_end(run, None)
+    assert strategy.reduced == 3  # the epoch's end (batch 9)
+    saved = []
+    guard.save = lambda trainer, why: saved.append(why) or "last.ckpt"
+    guard.received = int(signal.SIGTERM)
+    for _ in range(2):  # batches 10, 11: no agreement yet, the run goes on
+        guard.on_train_batch_end(run, None, None, None, 0)
+    assert saved == []
+    with pytest.raises(SIGTERMException):
+        guard.on_train_batch_end(run, None, None, None, 0)  # batch 12
+    assert saved == ["received SIGTERM"]
+    alone = _CountingStrategy()
+    single = Preemption(sync_every_n_steps=4)
+    for _ in range(5):
+        single.on_train_batch_end(SimpleNamespace(world_size=1, strategy=alone), None, None,
+                                  None, 0)
+    assert alone.reduced == 0
+    with pytest.raises(ValueError, match="sync_every_n_steps must be >= 1"):
+        Preemption(sync_every_n_steps=0)
