@@ -65,7 +65,7 @@ class AutoregressiveImageTask(ModelTask):
         sample_seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(model, **kwargs)
+        super().__init__(model, pretrained=None, **kwargs)  # model_sources: no pretrained
         model = self.model
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer = PixelTokenizer(levels=model.config.vocab_size) \

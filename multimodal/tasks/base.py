@@ -124,6 +124,8 @@ class ModelTask(L.LightningModule):
         self._shared_hparams = {"compile": compile, "pretrained": pretrained, "preset": preset,
                                 "overrides": overrides, "optimizer": optimizer,
                                 "finetune": finetune, "data_sizes": data_sizes}
+        if "pretrained" not in self.model_sources:  # a task that takes none has no such key
+            del self._shared_hparams["pretrained"]
         self.optimizer_config: OptimizerConfig = OptimizerConfig.of(optimizer,
                                                                     self.optimizer_defaults)
         """The task's optimiser settings (:class:`~multimodal.tasks.optim.OptimizerConfig`):

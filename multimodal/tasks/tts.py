@@ -83,7 +83,7 @@ class TTSTask(ModelTask):
     ) -> None:
         if not max_prompt_seconds > 0:
             raise ValueError(f"max_prompt_seconds must be > 0, got {max_prompt_seconds}")
-        super().__init__(model, **kwargs)
+        super().__init__(model, pretrained=None, **kwargs)  # model_sources: no pretrained
         self.save_hyperparameters(ignore=["model"])
         self.phoneme_tokenizer: PhonemeTokenizer | None = None
         # running mean of target frames per phoneme (bounds generation length at inference);

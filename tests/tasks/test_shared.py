@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+import re
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 import multimodal as mm
+from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask
 from multimodal.tasks.language_model import LanguageModelTask
 from multimodal.tasks.optim import OptimizerConfig
@@ -39,8 +46,6 @@ FORMER_DEFAULTS = {
 
 @pytest.mark.parametrize("name", sorted(FORMER_DEFAULTS))
 def test_every_task_keeps_its_optimizer_defaults_and_takes_the_block(name: str) -> None:
-    import inspect
-
     import multimodal.tasks as tasks
 
     cls = getattr(tasks, name)
@@ -48,8 +53,6 @@ def test_every_task_keeps_its_optimizer_defaults_and_takes_the_block(name: str) 
     assert (d.lr, d.weight_decay, d.betas, d.warmup_fraction, d.min_lr_ratio) == \
         FORMER_DEFAULTS[name]
     # the block is ModelTask's keyword (each task forwards it); the flat ones are gone
-    from multimodal.tasks.base import ModelTask
-
     assert inspect.signature(ModelTask.__init__).parameters["optimizer"].default is None
     assert not {"lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio"} & \
         set(inspect.signature(cls.__init__).parameters)
@@ -223,3 +226,81 @@ def test_each_task_declares_its_models_and_where_they_come_from() -> None:
                                          "got ViT"):
         LanguageModelTask(mm.ViT(mm.ViTConfig(image_size=8, patch_size=4, in_channels=1,
                                               num_classes=2, dim=16, depth=1, heads=2)))
+
+
+# ---- one home for the shared keywords: ModelTask's signature; each task declares its own
+
+NINE_TASKS = ("ClassificationTask", "AutoregressiveImageTask", "LanguageModelTask",
+              "MaskedLMTask", "SequenceClassificationTask", "Seq2SeqTask", "CaptioningTask",
+              "ContrastiveTask", "TTSTask")
+FLAT_OPTIMIZER = {"lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio"}
+# what a task passes to its parent itself, so that the CLI does not offer it
+FIXED_BY_TASK = {"AutoregressiveImageTask": {"pretrained"}, "TTSTask": {"pretrained"},
+                 "SequenceClassificationTask": {"modality"}}
+
+
+def _own(cls: type) -> set[str]:
+    return {n for n, p in inspect.signature(cls.__init__).parameters.items()
+            if n != "self" and p.kind is not p.VAR_KEYWORD}
+
+
+def _shared() -> set[str]:
+    from multimodal.tasks.base import ModelTask
+
+    return _own(ModelTask) - {"model"}
+
+
+def test_the_shared_keywords_are_model_tasks_and_no_task_repeats_one() -> None:
+    import multimodal.tasks as tasks
+
+    assert _shared() == {"pretrained", "preset", "overrides", "data_sizes", "compile",
+                         "optimizer", "finetune"}
+    for name in NINE_TASKS:
+        cls = getattr(tasks, name)
+        own = _own(cls)
+        assert not own & (_shared() | FLAT_OPTIMIZER), (name, own & _shared())
+        assert list(inspect.signature(cls.__init__).parameters)[1] == "model", name
+        # the rest reaches ModelTask through **kwargs
+        assert any(p.kind is p.VAR_KEYWORD
+                   for p in inspect.signature(cls.__init__).parameters.values()), name
+
+
+@pytest.mark.parametrize("name", NINE_TASKS)
+def test_jsonargparse_offers_each_task_its_own_and_the_shared_keywords(name: str) -> None:
+    """What LightningCLI reads from a task's signature (``fit --help``, ``--print_config``,
+    a config's keys): jsonargparse follows ``super().__init__(model, **kwargs)`` up to
+    ModelTask, so every task offers its own keywords and the shared ones, and no flat
+    optimiser key."""
+    from jsonargparse import ArgumentParser
+
+    import multimodal.tasks as tasks
+
+    cls = getattr(tasks, name)
+    parser = ArgumentParser(exit_on_error=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parser.add_class_arguments(cls, "model", fail_untyped=False)
+    offered = {a.dest.split(".")[1] for a in parser._actions
+               if a.dest.startswith("model.") and not a.dest.endswith(".help")}
+    chain = set().union(*(_own(c) for c in cls.__mro__[:cls.__mro__.index(ModelTask) + 1]))
+    assert offered == chain - FIXED_BY_TASK.get(name, set())
+    assert _shared() - FIXED_BY_TASK.get(name, set()) <= offered
+    assert not offered & FLAT_OPTIMIZER
+
+
+def test_fit_help_of_a_task_lists_its_own_and_the_shared_options(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``fit --model.help`` lists a task's own and the shared options, ``--print_config``
+    writes them (the data's sizes excepted: linked from the data module when it is built)."""
+    from multimodal.cli.main import main
+    from multimodal.tasks import CaptioningTask
+
+    config = Path(__file__).parents[2] / "configs" / "caption_scenes.yaml"
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--model.help", "multimodal.tasks.CaptioningTask"])
+    listed = set(re.findall(r"^  --model\.(\w+) ", capsys.readouterr().out, re.M))
+    assert listed == _own(CaptioningTask) | _shared()
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--print_config"])
+    init = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
+    assert set(init) == (_own(CaptioningTask) | _shared()) - {"data_sizes"}  # linked later
