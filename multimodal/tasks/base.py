@@ -41,7 +41,7 @@ _STORED = ContextVar("multimodal_stored_hparams", default=False)
 def stored_hyperparameters() -> Iterator[None]:
     """Tasks built inside read hyper-parameters a checkpoint stored: the flat optimiser
     keys of checkpoints written before the ``optimizer`` block map into it silently
-    (:func:`~multimodal.tasks.optim.resolve_optimizer` with ``stored=True``)."""
+    (:meth:`ModelTask._stored_keywords`); anywhere else they are an error."""
     token = _STORED.set(True)
     try:
         yield
@@ -63,6 +63,14 @@ def loader_examples(make_loader: Any) -> int | None:
 class ModelTask(L.LightningModule):
     """A LightningModule around ``self.model`` (one of multimodal's models).
 
+    The keywords every task shares are this class's, once: where the model comes from
+    (``model``, ``pretrained``, ``preset`` with ``overrides`` and ``data_sizes``),
+    ``compile``, ``optimizer`` and ``finetune``. A task declares only its own keywords and
+    passes the rest on, ``super().__init__(model, **kwargs)``; jsonargparse follows that
+    call, so LightningCLI offers each task its own and the shared keywords (``fit
+    --model.help``, ``--print_config``, a config's keys) as before. A task that adjusts
+    how its model is built overrides :meth:`build_model`.
+
     Checkpoints carry ``checkpoint["multimodal_model"] = {"model_type", "model_config"}``
     (plain types, so ``torch.load(weights_only=True)`` reads them and
     :func:`multimodal.hub.load_checkpoint` rebuilds the model without the task). They are
@@ -82,10 +90,10 @@ class ModelTask(L.LightningModule):
     ``optimizer`` (:class:`~multimodal.tasks.optim.OptimizerConfig` or some of its keys as
     a dict, the others from the task's :attr:`optimizer_defaults`): AdamW's ``lr``,
     ``weight_decay``, ``betas`` and the schedule's ``warmup_fraction``, ``min_lr_ratio``.
-    The flat keywords of earlier releases (``lr=`` ...) map into it with a
-    ``DeprecationWarning`` (``flat_optimizer``); hyper-parameters of checkpoints written
-    before the block map into it silently (:meth:`load_from_checkpoint`,
-    :func:`multimodal.tasks.stored_task`).
+    The flat keywords of earlier releases (``lr=`` ...) are a TypeError naming the block's
+    spelling; hyper-parameters of checkpoints written before the block map into it
+    silently (:meth:`load_from_checkpoint`, :func:`multimodal.tasks.stored_task`, the
+    CLI's ``--ckpt_path``).
 
     ``finetune`` (:class:`~multimodal.tasks.finetune.FinetuneConfig` or its keys as a dict)
     picks the fine-tuning regime: full (default), linear probe, LoRA, frozen first blocks,
