@@ -127,6 +127,7 @@ class ModelTask(L.LightningModule):
                  optimizer: dict[str, Any] | OptimizerConfig | None = None,
                  finetune: FinetuneConfig | None = None, **removed: Any) -> None:
         super().__init__()
+        self._left_out = set(removed)  # not saved again (save_hyperparameters)
         if removed:
             optimizer = self._stored_keywords(removed, optimizer)
         self._shared_hparams = {"compile": compile, "pretrained": pretrained, "preset": preset,
@@ -166,20 +167,23 @@ class ModelTask(L.LightningModule):
     def _stored_keywords(self, removed: dict[str, Any],
                          optimizer: dict[str, Any] | OptimizerConfig | None
                          ) -> dict[str, Any] | OptimizerConfig | None:
-        """The ``optimizer`` block with the flat optimiser keys (``lr`` ...) that
-        hyper-parameters stored before the block hold moved into it, the block's keys
-        winning (:func:`~multimodal.tasks.optim.fold_stored_optimizer`: only inside
-        :func:`stored_hyperparameters`). Given anywhere else they are a TypeError naming the
-        block's spelling; any other unknown keyword is Python's TypeError."""
+        """The ``optimizer`` block for keywords no task takes any more. Inside
+        :func:`stored_hyperparameters` (hyper-parameters a checkpoint stored): the flat
+        optimiser keys (``lr`` ...) of checkpoints written before the block move into it,
+        the block's keys winning (:func:`~multimodal.tasks.optim.fold_stored_optimizer`),
+        and any other key is left out, as Lightning leaves out what a signature lacks.
+        Anywhere else a flat key is a TypeError naming the block's spelling, and any other
+        unknown keyword is Python's TypeError."""
         task = type(self).__name__
+        flat = {k: v for k, v in removed.items() if k in OPTIMIZER_KEYS}
+        if _STORED.get():
+            return fold_stored_optimizer({**flat, "optimizer": optimizer}).get("optimizer",
+                                                                              optimizer)
         unknown = sorted(k for k in removed if k not in OPTIMIZER_KEYS)
         if unknown:
             raise TypeError(f"{task}.__init__() got an unexpected keyword argument "
                             f"{unknown[0]!r}")
-        if not _STORED.get():
-            raise flat_keywords_error(task, removed)
-        return fold_stored_optimizer({**removed, "optimizer": optimizer}).get("optimizer",
-                                                                             optimizer)
+        raise flat_keywords_error(task, flat)
 
     def build_model(self, model: nn.Module | None, *, pretrained: str | None,
                     preset: str | None, overrides: dict[str, Any] | None,
@@ -247,9 +251,10 @@ class ModelTask(L.LightningModule):
     def save_hyperparameters(self, *args: Any, ignore: Any = None, frame: Any = None,
                              logger: bool = True) -> None:
         """Lightning's ``save_hyperparameters`` (of the caller's ``__init__`` arguments, the
-        shared ones :meth:`__init__` took included, with their defaults), then the optimiser
-        as one block: ``hparams["optimizer"]`` holds every key of :attr:`optimizer_config`
-        (what the task trains with, its defaults included)."""
+        shared ones :meth:`__init__` took included, with their defaults, those of a stored
+        checkpoint that no task takes any more left out), then the optimiser as one block:
+        ``hparams["optimizer"]`` holds every key of :attr:`optimizer_config` (what the task
+        trains with, its defaults included)."""
         if frame is None:
             frame = inspect.currentframe().f_back  # the __init__ whose arguments are kept
         super().save_hyperparameters(*args, ignore=ignore, frame=frame, logger=logger)
@@ -257,6 +262,8 @@ class ModelTask(L.LightningModule):
         for key, value in getattr(self, "_shared_hparams", {}).items():
             if key not in ignored:
                 self._hparams.setdefault(key, value)
+        for key in getattr(self, "_left_out", ()):  # stored keys no task takes any more
+            self._hparams.pop(key, None)
         block = dataclasses.asdict(self.optimizer_config)
         block["betas"] = list(block["betas"])  # plain types, as a YAML writes them
         self._hparams["optimizer"] = block

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -195,6 +195,7 @@ class SequenceClassificationTask(ClassificationTask):
         self,
         model: TextEncoder | None = None,
         init_from: str | None = None,
+        modality: Literal["text"] = "text",
         **kwargs: Any,
     ) -> None:
         warnings.warn("SequenceClassificationTask is deprecated: use multimodal.tasks."
@@ -213,4 +214,4 @@ class SequenceClassificationTask(ClassificationTask):
                 raise ValueError("init_from loads weights into a model: give model or "
                                  "preset, or use pretrained: PATH alone")
             load_encoder_weights(model, init_from)
-        super().__init__(model, modality="text", **kwargs)
+        super().__init__(model, modality=modality, **kwargs)

@@ -235,8 +235,7 @@ NINE_TASKS = ("ClassificationTask", "AutoregressiveImageTask", "LanguageModelTas
               "ContrastiveTask", "TTSTask")
 FLAT_OPTIMIZER = {"lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio"}
 # what a task passes to its parent itself, so that the CLI does not offer it
-FIXED_BY_TASK = {"AutoregressiveImageTask": {"pretrained"}, "TTSTask": {"pretrained"},
-                 "SequenceClassificationTask": {"modality"}}
+FIXED_BY_TASK = {"AutoregressiveImageTask": {"pretrained"}, "TTSTask": {"pretrained"}}
 
 
 def _own(cls: type) -> set[str]:
@@ -304,3 +303,36 @@ def test_fit_help_of_a_task_lists_its_own_and_the_shared_options(
         main(["fit", "--config", str(config), "--print_config"])
     init = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
     assert set(init) == (_own(CaptioningTask) | _shared()) - {"data_sizes"}  # linked later
+
+
+def test_stored_hyperparameters_with_flat_and_stale_keys_load(tmp_path: Path) -> None:
+    """``load_from_checkpoint`` of hyper-parameters written by earlier releases: flat
+    optimiser keys move into the block (its own keys winning), a keyword no task takes any
+    more is left out (as Lightning leaves out what a signature lacks), with or without
+    LightningCLI's instantiator; the deprecated SequenceClassificationTask's own
+    ``modality`` reads back."""
+    import lightning
+
+    from multimodal.tasks import SequenceClassificationTask
+
+    with pytest.warns(DeprecationWarning):
+        task = SequenceClassificationTask(preset="bert_tiny", num_classes=2, overrides={
+            "dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32})
+    stored = {k: v for k, v in task.hparams.items() if k != "optimizer"}
+    assert stored["modality"] == "text" and "init_from" in stored
+    old = {**stored, "lr": 0.02, "weight_decay": 0.3, "removed_long_ago": 1}
+    cli = {"_instantiator": "lightning.pytorch.cli.instantiate_module",
+           "_class_path": "multimodal.tasks.masked_lm.SequenceClassificationTask"}
+    for extra in ({}, cli):
+        path = tmp_path / "old.ckpt"
+        torch.save({"state_dict": task.state_dict(), "hyper_parameters": {**old, **extra},
+                    "pytorch-lightning_version": lightning.__version__}, path)
+        for cls in (SequenceClassificationTask, ClassificationTask):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                loaded = cls.load_from_checkpoint(path)
+            assert (loaded.optimizer_config.lr, loaded.optimizer_config.weight_decay) == \
+                (0.02, 0.3), (cls.__name__, extra)
+            assert "removed_long_ago" not in loaded.hparams
+            for name, value in task.state_dict().items():
+                torch.testing.assert_close(loaded.state_dict()[name], value)
