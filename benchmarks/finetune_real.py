@@ -344,7 +344,7 @@ def commands(data: Path, out: Path, regime: str, k: str, seed: int, opts) -> tup
         # the measured settings, whatever the config's defaults: one learning rate for
         # every trained weight (no layer decay, no head rate), the folder's own dropout
         "--model.init_args.overrides", "null", *model,
-        "--model.init_args.lr", str(lr),
+        "--model.init_args.optimizer.lr", str(lr),
         "--data.init_args.train", str(train), "--data.init_args.val", str(data / "val.jsonl"),
         "--data.init_args.test", str(data / "test.jsonl"),
         "--data.init_args.classes", json.dumps(list(classes)),

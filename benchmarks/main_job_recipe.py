@@ -77,11 +77,12 @@ class Recipe:
         self.data = ImageClassificationDataModule(**data_args)
         self.model = _build_model(task, self.data.num_classes)
         self.smoothing = float(task.get("label_smoothing", 0.0))
-        # the config's optimizer: block over the task's defaults; a flat key (an older
-        # YAML, or --set NAME:model.init_args.lr=...) replaces the block's
-        block = {**(task.get("optimizer") or {}),
-                 **{k: task[k] for k in OPTIMIZER_KEYS if task.get(k) is not None}}
-        opt = OptimizerConfig.of(block, ClassificationTask.optimizer_defaults)
+        # the config's optimizer: block over the task's defaults (no flat key any more)
+        flat = [k for k in OPTIMIZER_KEYS if k in task]
+        if flat:
+            raise ValueError(f"{name}: model.init_args.{flat[0]} was removed, write "
+                             f"model.init_args.optimizer.{flat[0]}")
+        opt = OptimizerConfig.of(task.get("optimizer"), ClassificationTask.optimizer_defaults)
         self.opt = adamw(self.model, opt.lr, opt.weight_decay, opt.betas)
         self.data.setup("fit")
         self.train_loader = self.data.train_dataloader()

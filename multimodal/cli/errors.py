@@ -40,6 +40,12 @@ _USER_ERRORS = (ValueError, OSError, KeyError, TypeError, ImportError, RuntimeEr
 package, too little memory): printed on one line. Any other exception (AttributeError,
 AssertionError, IndexError, ...) is a bug, raised with its traceback."""
 
+MOVED_OPTIONS = {f"model.init_args.{key}": f"model.init_args.optimizer.{key}"
+                 for key in ("lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio")}
+"""Options of earlier releases that live elsewhere now (the flat optimiser keys, in the one
+``optimizer`` block: ``multimodal.tasks.optim.OPTIMIZER_KEYS``): typed on the command line
+or written in a config, their error names the new spelling."""
+
 _UNION = "Does not validate against any of the Union subtypes"
 _VERBS_OF_CLI = ("fit", "validate", "test", "predict")  # LightningCLI's subcommands
 
@@ -169,7 +175,12 @@ def simplify(message: str) -> tuple[str, str | None]:
     keys = [k for k in keys if k]
     if keys and keys[-1] == "init_args":
         keys = keys[:-1]
-    return what, f"--{'.'.join(keys)}" if keys else None
+    where = f"--{'.'.join(keys)}" if keys else None
+    if where is not None and what.startswith("unknown option"):
+        dotted = re.sub(r"^(model|data)\.(?!init_args\.)", r"\1.init_args.", where[2:])
+        if dotted in MOVED_OPTIONS:
+            what = f"removed option, write --{MOVED_OPTIONS[dotted]} instead"
+    return what, where
 
 
 # ------------------------------------------------------------------ exceptions

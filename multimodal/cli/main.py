@@ -509,63 +509,25 @@ def apply_skip_corrupt(config: Namespace) -> None:
     data["init_args"]["skip_corrupt"] = bool(value)
 
 
-def _on_command_line(argv: list[str], key: str) -> bool:
-    names = (f"--model.init_args.{key}", f"--model.{key}")
-    return any(a in names or a.startswith(tuple(n + "=" for n in names)) for a in argv)
-
-
-def fold_optimizer_options(config: Namespace, argv: list[str]) -> None:
-    """The task's deprecated flat optimiser keys (``--model.init_args.lr`` ...) moved into
-    its ``optimizer`` block, where the task would otherwise see both: one typed on the
-    command line over a config's block replaces that key (with a ``DeprecationWarning``
-    naming ``--model.init_args.optimizer.KEY``), as a later option overrides a config; one
-    that LightningCLI read back from the ``--ckpt_path`` checkpoint (written before the
-    block, its value equal to the stored one) moves silently, the checkpoint's value
-    winning as Lightning's does. Flat keys written in a config file are left to the task
-    (a warning; a ValueError where the block says otherwise)."""
+def stored_optimizer_keys(config: Namespace) -> None:
+    """The flat optimiser keys (``lr`` ...) of a ``--ckpt_path`` checkpoint written before
+    the ``optimizer`` block, which LightningCLI reads back into ``model.dict_kwargs``, moved
+    into the block, in place: the checkpoint's values win over the config's, as LightningCLI
+    lets every stored hyper-parameter win. (Typed on the command line or written in a
+    config, a flat key is an unknown option: :func:`multimodal.cli.errors.describe` names
+    the block's spelling.)"""
     from multimodal.tasks.optim import OPTIMIZER_KEYS, OptimizerConfig
 
-    init = config.get("model.init_args")
-    if not isinstance(init, Namespace):
+    model = config.get("model")
+    stored = model.get("dict_kwargs") if isinstance(model, Namespace) else None
+    flat = {k: stored.pop(k) for k in OPTIMIZER_KEYS if k in (stored or {})}
+    if not flat or not isinstance(model.get("init_args"), Namespace):
         return
-    flat = {k: init.get(k) for k in OPTIMIZER_KEYS if init.get(k) is not None}
-    if not flat:
-        return
-    stored: dict[str, Any] = {}
-    ckpt_path = config.get("ckpt_path")
-    if ckpt_path and Path(str(ckpt_path)).is_file():
-        import torch
-
-        try:
-            ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=True,
-                              mmap=True)
-            hp = ckpt.get("hyper_parameters") or {}
-            stored = {k: hp[k] for k in OPTIMIZER_KEYS if hp.get(k) is not None}
-        except Exception:  # unreadable: check_ckpt_path / Lightning report it
-            stored = {}
-    block = init.get("optimizer")
-    if isinstance(block, Namespace):
-        block = block.as_dict()
-    elif isinstance(block, OptimizerConfig):
-        block = dataclasses.asdict(block)
-    block = dict(block or {})
-    typed = []
-    for key, value in flat.items():
-        if key in stored and _as_tuple(stored[key]) == _as_tuple(value):
-            pass  # the checkpoint's, read back by LightningCLI
-        elif _on_command_line(argv, key):
-            typed.append(key)
-        else:
-            continue
-        block[key] = list(value) if isinstance(value, tuple) else value
-        init[key] = None
-    if typed:
-        verb = "is" if len(typed) == 1 else "are"
-        warnings.warn(f"{', '.join('--model.init_args.' + k for k in typed)} {verb} deprecated "
-                      f"(one optimizer block): use "
-                      f"{', '.join('--model.init_args.optimizer.' + k for k in typed)}",
-                      DeprecationWarning, stacklevel=2)
-    init["optimizer"] = block
+    block = model.init_args.get("optimizer")
+    block = block.as_dict() if isinstance(block, Namespace) else \
+        dataclasses.asdict(block) if isinstance(block, OptimizerConfig) else dict(block or {})
+    model.init_args["optimizer"] = {**block, **{k: list(v) if isinstance(v, tuple) else v
+                                               for k, v in flat.items() if v is not None}}
 
 
 LIMIT_OPTIONS = ("max_epochs", "max_steps")
@@ -586,10 +548,6 @@ def command_line_limits(argv: list[str]) -> dict[str, int]:
             except ValueError:
                 continue
     return given
-
-
-def _as_tuple(value: Any) -> tuple[Any, ...]:
-    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
 AUTO_BATCH_OPTIONS = ("--data.init_args.batch_size", "--data.batch_size")
@@ -702,7 +660,7 @@ def progress_bar(trainer_config: dict[str, Any]) -> Any:
 
 class MultimodalCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """LightningCLI's, remembering the command line (:func:`fold_optimizer_options`);
+        """LightningCLI's, remembering the command line (:func:`command_line_limits`);
         ``--data.init_args.batch_size auto`` is taken out and searched for before fit
         (:func:`largest_batch_size`)."""
         args = [str(a) for a in args] if isinstance(args, (list, tuple)) else \
@@ -744,7 +702,7 @@ class MultimodalCLI(LightningCLI):
                 if init.get(key) is not None:
                     init[key] = None
         follow_pretrained(config)
-        fold_optimizer_options(config, getattr(self, "argv", []))
+        stored_optimizer_keys(config)
         apply_skip_corrupt(config)
         absolute_data_paths(config)
 

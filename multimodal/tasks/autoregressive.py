@@ -59,26 +59,14 @@ class AutoregressiveImageTask(ModelTask):
     def __init__(
         self,
         model: ImageGPT | None = None,
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        warmup_fraction: float | None = None,
-        min_lr_ratio: float | None = None,
         num_samples: int = 16,
         sample_temperature: float = 1.0,
         sample_top_k: int | None = None,
         sample_seed: int = 0,
-        compile: bool | str = False,
-        optimizer: dict[str, Any] | OptimizerConfig | None = None,
-        preset: str | None = None,
-        overrides: dict[str, Any] | None = None,
-        data_sizes: dict[str, int] | None = None,
+        **kwargs: Any,
     ) -> None:
-        model, _ = self.model_from(model, preset=preset, overrides=overrides,
-                                   data_sizes=data_sizes)
-        super().__init__(model, compile=compile, optimizer=optimizer,
-                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
-                                             warmup_fraction=warmup_fraction,
-                                             min_lr_ratio=min_lr_ratio))
+        super().__init__(model, pretrained=None, **kwargs)  # model_sources: no pretrained
+        model = self.model
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer = PixelTokenizer(levels=model.config.vocab_size) \
             if model.config.vocab_size <= 256 else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -23,7 +23,8 @@ from multimodal.tasks.optim import (
     OPTIMIZER_KEYS,
     OptimizerConfig,
     clip_gradients,
-    resolve_optimizer,
+    flat_keywords_error,
+    fold_stored_optimizer,
 )
 from multimodal.tasks.pretrained import HEAD_MODULES, PretrainedSource, task_model
 
@@ -40,7 +41,7 @@ _STORED = ContextVar("multimodal_stored_hparams", default=False)
 def stored_hyperparameters() -> Iterator[None]:
     """Tasks built inside read hyper-parameters a checkpoint stored: the flat optimiser
     keys of checkpoints written before the ``optimizer`` block map into it silently
-    (:func:`~multimodal.tasks.optim.resolve_optimizer` with ``stored=True``)."""
+    (:meth:`ModelTask._stored_keywords`); anywhere else they are an error."""
     token = _STORED.set(True)
     try:
         yield
@@ -62,6 +63,14 @@ def loader_examples(make_loader: Any) -> int | None:
 class ModelTask(L.LightningModule):
     """A LightningModule around ``self.model`` (one of multimodal's models).
 
+    The keywords every task shares are this class's, once: where the model comes from
+    (``model``, ``pretrained``, ``preset`` with ``overrides`` and ``data_sizes``),
+    ``compile``, ``optimizer`` and ``finetune``. A task declares only its own keywords and
+    passes the rest on, ``super().__init__(model, **kwargs)``; jsonargparse follows that
+    call, so LightningCLI offers each task its own and the shared keywords (``fit
+    --model.help``, ``--print_config``, a config's keys) as before. A task that adjusts
+    how its model is built overrides :meth:`build_model`.
+
     Checkpoints carry ``checkpoint["multimodal_model"] = {"model_type", "model_config"}``
     (plain types, so ``torch.load(weights_only=True)`` reads them and
     :func:`multimodal.from_pretrained` rebuilds the model without the task). They are
@@ -81,10 +90,10 @@ class ModelTask(L.LightningModule):
     ``optimizer`` (:class:`~multimodal.tasks.optim.OptimizerConfig` or some of its keys as
     a dict, the others from the task's :attr:`optimizer_defaults`): AdamW's ``lr``,
     ``weight_decay``, ``betas`` and the schedule's ``warmup_fraction``, ``min_lr_ratio``.
-    The flat keywords of earlier releases (``lr=`` ...) map into it with a
-    ``DeprecationWarning`` (``flat_optimizer``); hyper-parameters of checkpoints written
-    before the block map into it silently (:meth:`load_from_checkpoint`,
-    :func:`multimodal.tasks.stored_task`).
+    The flat keywords of earlier releases (``lr=`` ...) are a TypeError naming the block's
+    spelling; hyper-parameters of checkpoints written before the block map into it
+    silently (:meth:`load_from_checkpoint`, :func:`multimodal.tasks.stored_task`, the
+    CLI's ``--ckpt_path``).
 
     ``finetune`` (:class:`~multimodal.tasks.finetune.FinetuneConfig` or its keys as a dict)
     picks the fine-tuning regime: full (default), linear probe, LoRA, frozen first blocks,
@@ -112,18 +121,22 @@ class ModelTask(L.LightningModule):
     optimizer_defaults: ClassVar[OptimizerConfig] = OptimizerConfig()
     """The task's own optimiser settings: the keys an ``optimizer`` block leaves out."""
 
-    def __init__(self, model: nn.Module, compile: bool | str = False,
-                 finetune: FinetuneConfig | dict[str, Any] | None = None,
+    def __init__(self, model: nn.Module | None = None, *, pretrained: str | None = None,
+                 preset: str | None = None, overrides: dict[str, Any] | None = None,
+                 data_sizes: dict[str, int] | None = None, compile: bool | str = False,
                  optimizer: dict[str, Any] | OptimizerConfig | None = None,
-                 flat_optimizer: Mapping[str, Any] | None = None) -> None:
+                 finetune: FinetuneConfig | None = None, **removed: Any) -> None:
         super().__init__()
-        config = getattr(model, "config", None)
-        if config is None or not dataclasses.is_dataclass(config):
-            raise ValueError("model must be one of multimodal's models (with a dataclass "
-                             f".config), got {type(model).__name__}")
-        self.optimizer_config: OptimizerConfig = resolve_optimizer(
-            self.optimizer_defaults, optimizer, flat_optimizer or {}, stored=_STORED.get(),
-            stacklevel=3)
+        self._left_out = set(removed)  # not saved again (save_hyperparameters)
+        if removed:
+            optimizer = self._stored_keywords(removed, optimizer)
+        self._shared_hparams = {"compile": compile, "pretrained": pretrained, "preset": preset,
+                                "overrides": overrides, "optimizer": optimizer,
+                                "finetune": finetune, "data_sizes": data_sizes}
+        if "pretrained" not in self.model_sources:  # a task that takes none has no such key
+            del self._shared_hparams["pretrained"]
+        self.optimizer_config: OptimizerConfig = OptimizerConfig.of(optimizer,
+                                                                    self.optimizer_defaults)
         """The task's optimiser settings (:class:`~multimodal.tasks.optim.OptimizerConfig`):
         the ``optimizer`` block over :attr:`optimizer_defaults`."""
         self.finetune = FinetuneConfig.of(finetune)
@@ -131,6 +144,16 @@ class ModelTask(L.LightningModule):
             raise ValueError(f"finetune: regime 'contrastive' fits a classifier's head; "
                              f"{type(self).__name__} has none to fit (use full, lora or "
                              "linear_probe)")
+        model, source = self.build_model(model, pretrained=pretrained, preset=preset,
+                                         overrides=overrides, data_sizes=data_sizes)
+        config = getattr(model, "config", None)
+        if config is None or not dataclasses.is_dataclass(config):
+            raise ValueError("model must be one of multimodal's models (with a dataclass "
+                             f".config), got {type(model).__name__}")
+        self.pretrained_source: Loaded | None = None if source is None else \
+            dataclasses.replace(source, model=model)
+        """What came with ``pretrained`` (tokenizer, class names, preprocessing ...), its
+        ``model`` the part this task trains; None without ``pretrained``."""
         apply_regime(model, self.finetune, self.head_modules)
         if compile is True or compile == "true":
             model.compile()
@@ -140,6 +163,37 @@ class ModelTask(L.LightningModule):
                                  f"{list(COMPILE_MODES)}, got {compile!r}")
             model.compile(mode=str(compile))
         self.model = model
+
+    def _stored_keywords(self, removed: dict[str, Any],
+                         optimizer: dict[str, Any] | OptimizerConfig | None
+                         ) -> dict[str, Any] | OptimizerConfig | None:
+        """The ``optimizer`` block for keywords no task takes any more. Inside
+        :func:`stored_hyperparameters` (hyper-parameters a checkpoint stored): the flat
+        optimiser keys (``lr`` ...) of checkpoints written before the block move into it,
+        the block's keys winning (:func:`~multimodal.tasks.optim.fold_stored_optimizer`),
+        and any other key is left out, as Lightning leaves out what a signature lacks.
+        Anywhere else a flat key is a TypeError naming the block's spelling, and any other
+        unknown keyword is Python's TypeError."""
+        task = type(self).__name__
+        flat = {k: v for k, v in removed.items() if k in OPTIMIZER_KEYS}
+        if _STORED.get():
+            return fold_stored_optimizer({**flat, "optimizer": optimizer}).get("optimizer",
+                                                                              optimizer)
+        unknown = sorted(k for k in removed if k not in OPTIMIZER_KEYS)
+        if unknown:
+            raise TypeError(f"{task}.__init__() got an unexpected keyword argument "
+                            f"{unknown[0]!r}")
+        raise flat_keywords_error(task, flat)
+
+    def build_model(self, model: nn.Module | None, *, pretrained: str | None,
+                    preset: str | None, overrides: dict[str, Any] | None,
+                    data_sizes: dict[str, Any] | None) -> tuple[nn.Module, Loaded | None]:
+        """The model the task trains, from exactly one of the sources :meth:`__init__` was
+        given, and what came with ``pretrained`` (:meth:`model_from`). A task that adjusts a
+        source (a masked-LM task's ``mlm_head``, a classifier's class count) overrides this;
+        it runs inside ``ModelTask.__init__``, before the regime and ``compile``."""
+        return self.model_from(model, pretrained=pretrained, preset=preset,
+                               overrides=overrides, data_sizes=data_sizes)
 
     @classmethod
     def model_from(cls, model: nn.Module | None = None, *, pretrained: str | None = None,
@@ -196,14 +250,19 @@ class ModelTask(L.LightningModule):
 
     def save_hyperparameters(self, *args: Any, ignore: Any = None, frame: Any = None,
                              logger: bool = True) -> None:
-        """Lightning's ``save_hyperparameters`` (of the caller's ``__init__`` arguments),
-        then the optimiser as one block: ``hparams["optimizer"]`` holds every key of
-        :attr:`optimizer_config` (what the task trains with, its defaults included) and the
-        deprecated flat keys are dropped, so checkpoints carry the block alone."""
+        """Lightning's ``save_hyperparameters`` (of the caller's ``__init__`` arguments, the
+        shared ones :meth:`__init__` took included, with their defaults, those of a stored
+        checkpoint that no task takes any more left out), then the optimiser as one block:
+        ``hparams["optimizer"]`` holds every key of :attr:`optimizer_config` (what the task
+        trains with, its defaults included)."""
         if frame is None:
             frame = inspect.currentframe().f_back  # the __init__ whose arguments are kept
         super().save_hyperparameters(*args, ignore=ignore, frame=frame, logger=logger)
-        for key in OPTIMIZER_KEYS:
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        for key, value in getattr(self, "_shared_hparams", {}).items():
+            if key not in ignored:
+                self._hparams.setdefault(key, value)
+        for key in getattr(self, "_left_out", ()):  # stored keys no task takes any more
             self._hparams.pop(key, None)
         block = dataclasses.asdict(self.optimizer_config)
         block["betas"] = list(block["betas"])  # plain types, as a YAML writes them

@@ -35,7 +35,6 @@ from torchmetrics.text import BLEUScore
 
 from multimodal.models.captioner import Captioner, decode_captions
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tasks.pretrained import check_vocab, folder_tokenizer
 from multimodal.tokenizers.io import tokenizer_from_json, tokenizer_to_json
@@ -99,39 +98,24 @@ class CaptioningTask(ModelTask):
         self,
         model: Captioner | None = None,
         tokenizer: Literal["word", "wordpiece"] = "word",
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        warmup_fraction: float | None = None,
-        min_lr_ratio: float | None = None,
         label_smoothing: float = 0.0,
         num_beams: int = 1,
         max_new_tokens: int | None = None,
         num_examples: int = 8,
         input_dropout: float = 0.0,
-        compile: bool | str = False,
-        pretrained: str | None = None,
-        overrides: dict[str, Any] | None = None,
-        optimizer: dict[str, Any] | OptimizerConfig | None = None,
-        finetune: FinetuneConfig | None = None,
-        preset: str | None = None,
-        data_sizes: dict[str, int] | None = None,
+        **kwargs: Any,
     ) -> None:
-        model, source = self.model_from(model, pretrained=pretrained, preset=preset,
-                                        overrides=overrides, data_sizes=data_sizes)
-        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
-                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
-                                             warmup_fraction=warmup_fraction,
-                                             min_lr_ratio=min_lr_ratio))
+        super().__init__(model, **kwargs)
         if not 0.0 <= input_dropout <= 1.0:
             raise ValueError(f"input_dropout must be in [0, 1], got {input_dropout}")
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer: TextTokenizer | None = None
-        self.tokenizer = folder_tokenizer(source)  # a pretrained folder's own tokenizer
+        self.tokenizer = folder_tokenizer(self.pretrained_source)  # a pretrained folder's own
         if self.tokenizer is not None:
             check_vocab(self.tokenizer, self.model.config.decoder.vocab_size,
-                        f"pretrained {pretrained}")
+                        f"pretrained {self.hparams.pretrained}")
         self.val_bleu = BLEUScore(n_gram=4)
         self.test_bleu = BLEUScore(n_gram=4)
         self.examples: list[tuple[str, str]] = []

@@ -20,7 +20,7 @@ from multimodal.models.text import TextEncoder
 from multimodal.models.vit import ViT
 from multimodal.plots.figures import plot_confusion_matrix
 from multimodal.tasks.base import ModelTask, loader_examples
-from multimodal.tasks.finetune import FinetuneConfig, apply_regime, choose_regime
+from multimodal.tasks.finetune import apply_regime, choose_regime
 from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tasks.pairs import pair_loss
 from multimodal.tasks.probe import ProbeFit, fit_probe
@@ -99,54 +99,25 @@ class ClassificationTask(ModelTask):
     def __init__(
         self,
         model: nn.Module | None = None,
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        warmup_fraction: float | None = None,
-        min_lr_ratio: float | None = None,
         label_smoothing: float = 0.0,
-        compile: bool | str = False,
-        pretrained: str | None = None,
-        overrides: dict[str, Any] | None = None,
         num_classes: int | None = None,
         class_names: list[str] | None = None,
         modality: Literal["image", "audio", "text"] | None = None,
-        optimizer: dict[str, Any] | OptimizerConfig | None = None,
-        finetune: FinetuneConfig | None = None,
-        preset: str | None = None,
-        data_sizes: dict[str, int] | None = None,
+        **kwargs: Any,
     ) -> None:
         data_n = len(class_names) if class_names else None
         if num_classes is not None and data_n is not None and num_classes != data_n:
             raise ValueError(f"num_classes={num_classes} but the data has {data_n} classes "
                              f"({', '.join(class_names[:5])}{' ...' if data_n > 5 else ''}): "
                              f"drop num_classes to take the data's count")
-        want = num_classes if num_classes is not None else data_n
-        overrides = dict(overrides or {})
-        if pretrained is not None and want is not None:
-            overrides.setdefault("num_classes", want)  # a new head in the one log line
-        model, source = self.model_from(model, pretrained=pretrained, preset=preset,
-                                        overrides=overrides or None, data_sizes=data_sizes,
-                                        modality=modality)
-        # the model's own count is the user's choice when set away from its default
-        # (a preset's count is its default: only overrides' num_classes is the user's)
-        model_explicit = source is None and (
-            "num_classes" in overrides if preset is not None
-            else model.config.num_classes != _default_num_classes(model))
-        explicit = num_classes is not None or model_explicit
-        if want is not None and want != model.config.num_classes:
-            if model_explicit:
-                raise ValueError(f"the data has {want} classes but the model's head has "
-                                 f"{model.config.num_classes}: set model num_classes to "
-                                 f"{want} (or leave it out to take the data's)")
-            self._new_head(model, want)
-        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
-                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
-                                             warmup_fraction=warmup_fraction,
-                                             min_lr_ratio=min_lr_ratio))
-        self._explicit = explicit
+        # what build_model (called by ModelTask.__init__) needs of this task's own arguments
+        self._head_request = (num_classes if num_classes is not None else data_n,
+                              num_classes is not None, modality)
+        super().__init__(model, **kwargs)
+        source = self.pretrained_source
         self._pretrained = source is not None  # its preprocessing is the model's own
         self.save_hyperparameters(ignore=["model", "class_names"])
-        self.num_classes = int(model.config.num_classes)
+        self.num_classes = int(self.model.config.num_classes)
         self.class_names: list[str] = [str(i) for i in range(self.num_classes)]
         if class_names and len(class_names) == self.num_classes:
             self.class_names = list(map(str, class_names))
@@ -158,9 +129,37 @@ class ClassificationTask(ModelTask):
             self.automatic_optimization = False  # one pass, one solve (class docstring)
         self._probe_rows: list[tuple[Tensor, Tensor]] = []
         self.probe_fit: ProbeFit | None = None
-        example = model.example_inputs(1) if hasattr(model, "example_inputs") else ()
+        example = self.model.example_inputs(1) if hasattr(self.model, "example_inputs") else ()
         if len(example) == 1:  # the model summary counts FLOPs on it
             self.example_input_array = example[0]
+
+    def build_model(self, model: nn.Module | None, *, pretrained: str | None,
+                    preset: str | None, overrides: dict[str, Any] | None,
+                    data_sizes: dict[str, Any] | None) -> tuple[nn.Module, Any]:
+        """The classifier, its head of the wanted class count (``num_classes``, else the
+        data's ``class_names``): a pretrained model is built with it, a preset's or a given
+        model's default count is replaced by a new head; a count the user set on the model
+        (away from its default, or in a preset's ``overrides``) that disagrees is an error."""
+        want, explicit, modality = self._head_request
+        overrides = dict(overrides or {})
+        if pretrained is not None and want is not None:
+            overrides.setdefault("num_classes", want)  # a new head in the one log line
+        model, source = self.model_from(model, pretrained=pretrained, preset=preset,
+                                        overrides=overrides or None, data_sizes=data_sizes,
+                                        modality=modality)
+        # the model's own count is the user's choice when set away from its default
+        # (a preset's count is its default: only overrides' num_classes is the user's)
+        model_explicit = source is None and (
+            "num_classes" in overrides if preset is not None
+            else model.config.num_classes != _default_num_classes(model))
+        self._explicit = explicit or model_explicit
+        if want is not None and want != model.config.num_classes:
+            if model_explicit:
+                raise ValueError(f"the data has {want} classes but the model's head has "
+                                 f"{model.config.num_classes}: set model num_classes to "
+                                 f"{want} (or leave it out to take the data's)")
+            self._new_head(model, want)
+        return model, source
 
     @staticmethod
     def _new_head(model: nn.Module, n: int) -> None:

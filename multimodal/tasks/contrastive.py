@@ -35,7 +35,6 @@ from torch import Tensor
 from multimodal.models.clip import CLIP, tokenize_texts
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.captioning import caption_tokenizer_of
-from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tasks.pretrained import check_vocab, folder_tokenizer
 from multimodal.tokenizers.hf_json import HFTokenizer
@@ -148,28 +147,13 @@ class ContrastiveTask(ModelTask):
         self,
         model: CLIP | None = None,
         tokenizer: Literal["word", "wordpiece"] = "word",
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        warmup_fraction: float | None = None,
-        min_lr_ratio: float | None = None,
         recall_ks: Sequence[int] = (1, 5, 10),
         templates: Sequence[str] = ("a small {}", "a large {}"),
         zero_shot_size: int = 500,
         zero_shot_ensemble: Literal["mean", "sum"] = "mean",
-        compile: bool | str = False,
-        pretrained: str | None = None,
-        overrides: dict[str, Any] | None = None,
-        optimizer: dict[str, Any] | OptimizerConfig | None = None,
-        finetune: FinetuneConfig | None = None,
-        preset: str | None = None,
-        data_sizes: dict[str, int] | None = None,
+        **kwargs: Any,
     ) -> None:
-        model, source = self.model_from(model, pretrained=pretrained, preset=preset,
-                                        overrides=overrides, data_sizes=data_sizes)
-        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
-                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
-                                             warmup_fraction=warmup_fraction,
-                                             min_lr_ratio=min_lr_ratio))
+        super().__init__(model, **kwargs)
         if tokenizer not in ("word", "wordpiece"):
             raise ValueError(f"tokenizer must be 'word' or 'wordpiece', got {tokenizer!r}")
         if zero_shot_ensemble not in ("mean", "sum"):
@@ -179,10 +163,10 @@ class ContrastiveTask(ModelTask):
             raise ValueError(f"recall_ks must be positive integers, got {recall_ks}")
         self.save_hyperparameters(ignore=["model"])
         self.tokenizer: TextTokenizer | None = None
-        self.tokenizer = folder_tokenizer(source)  # a pretrained folder's own tokenizer
+        self.tokenizer = folder_tokenizer(self.pretrained_source)  # a pretrained folder's own
         if self.tokenizer is not None:
             check_vocab(self.tokenizer, self.model.config.text.vocab_size,
-                        f"pretrained {pretrained}")
+                        f"pretrained {self.hparams.pretrained}")
         self._outputs: dict[str, list[tuple[Tensor, Tensor, list[str]]]] = {}
         self._zero_shot: dict[str, dict[str, Any]] = {}
 

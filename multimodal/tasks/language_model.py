@@ -19,7 +19,6 @@ from torchmetrics import Metric
 
 from multimodal.models.text import TextDecoder
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.optim import OptimizerConfig
 
 __all__ = ["LanguageModelTask", "TokenNLL", "next_token_nll"]
@@ -92,26 +91,11 @@ class LanguageModelTask(ModelTask):
     def __init__(
         self,
         model: TextDecoder | None = None,
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        betas: tuple[float, float] | None = None,
-        warmup_fraction: float | None = None,
-        min_lr_ratio: float | None = None,
-        compile: bool | str = False,
-        pretrained: str | None = None,
-        overrides: dict[str, Any] | None = None,
-        optimizer: dict[str, Any] | OptimizerConfig | None = None,
-        finetune: FinetuneConfig | None = None,
-        preset: str | None = None,
-        data_sizes: dict[str, int] | None = None,
         word_vectors: str | None = None,
+        **kwargs: Any,
     ) -> None:
-        model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
-                                   overrides=overrides, data_sizes=data_sizes)
-        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
-                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay, betas=betas,
-                                             warmup_fraction=warmup_fraction,
-                                             min_lr_ratio=min_lr_ratio))
+        super().__init__(model, **kwargs)
+        model = self.model
         if model.config.cross_attention:
             raise ValueError("LanguageModelTask trains a decoder-only model; this TextDecoder "
                              "has cross_attention=True (use Seq2SeqTask)")

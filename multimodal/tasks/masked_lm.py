@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,6 @@ from multimodal.loading import from_pretrained
 from multimodal.models.text import TextEncoder
 from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask
-from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tokenizers.text import MASK_ID, SPECIAL_TOKENS
 
@@ -99,32 +98,26 @@ class MaskedLMTask(ModelTask):
     def __init__(
         self,
         model: TextEncoder | None = None,
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        warmup_fraction: float | None = None,
-        min_lr_ratio: float | None = None,
         mask_prob: float = 0.15,
         save_dir: str | None = None,
-        compile: bool | str = False,
-        pretrained: str | None = None,
-        overrides: dict[str, Any] | None = None,
-        optimizer: dict[str, Any] | OptimizerConfig | None = None,
-        finetune: FinetuneConfig | None = None,
-        preset: str | None = None,
-        data_sizes: dict[str, int] | None = None,
+        **kwargs: Any,
     ) -> None:
-        if pretrained is not None or preset is not None:  # gets an MLM head (tied decoder)
+        super().__init__(model, **kwargs)
+        self.save_hyperparameters(ignore=["model"])
+
+    def build_model(self, model: TextEncoder | None, *, pretrained: str | None,
+                    preset: str | None, overrides: dict[str, Any] | None,
+                    data_sizes: dict[str, Any] | None) -> tuple[TextEncoder, Any]:
+        """The encoder, with an MLM head (a tied decoder) where it is built here."""
+        if pretrained is not None or preset is not None:
             overrides = {"mlm_head": True, **(overrides or {})}
-        model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
-                                   overrides=overrides, data_sizes=data_sizes, modality="text")
+        model, source = self.model_from(model, pretrained=pretrained, preset=preset,
+                                        overrides=overrides, data_sizes=data_sizes,
+                                        modality="text")
         if model.mlm is None:
             raise ValueError("model must be a TextEncoder built with mlm_head=True, got "
                              f"{type(model).__name__} without one")
-        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
-                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
-                                             warmup_fraction=warmup_fraction,
-                                             min_lr_ratio=min_lr_ratio))
-        self.save_hyperparameters(ignore=["model"])
+        return model, source
 
     def step(self, batch: dict[str, Tensor],
              generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -201,21 +194,9 @@ class SequenceClassificationTask(ClassificationTask):
     def __init__(
         self,
         model: TextEncoder | None = None,
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        warmup_fraction: float | None = None,
-        min_lr_ratio: float | None = None,
-        label_smoothing: float = 0.0,
         init_from: str | None = None,
-        compile: bool | str = False,
-        pretrained: str | None = None,
-        overrides: dict[str, Any] | None = None,
-        num_classes: int | None = None,
-        class_names: list[str] | None = None,
-        optimizer: dict[str, Any] | OptimizerConfig | None = None,
-        finetune: FinetuneConfig | None = None,
-        preset: str | None = None,
-        data_sizes: dict[str, int] | None = None,
+        modality: Literal["text"] = "text",
+        **kwargs: Any,
     ) -> None:
         warnings.warn("SequenceClassificationTask is deprecated: use multimodal.tasks."
                       "ClassificationTask (with pretrained: FOLDER in place of init_from)",
@@ -223,17 +204,14 @@ class SequenceClassificationTask(ClassificationTask):
         if model is not None and not isinstance(model, TextEncoder):
             raise ValueError(f"model must be a TextEncoder, got {type(model).__name__}")
         if init_from:
-            if preset is not None:  # built here, so that the weights go into it
-                model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
-                                           overrides=overrides, data_sizes=data_sizes)
-                preset, overrides = None, None
+            if kwargs.get("preset") is not None:  # built here, so that the weights go into it
+                model, _ = self.model_from(model, pretrained=kwargs.get("pretrained"),
+                                           preset=kwargs["preset"],
+                                           overrides=kwargs.get("overrides"),
+                                           data_sizes=kwargs.get("data_sizes"))
+                kwargs.update(preset=None, overrides=None)
             if model is None:
                 raise ValueError("init_from loads weights into a model: give model or "
                                  "preset, or use pretrained: PATH alone")
             load_encoder_weights(model, init_from)
-        super().__init__(model, lr=lr, weight_decay=weight_decay,
-                         warmup_fraction=warmup_fraction, min_lr_ratio=min_lr_ratio,
-                         optimizer=optimizer, label_smoothing=label_smoothing, compile=compile,
-                         pretrained=pretrained, overrides=overrides, num_classes=num_classes,
-                         class_names=class_names, modality="text", finetune=finetune,
-                         preset=preset, data_sizes=data_sizes)
+        super().__init__(model, modality=modality, **kwargs)

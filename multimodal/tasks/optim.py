@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +24,9 @@ class OptimizerConfig:
     ``model.init_args.optimizer: {lr: 0.0005, weight_decay: 0.01}``); the keys it leaves
     out keep the task's own defaults (``ModelTask.optimizer_defaults``, :meth:`of`). The
     flat keywords of earlier releases (``lr=``, ``weight_decay=``, ``betas=``,
-    ``warmup_fraction=``, ``min_lr_ratio=``) still work for one release, with a
-    ``DeprecationWarning`` (:func:`resolve_optimizer`).
+    ``warmup_fraction=``, ``min_lr_ratio=``) are gone: given to a task, one error names the
+    block's spelling (:func:`flat_keywords_error`); checkpoints that stored them load as
+    before (:func:`fold_stored_optimizer`).
     """
 
     lr: float = 1e-3
@@ -94,49 +94,20 @@ class OptimizerConfig:
 
 
 OPTIMIZER_KEYS = ("lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio")
-"""The block's keys; also the flat task keywords of earlier releases."""
+"""The block's keys; also the flat task keywords of earlier releases (removed)."""
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
-
-
-def resolve_optimizer(defaults: OptimizerConfig,
-                      optimizer: OptimizerConfig | Mapping[str, Any] | None,
-                      flat: Mapping[str, Any], *, stored: bool = False,
-                      stacklevel: int = 2) -> OptimizerConfig:
-    """A task's optimiser from its ``optimizer`` block and the deprecated flat keywords
-    ``flat`` (``{"lr": ..., ...}``, ``None`` where not given), over the task's
-    ``defaults``.
-
-    A flat key given maps into the block with a ``DeprecationWarning`` that names the new
-    spelling; given in both, with different values, it is a ValueError. ``stored=True``
-    (hyper-parameters read back from a checkpoint written before the block, see
-    :func:`fold_stored_optimizer`) maps them silently, the block's keys winning."""
-    given = {k: v for k, v in flat.items() if v is not None}
-    unknown = sorted(set(given) - set(OPTIMIZER_KEYS))
-    if unknown:
-        raise ValueError(f"unknown optimizer keyword(s) {unknown}; keys: {list(OPTIMIZER_KEYS)}")
-    if not given:
-        return OptimizerConfig.of(optimizer, defaults)
-    if stored:
-        return OptimizerConfig.of(optimizer, OptimizerConfig.of(given, defaults))
-    block = OptimizerConfig.of(optimizer, defaults)
-    explicit = set(OPTIMIZER_KEYS) if isinstance(optimizer, OptimizerConfig) else \
-        set(optimizer or ())
-    for key, value in given.items():
-        if key in explicit and not _same(getattr(block, key), value):
-            raise ValueError(f"{key} given twice: {key}={value!r} and optimizer: {{{key}: "
-                             f"{getattr(block, key)!r}}}; give it once, in optimizer:")
-    new = ", ".join(f"{k}: {list(v) if isinstance(v, tuple) else v!r}"
-                    for k, v in given.items())
-    verb = "is" if len(given) == 1 else "are"
-    warnings.warn(f"{', '.join(f'{k}=' for k in given)} {verb} deprecated (one optimizer block): "
-                  f"write optimizer: {{{new}}} (model.init_args.optimizer in a config)",
-                  DeprecationWarning, stacklevel=stacklevel + 1)
-    return OptimizerConfig.of(given, block)
+def flat_keywords_error(task: str, flat: Mapping[str, Any]) -> TypeError:
+    """The one-line error for the flat optimiser keywords of earlier releases (``lr=`` ...)
+    given to ``task``: they are gone; it names the block's spelling, in Python and on the
+    command line."""
+    keys = [k for k in OPTIMIZER_KEYS if k in flat]
+    new = ", ".join(f"{k!r}: {list(flat[k]) if isinstance(flat[k], tuple) else flat[k]!r}"
+                    for k in keys)
+    verb = "was" if len(keys) == 1 else "were"
+    return TypeError(f"{task}: {', '.join(f'{k}=' for k in keys)} {verb} removed (one "
+                     f"optimizer block): write optimizer={{{new}}} "
+                     f"({', '.join('--model.init_args.optimizer.' + k for k in keys)})")
 
 
 def fold_stored_optimizer(hparams: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from torch import Tensor
 from multimodal.models.rnn import RNNSeq2Seq
 from multimodal.models.seq2seq import Seq2Seq
 from multimodal.tasks.base import ModelTask
-from multimodal.tasks.finetune import FinetuneConfig
 from multimodal.tasks.optim import OptimizerConfig
 from multimodal.tokenizers.text import BOS_ID, EOS_ID, PAD_ID
 
@@ -58,26 +57,11 @@ class Seq2SeqTask(ModelTask):
     def __init__(
         self,
         model: Seq2Seq | RNNSeq2Seq | None = None,
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        warmup_fraction: float | None = None,
-        min_lr_ratio: float | None = None,
         label_smoothing: float = 0.0,
         num_beams: int = 1,
-        compile: bool | str = False,
-        pretrained: str | None = None,
-        overrides: dict[str, Any] | None = None,
-        optimizer: dict[str, Any] | OptimizerConfig | None = None,
-        finetune: FinetuneConfig | None = None,
-        preset: str | None = None,
-        data_sizes: dict[str, int] | None = None,
+        **kwargs: Any,
     ) -> None:
-        model, _ = self.model_from(model, pretrained=pretrained, preset=preset,
-                                   overrides=overrides, data_sizes=data_sizes)
-        super().__init__(model, compile=compile, finetune=finetune, optimizer=optimizer,
-                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
-                                             warmup_fraction=warmup_fraction,
-                                             min_lr_ratio=min_lr_ratio))
+        super().__init__(model, **kwargs)
         self.save_hyperparameters(ignore=["model"])
 
     # the target's special ids: the package's, or the data module's (a Hugging Face

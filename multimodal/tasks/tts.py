@@ -77,26 +77,13 @@ class TTSTask(ModelTask):
     def __init__(
         self,
         model: CodecLM | None = None,
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        warmup_fraction: float | None = None,
-        min_lr_ratio: float | None = None,
         max_prompt_seconds: float = 1.5,
         nar_weight: float = 1.0,
-        compile: bool | str = False,
-        optimizer: dict[str, Any] | OptimizerConfig | None = None,
-        preset: str | None = None,
-        overrides: dict[str, Any] | None = None,
-        data_sizes: dict[str, int] | None = None,
+        **kwargs: Any,
     ) -> None:
-        model, _ = self.model_from(model, preset=preset, overrides=overrides,
-                                   data_sizes=data_sizes)
         if not max_prompt_seconds > 0:
             raise ValueError(f"max_prompt_seconds must be > 0, got {max_prompt_seconds}")
-        super().__init__(model, compile=compile, optimizer=optimizer,
-                         flat_optimizer=dict(lr=lr, weight_decay=weight_decay,
-                                             warmup_fraction=warmup_fraction,
-                                             min_lr_ratio=min_lr_ratio))
+        super().__init__(model, pretrained=None, **kwargs)  # model_sources: no pretrained
         self.save_hyperparameters(ignore=["model"])
         self.phoneme_tokenizer: PhonemeTokenizer | None = None
         # running mean of target frames per phoneme (bounds generation length at inference);

@@ -437,8 +437,8 @@ GPT = Path(__file__).parents[2] / "configs" / "gpt_corpus.yaml"  # optimizer: 4 
 
 def test_the_optimizer_block_from_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """A nested key replaces one key of the config's block, a JSON block replaces the
-    block (the keys it leaves out: the task's defaults), and the deprecated flat option
-    is moved into the block with a warning naming the new one."""
+    block (the keys it leaves out: the task's defaults); the flat option of earlier
+    releases is one error naming the new spelling (tests/cli/test_errors.py)."""
     from multimodal.tasks import LanguageModelTask
     from multimodal.tasks.optim import OptimizerConfig
 
@@ -448,7 +448,7 @@ def test_the_optimizer_block_from_the_command_line(monkeypatch: pytest.MonkeyPat
 
     def block(*args: str) -> dict:
         init = _parse(["fit", "--config", str(GPT), *args], monkeypatch).model.init_args
-        assert all(init.get(k) is None for k in FLAT_OPTIMIZER_KEYS)
+        assert not set(FLAT_OPTIMIZER_KEYS) & set(vars(init))
         return dict(init.optimizer)
 
     assert block("--model.init_args.optimizer.lr", "1e-4") == {**config_block, "lr": 1e-4}
@@ -458,8 +458,6 @@ def test_the_optimizer_block_from_the_command_line(monkeypatch: pytest.MonkeyPat
     assert OptimizerConfig.of({"lr": 1e-4}, LanguageModelTask.optimizer_defaults) == \
         OptimizerConfig(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), warmup_fraction=0.05,
                         min_lr_ratio=0.1)
-    with pytest.warns(DeprecationWarning, match=r"--model.init_args.lr is deprecated .*: use "
-                      r"--model.init_args.optimizer.lr"):
-        flat = block("--model.init_args.lr", "1e-4")
-    assert flat == {**config_block, "lr": 1e-4}
+    with pytest.raises(SystemExit):
+        block("--model.init_args.lr", "1e-4")
 

@@ -78,6 +78,18 @@ def test_jsonargparse_dumps_become_the_message_that_matters(message, expected):
     assert simplify(message) == expected
 
 
+def test_a_moved_option_names_its_new_spelling():
+    """The flat optimiser keys of earlier releases (every key of the block, no other)."""
+    from multimodal.cli.errors import MOVED_OPTIONS
+    from multimodal.tasks.optim import OPTIMIZER_KEYS
+
+    moved = {f"model.init_args.{k}": f"model.init_args.optimizer.{k}" for k in OPTIMIZER_KEYS}
+    assert moved == MOVED_OPTIONS
+    message = UNKNOWN_INIT_ARG.replace("'bogus'", "'lr'")
+    assert simplify(message) == ("removed option, write --model.init_args.optimizer.lr "
+                                 "instead", "--model.init_args.lr")
+
+
 def test_a_wrapped_exception_is_reported_by_its_cause():
     """What jsonargparse raises when a data module's __init__ fails: a Union dump whose
     __cause__ is the real error; and a link's compute_fn failing."""
@@ -179,15 +191,18 @@ def test_fit_mistakes(images, capsys, monkeypatch):
     assert _errors(capsys, ["fit", "--config", cfg, "--model.init_args.optimizer.lrr", "1"]) \
         == ["error: optimizer: unknown key(s) ['lrr']; keys: ['lr', 'weight_decay', 'betas', "
             "'warmup_fraction', 'min_lr_ratio'] (--model)"]
-    both = yaml.safe_load(Path(cfg).read_text())
-    both["model"]["init_args"]["lr"] = 0.01  # a flat key that the block contradicts
-    (images / "both.yaml").write_text(yaml.safe_dump(both))
-    assert _errors(capsys, ["fit", "--config", str(images / "both.yaml")]) == \
-        ["error: lr given twice: lr=0.01 and optimizer: {lr: 0.001}; give it once, in "
-         "optimizer: (--model)"]
-    # the deprecated flat spelling is still typed by its signature
-    assert _errors(capsys, ["fit", "--config", cfg, "--model.init_args.lr", "abc"]) == \
-        ["error: expected float or null, got 'abc' (--model.init_args.lr)"]
+    # the flat optimiser keys of earlier releases, in a config or typed: the new spelling
+    flat = yaml.safe_load(Path(cfg).read_text())
+    flat["model"]["init_args"]["lr"] = 0.01
+    (images / "flat.yaml").write_text(yaml.safe_dump(flat))
+    moved = ["error: removed option, write --model.init_args.optimizer.lr instead "
+             "(--model.init_args.lr)"]
+    assert _errors(capsys, ["fit", "--config", str(images / "flat.yaml")]) == moved
+    assert _errors(capsys, ["fit", "--config", cfg, "--model.init_args.lr", "0.01"]) == moved
+    assert _errors(capsys, ["fit", "--config", cfg, "--model.lr=0.01"]) == moved
+    assert _errors(capsys, ["fit", "--config", cfg, "--model.init_args.min_lr_ratio", "0"]) \
+        == ["error: removed option, write --model.init_args.optimizer.min_lr_ratio instead "
+            "(--model.init_args.min_lr_ratio)"]
     [line] = _errors(capsys, ["fit", "--config", cfg])
     assert line.startswith(f"error: empty class folder {images / 'photos' / 'cat'}")
     assert line.endswith("(--data)")

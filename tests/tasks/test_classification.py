@@ -147,8 +147,7 @@ def test_cli_fast_dev_run(tmp_path, monkeypatch, capsys):
 
 def test_cli_fit_then_predict_a_folder(tmp_path, capsys):
     cfg = _digits_config(tmp_path)
-    # the deprecated flat option over the config's optimizer: block (moved into it)
-    cli_main(["fit", "--config", str(cfg), "--model.init_args.lr", "0.002"])
+    cli_main(["fit", "--config", str(cfg), "--model.init_args.optimizer.lr", "0.002"])
     out = capsys.readouterr().out
     assert "test/acc" in out  # test ran on the best checkpoint after fit
     # captured stdout is not a terminal: one plain line per validation, with its metrics

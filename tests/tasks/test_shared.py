@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
+import re
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 import multimodal as mm
+from multimodal.tasks.base import ModelTask
 from multimodal.tasks.classification import ClassificationTask
 from multimodal.tasks.language_model import LanguageModelTask
 from multimodal.tasks.optim import OptimizerConfig
+from multimodal.tasks.seq2seq import Seq2SeqTask
 
 
 def _lm() -> mm.TextDecoder:
@@ -38,19 +46,16 @@ FORMER_DEFAULTS = {
 
 @pytest.mark.parametrize("name", sorted(FORMER_DEFAULTS))
 def test_every_task_keeps_its_optimizer_defaults_and_takes_the_block(name: str) -> None:
-    import inspect
-
     import multimodal.tasks as tasks
 
     cls = getattr(tasks, name)
     d = cls.optimizer_defaults
     assert (d.lr, d.weight_decay, d.betas, d.warmup_fraction, d.min_lr_ratio) == \
         FORMER_DEFAULTS[name]
-    params = inspect.signature(cls.__init__).parameters
-    assert params["optimizer"].default is None
-    # the flat keywords stay for one release, unset by default
-    assert all(params[k].default is None for k in ("lr", "weight_decay", "warmup_fraction",
-                                                   "min_lr_ratio"))
+    # the block is ModelTask's keyword (each task forwards it); the flat ones are gone
+    assert inspect.signature(ModelTask.__init__).parameters["optimizer"].default is None
+    assert not {"lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio"} & \
+        set(inspect.signature(cls.__init__).parameters)
 
 
 def test_a_partial_block_keeps_the_task_defaults() -> None:
@@ -81,58 +86,40 @@ def _schedule(out: dict, steps: int) -> list[float]:
     return rates
 
 
-def test_the_block_and_the_flat_keywords_give_the_same_optimizer() -> None:
-    """Same AdamW groups (names, parameters, rate, decay), betas and schedule; the schedule
-    is the formula: warm-up to ``lr`` over ``w = int(0.25 * 8) = 2`` steps, then
+def test_the_block_gives_adamw_groups_and_the_warmup_cosine_schedule() -> None:
+    """AdamW groups (names, rate, decay, betas) as the block says, and the schedule is the
+    formula: warm-up to ``lr`` over ``w = int(0.25 * 8) = 2`` steps, then
     ``lr * (r + (1 - r) * (1 + cos(pi * (t - w) / (T - w))) / 2)``."""
     import math
 
     keys = {"lr": 0.01, "weight_decay": 0.2, "betas": (0.8, 0.9), "warmup_fraction": 0.25,
             "min_lr_ratio": 0.1}
     torch.manual_seed(0)
-    model = _lm()
-    block = LanguageModelTask(model, optimizer=dict(keys))
-    with pytest.warns(DeprecationWarning, match=r"write optimizer: \{lr: 0.01, weight_decay: "
-                      r"0.2, betas: \[0.8, 0.9\], warmup_fraction: 0.25, min_lr_ratio: 0.1\}"):
-        flat = LanguageModelTask(model, **keys)
-    assert flat.optimizer_config == block.optimizer_config
-    assert flat.hparams["optimizer"] == block.hparams["optimizer"]
-    got = [task.optimizer_config.build(task.model, total_steps=8) for task in (block, flat)]
-    names = {id(p): n for n, p in model.named_parameters()}
-    groups = [[(g["name"], g["initial_lr"], g["weight_decay"], g["betas"],
-                sorted(names[id(p)] for p in g["params"])) for g in out["optimizer"].param_groups]
-              for out in got]
-    assert groups[0] == groups[1]
-    assert [(g[0], g[1], g[2], g[3]) for g in groups[0]] == [
+    task = LanguageModelTask(_lm(), optimizer=dict(keys))
+    out = task.optimizer_config.build(task.model, total_steps=8)
+    assert [(g["name"], g["initial_lr"], g["weight_decay"], g["betas"])
+            for g in out["optimizer"].param_groups] == [
         ("all/decay", 0.01, 0.2, (0.8, 0.9)), ("all/no_decay", 0.01, 0.0, (0.8, 0.9))]
     want = [0.01 * (t + 1) / 2 if t < 2 else
             0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (t - 2) / 6))) for t in range(8)]
-    for out in got:
-        assert _schedule(out, 8) == pytest.approx(want, rel=1e-12)
+    assert _schedule(out, 8) == pytest.approx(want, rel=1e-12)
 
 
-def test_flat_keywords_map_into_the_block_with_a_warning_naming_it() -> None:
-    with pytest.warns(DeprecationWarning, match=r"lr= is deprecated .* write optimizer: "
-                      r"\{lr: 0.002\}"):
-        task = ClassificationTask(_vit(), lr=0.002)
-    assert task.optimizer_config.lr == 0.002
-    assert task.optimizer_config.weight_decay == 0.05  # the task's default
-    # a flat key agreeing with the block, or next to other keys of it, is no conflict
-    with pytest.warns(DeprecationWarning):
-        agree = ClassificationTask(_vit(), lr=0.002, optimizer={"lr": 0.002,
-                                                                "weight_decay": 0.1})
-    assert (agree.optimizer_config.lr, agree.optimizer_config.weight_decay) == (0.002, 0.1)
-    with pytest.warns(DeprecationWarning):
-        both = ClassificationTask(_vit(), weight_decay=0.3, optimizer={"lr": 0.02})
-    assert (both.optimizer_config.lr, both.optimizer_config.weight_decay) == (0.02, 0.3)
-
-
-def test_a_key_given_flat_and_in_the_block_differently_is_one_error() -> None:
-    with pytest.raises(ValueError, match=r"^lr given twice: lr=0.002 and optimizer: "
-                       r"\{lr: 0.001\}; give it once, in optimizer:$"):
-        ClassificationTask(_vit(), lr=0.002, optimizer={"lr": 0.001})
-    with pytest.raises(ValueError, match="betas given twice"):
-        LanguageModelTask(_lm(), betas=(0.8, 0.9), optimizer=OptimizerConfig())
+def test_a_flat_optimizer_keyword_is_one_error_naming_the_block() -> None:
+    """The flat keywords of earlier releases are gone: given to a task, one TypeError
+    names the block's spelling, in Python and on the command line."""
+    with pytest.raises(TypeError, match=r"^ClassificationTask: lr= was removed \(one "
+                       r"optimizer block\): write optimizer=\{'lr': 0.002\} "
+                       r"\(--model.init_args.optimizer.lr\)$"):
+        ClassificationTask(_vit(), lr=0.002)
+    with pytest.raises(TypeError, match=r"^LanguageModelTask: weight_decay=, betas= were "
+                       r"removed .*\{'weight_decay': 0.1, 'betas': \[0.8, 0.9\]\}"):
+        LanguageModelTask(_lm(), betas=(0.8, 0.9), weight_decay=0.1,
+                          optimizer=OptimizerConfig())
+    # any other unknown keyword is Python's own error, named for the task
+    with pytest.raises(TypeError, match=r"^Seq2SeqTask.__init__\(\) got an unexpected "
+                       r"keyword argument 'label_smothing'$"):
+        Seq2SeqTask(preset="seq2seq_numbers", label_smothing=0.1)
 
 
 @pytest.mark.parametrize(("block", "message"), [
@@ -239,3 +226,113 @@ def test_each_task_declares_its_models_and_where_they_come_from() -> None:
                                          "got ViT"):
         LanguageModelTask(mm.ViT(mm.ViTConfig(image_size=8, patch_size=4, in_channels=1,
                                               num_classes=2, dim=16, depth=1, heads=2)))
+
+
+# ---- one home for the shared keywords: ModelTask's signature; each task declares its own
+
+NINE_TASKS = ("ClassificationTask", "AutoregressiveImageTask", "LanguageModelTask",
+              "MaskedLMTask", "SequenceClassificationTask", "Seq2SeqTask", "CaptioningTask",
+              "ContrastiveTask", "TTSTask")
+FLAT_OPTIMIZER = {"lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio"}
+# what a task passes to its parent itself, so that the CLI does not offer it
+FIXED_BY_TASK = {"AutoregressiveImageTask": {"pretrained"}, "TTSTask": {"pretrained"}}
+
+
+def _own(cls: type) -> set[str]:
+    return {n for n, p in inspect.signature(cls.__init__).parameters.items()
+            if n != "self" and p.kind is not p.VAR_KEYWORD}
+
+
+def _shared() -> set[str]:
+    from multimodal.tasks.base import ModelTask
+
+    return _own(ModelTask) - {"model"}
+
+
+def test_the_shared_keywords_are_model_tasks_and_no_task_repeats_one() -> None:
+    import multimodal.tasks as tasks
+
+    assert _shared() == {"pretrained", "preset", "overrides", "data_sizes", "compile",
+                         "optimizer", "finetune"}
+    for name in NINE_TASKS:
+        cls = getattr(tasks, name)
+        own = _own(cls)
+        assert not own & (_shared() | FLAT_OPTIMIZER), (name, own & _shared())
+        assert list(inspect.signature(cls.__init__).parameters)[1] == "model", name
+        # the rest reaches ModelTask through **kwargs
+        assert any(p.kind is p.VAR_KEYWORD
+                   for p in inspect.signature(cls.__init__).parameters.values()), name
+
+
+@pytest.mark.parametrize("name", NINE_TASKS)
+def test_jsonargparse_offers_each_task_its_own_and_the_shared_keywords(name: str) -> None:
+    """What LightningCLI reads from a task's signature (``fit --help``, ``--print_config``,
+    a config's keys): jsonargparse follows ``super().__init__(model, **kwargs)`` up to
+    ModelTask, so every task offers its own keywords and the shared ones, and no flat
+    optimiser key."""
+    from jsonargparse import ArgumentParser
+
+    import multimodal.tasks as tasks
+
+    cls = getattr(tasks, name)
+    parser = ArgumentParser(exit_on_error=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parser.add_class_arguments(cls, "model", fail_untyped=False)
+    offered = {a.dest.split(".")[1] for a in parser._actions
+               if a.dest.startswith("model.") and not a.dest.endswith(".help")}
+    chain = set().union(*(_own(c) for c in cls.__mro__[:cls.__mro__.index(ModelTask) + 1]))
+    assert offered == chain - FIXED_BY_TASK.get(name, set())
+    assert _shared() - FIXED_BY_TASK.get(name, set()) <= offered
+    assert not offered & FLAT_OPTIMIZER
+
+
+def test_fit_help_of_a_task_lists_its_own_and_the_shared_options(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``fit --model.help`` lists a task's own and the shared options, ``--print_config``
+    writes them (the data's sizes excepted: linked from the data module when it is built)."""
+    from multimodal.cli.main import main
+    from multimodal.tasks import CaptioningTask
+
+    config = Path(__file__).parents[2] / "configs" / "caption_scenes.yaml"
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--model.help", "multimodal.tasks.CaptioningTask"])
+    listed = set(re.findall(r"^  --model\.(\w+) ", capsys.readouterr().out, re.M))
+    assert listed == _own(CaptioningTask) | _shared()
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--print_config"])
+    init = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
+    assert set(init) == (_own(CaptioningTask) | _shared()) - {"data_sizes"}  # linked later
+
+
+def test_stored_hyperparameters_with_flat_and_stale_keys_load(tmp_path: Path) -> None:
+    """``load_from_checkpoint`` of hyper-parameters written by earlier releases: flat
+    optimiser keys move into the block (its own keys winning), a keyword no task takes any
+    more is left out (as Lightning leaves out what a signature lacks), with or without
+    LightningCLI's instantiator; the deprecated SequenceClassificationTask's own
+    ``modality`` reads back."""
+    import lightning
+
+    from multimodal.tasks import SequenceClassificationTask
+
+    with pytest.warns(DeprecationWarning):
+        task = SequenceClassificationTask(preset="bert_tiny", num_classes=2, overrides={
+            "dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32})
+    stored = {k: v for k, v in task.hparams.items() if k != "optimizer"}
+    assert stored["modality"] == "text" and "init_from" in stored
+    old = {**stored, "lr": 0.02, "weight_decay": 0.3, "removed_long_ago": 1}
+    cli = {"_instantiator": "lightning.pytorch.cli.instantiate_module",
+           "_class_path": "multimodal.tasks.masked_lm.SequenceClassificationTask"}
+    for extra in ({}, cli):
+        path = tmp_path / "old.ckpt"
+        torch.save({"state_dict": task.state_dict(), "hyper_parameters": {**old, **extra},
+                    "pytorch-lightning_version": lightning.__version__}, path)
+        for cls in (SequenceClassificationTask, ClassificationTask):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                loaded = cls.load_from_checkpoint(path)
+            assert (loaded.optimizer_config.lr, loaded.optimizer_config.weight_decay) == \
+                (0.02, 0.3), (cls.__name__, extra)
+            assert "removed_long_ago" not in loaded.hparams
+            for name, value in task.state_dict().items():
+                torch.testing.assert_close(loaded.state_dict()[name], value)
