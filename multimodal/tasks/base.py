@@ -150,10 +150,9 @@ class ModelTask(L.LightningModule):
         if config is None or not dataclasses.is_dataclass(config):
             raise ValueError("model must be one of multimodal's models (with a dataclass "
                              f".config), got {type(model).__name__}")
-        self.pretrained_source: Loaded | None = None if source is None else \
-            dataclasses.replace(source, model=model)
-        """What came with ``pretrained`` (tokenizer, class names, preprocessing ...), its
-        ``model`` the part this task trains; None without ``pretrained``."""
+        self.pretrained_source: PretrainedSource | None = source
+        """What came with ``pretrained`` (tokenizer, class names, preprocessing ...), read
+        once (:class:`~multimodal.tasks.pretrained.PretrainedSource`); None without it."""
         apply_regime(model, self.finetune, self.head_modules)
         if compile is True or compile == "true":
             model.compile()
@@ -187,7 +186,7 @@ class ModelTask(L.LightningModule):
 
     def build_model(self, model: nn.Module | None, *, pretrained: str | None,
                     preset: str | None, overrides: dict[str, Any] | None,
-                    data_sizes: dict[str, Any] | None) -> tuple[nn.Module, Loaded | None]:
+                    data_sizes: dict[str, Any] | None) -> tuple[nn.Module, PretrainedSource | None]:
         """The model the task trains, from exactly one of the sources :meth:`__init__` was
         given, and what came with ``pretrained`` (:meth:`model_from`). A task that adjusts a
         source (a masked-LM task's ``mlm_head``, a classifier's class count) overrides this;
