@@ -119,6 +119,8 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         color_jitter: strength of SimCLR's colour distortion in training (brightness,
             contrast, saturation, hue; grey 1 time in 5) for classes colour does not define
             (files only; None: off; see ImageTransformConfig).
+        invert: probability of training on the negative image (255 - x) for classes that
+            neither colour nor lightness defines (files only; 0: off).
         mean: per-channel normalisation mean (one value or one per channel); default: the
             training statistics.
         std: per-channel normalisation std; given together with ``mean``.
@@ -175,6 +177,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         random_resized_crop: float | None = None,
         auto_augment: str | None = None,
         color_jitter: float | None = None,
+        invert: float = 0.0,
         mean: float | list[float] | None = None,
         std: float | list[float] | None = None,
         stats_samples: int = 5000,
@@ -222,7 +225,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         self.skip_corrupt, self.stats_samples = skip_corrupt, stats_samples
         self.verify_files = verify_files
         self.random_resized_crop, self.auto_augment = random_resized_crop, auto_augment
-        self.color_jitter = color_jitter
+        self.color_jitter, self.invert = color_jitter, invert
         self.shards = shards
         if shards is not None and (val is not None or test is not None):
             raise ValueError("with shards, val and test are the shards' own splits")
@@ -250,10 +253,10 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
             if in_channels not in (None, source.in_channels):
                 raise ValueError(f"{dataset} has {source.in_channels} channel(s)")
             if (classes is not None or random_resized_crop is not None or auto_augment
-                    or color_jitter is not None):
+                    or color_jitter is not None or invert):
                 raise ValueError(
-                    "classes, random_resized_crop, auto_augment and color_jitter apply to your "
-                    "own images (train: ...), not to the built-in datasets"
+                    "classes, random_resized_crop, auto_augment, color_jitter and invert apply "
+                    "to your own images (train: ...), not to the built-in datasets"
                 )
             self.class_names = list(source.class_names)
             self.in_channels = source.in_channels
@@ -263,6 +266,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
             self._source = source
         ImageTransformConfig(1, (0.0,), (1.0,), auto_augment=auto_augment,
                              random_resized_crop=random_resized_crop, color_jitter=color_jitter,
+                             invert=invert,
                              interpolation=interpolation)  # validates early
         if resize is not None and resize < self.image_size:
             raise ValueError(f"resize ({resize}) must be >= image_size ({self.image_size})")
@@ -422,7 +426,7 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
             flip=self.flip and (self.augment or self._flip_given),
             random_resized_crop=self.random_resized_crop,
             auto_augment=self.auto_augment, color_jitter=self.color_jitter,
-            resize=self.resize, interpolation=self.interpolation,
+            invert=self.invert, resize=self.resize, interpolation=self.interpolation,
         )
 
     def _shard_dataset(self, split: str, transform: Callable, shuffle: bool) -> Any:
@@ -446,9 +450,10 @@ class ImageClassificationDataModule(ShardLoaderMixin, SkippedFilesMixin, SplitDa
         if self.shards is not None:
             return "shards are streamed, not held in memory"
         if self._source is None and (self.random_resized_crop is not None
-                                     or self.auto_augment or self.color_jitter is not None):
-            return ("random_resized_crop, auto_augment and color_jitter are applied image by "
-                    "image")
+                                     or self.auto_augment or self.color_jitter is not None
+                                     or self.invert):
+            return ("random_resized_crop, auto_augment, color_jitter and invert are applied "
+                    "image by image")
         return None
 
     def resident_bytes(self) -> int:

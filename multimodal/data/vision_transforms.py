@@ -61,7 +61,10 @@ class ImageTransformConfig:
     strength s of SimCLR's colour distortion (None: off): with probability 0.8 brightness,
     contrast and saturation scaled by a factor drawn from [1 - 0.8s, 1 + 0.8s] and hue
     shifted by up to 0.2s of the circle, then grey with probability 0.2 -- for classes that
-    colour does not define (a shape in any colour on any ground).
+    colour does not define (a shape in any colour on any ground); ``invert``: the
+    probability of the negative image ``255 - x`` (after the colour distortion), for classes
+    that lightness does not define either (dark on light as light on dark: drawings, shapes,
+    scans).
     """
 
     image_size: int
@@ -72,6 +75,7 @@ class ImageTransformConfig:
     random_resized_crop: float | None = None
     auto_augment: str | None = None
     color_jitter: float | None = None
+    invert: float = 0.0
     # a pretrained model's resizing: the shorter side to ``resize`` (aspect kept), then a
     # centre crop of image_size (None: a plain resize to image_size x image_size)
     resize: int | None = None
@@ -95,6 +99,8 @@ class ImageTransformConfig:
             )
         if len(self.mean) != len(self.std):
             raise ValueError(f"mean {self.mean} and std {self.std} differ in length")
+        if not 0 <= self.invert <= 1:
+            raise ValueError(f"invert is a probability in [0, 1], got {self.invert}")
         if self.color_jitter is not None and not 0 < self.color_jitter <= 1.25:
             raise ValueError(f"color_jitter is a strength in (0, 1.25] (1.25: brightness "
                              f"factors down to 0), got {self.color_jitter}")
@@ -126,6 +132,8 @@ def image_transform(
         steps += [v2.RandomApply([v2.ColorJitter(jitter, jitter, jitter,
                                                  min(0.5, 0.2 * config.color_jitter))], p=0.8),
                   v2.RandomGrayscale(0.2)]
+    if train and config.invert > 0:
+        steps.append(v2.RandomInvert(config.invert))
     steps += [
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(list(config.mean), list(config.std)),

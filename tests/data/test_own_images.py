@@ -323,5 +323,22 @@ def test_color_jitter_changes_colour_not_geometry_and_greys_one_image_in_five():
 
 
 def test_color_jitter_is_for_your_own_images():
-    with pytest.raises(ValueError, match="color_jitter apply to your own images"):
-        ImageClassificationDataModule(dataset="digits", color_jitter=0.5)
+    for option in ({"color_jitter": 0.5}, {"invert": 0.5}):
+        with pytest.raises(ValueError, match="color_jitter and invert apply to your own"):
+            ImageClassificationDataModule(dataset="digits", **option)
+
+
+def test_invert_draws_the_negative_image_with_its_probability():
+    torch.manual_seed(0)
+    image = torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8)
+    flip = image_transform(ImageTransformConfig(8, (0.0,) * 3, (1.0,) * 3, invert=0.3),
+                           train=True)
+    negative, draws = 0, 2000
+    for _ in range(draws):
+        x = flip(image)
+        is_negative = torch.allclose(x, (255 - image).float() / 255, atol=1e-6)
+        assert is_negative or torch.allclose(x, image.float() / 255, atol=1e-6)
+        negative += is_negative
+    assert abs(negative / draws - 0.3) < 0.05  # binomial sd ~0.010 at n = 2000
+    with pytest.raises(ValueError, match="invert is a probability"):
+        ImageTransformConfig(8, (0.0,), (1.0,), invert=1.5)
