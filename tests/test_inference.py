@@ -19,7 +19,8 @@ import torch
 import multimodal as mm
 from multimodal.cli.main import main
 from multimodal.encoder import Encoder
-from multimodal.pipelines.caption import caption, load_captioner
+from multimodal.pipelines._loaders import captioner
+from multimodal.pipelines.caption import CaptionerBundle, caption
 from multimodal.pipelines.embed import embed, read_embeddings
 from multimodal.pipelines.inputs import UnreadableInput, collect_inputs
 from multimodal.pipelines.zero_shot import zero_shot
@@ -412,7 +413,7 @@ def test_caption_a_task_checkpoint_measures_its_data_normalisation(tmp_path):
     task.on_save_checkpoint(ckpt)
     torch.save(ckpt, tmp_path / "cap.ckpt")
     files = _images(tmp_path / "photos")
-    bundle = load_captioner(tmp_path / "cap.ckpt")
+    bundle = CaptionerBundle(*captioner(tmp_path / "cap.ckpt"))
     torch.testing.assert_close(bundle.preprocessor.mean, dm.mean)
     rows = caption(bundle, tmp_path / "photos", max_new_tokens=5)
     from torchvision.transforms.v2 import functional as tvf
@@ -425,7 +426,7 @@ def test_caption_a_task_checkpoint_measures_its_data_normalisation(tmp_path):
     assert all(want)
     assert [r[1] for r in rows] == [w.strip() for w in want]
     with pytest.raises(ValueError, match="not a captioner"):
-        load_captioner(_vit_ckpt(tmp_path))
+        caption(mm.load(_vit_ckpt(tmp_path)), tmp_path / "photos")
 
 
 def _vit_ckpt(tmp_path: Path) -> Path:

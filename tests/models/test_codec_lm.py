@@ -331,9 +331,9 @@ def test_checkpoint_alone_synthesizes_the_same_audio(tmp_path: Path) -> None:
     hop = task.codec.config.features.hop_length
     win = task.codec.config.features.win_length
     assert a.numel() == (stats["ar_tokens"] - 1) * hop + win  # one frame per AR token
-    from multimodal.pipelines.speak import load_tts
+    from multimodal.pipelines._loaders import tts
 
-    bundle = load_tts(path)
+    bundle = tts(mm.load(path))  # what mm.synthesize(mm.load(path), ...) picks
     assert isinstance(bundle, TTSBundle)
     assert bundle.max_prompt_frames == round(0.3 * SR / hop)
     assert bundle.tokenizer.vocab == task.phoneme_tokenizer.vocab
