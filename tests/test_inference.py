@@ -288,6 +288,10 @@ def test_zero_shot_probabilities_match_transformers_clip(tmp_path, clip_folder, 
         assert r["label"] == p[1] == labels[int(w.argmax())]
         assert float(p[2]) == pytest.approx(float(w.max()), abs=1e-4)
     assert len(set(r["label"] for r in rows)) > 1 or want.max(1).values.min() > 0.34
+    loaded = mm.zero_shot(mm.load(clip_folder), tmp_path / "photos", labels,
+                          stream=io.StringIO())  # mm.load + the verb
+    torch.testing.assert_close(torch.tensor([r.probabilities for r in loaded]), want,
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_zero_shot_siglip_probabilities_match_transformers(tmp_path, capsys):
@@ -425,6 +429,10 @@ def test_caption_a_task_checkpoint_measures_its_data_normalisation(tmp_path):
                                        max_new_tokens=5)
     assert all(want)
     assert [r[1] for r in rows] == [w.strip() for w in want]
+    loaded = mm.load(tmp_path / "cap.ckpt")  # mm.load + the verb: the same captions
+    assert caption(loaded, tmp_path / "photos", max_new_tokens=5) == rows
+    with pytest.raises(ValueError, match="apply to a model path"):
+        caption(bundle, tmp_path / "photos", image_size=32)
     with pytest.raises(ValueError, match="not a captioner"):
         caption(mm.load(_vit_ckpt(tmp_path)), tmp_path / "photos")
 
@@ -482,6 +490,10 @@ def test_embed_with_an_image_task_checkpoint_uses_its_data_normalisation(tmp_pat
         with torch.no_grad():
             want = vit.forward_features(x[None])[:, 0]
         torch.testing.assert_close(emb[i], want[0], atol=1e-5, rtol=1e-5)
+    # mm.load + the verb: the checkpoint's normalisation is measured for a Loaded too
+    again_ids, again = embed(mm.load(tmp_path / "vit.ckpt"), tmp_path / "train")
+    assert again_ids == ids
+    torch.testing.assert_close(again, emb)
 
 
 @pytest.mark.slow

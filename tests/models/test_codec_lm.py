@@ -325,6 +325,8 @@ def test_checkpoint_alone_synthesizes_the_same_audio(tmp_path: Path) -> None:
     b, rate_b = mm.synthesize(path, "the cat", prompt, SR, seed=3)
     assert rate == rate_b == SR and a.dim() == 1 and a.numel() > 0
     torch.testing.assert_close(a, b)
+    c, _ = mm.synthesize(mm.load(path), "the cat", prompt, SR, seed=3)  # mm.load + the verb
+    torch.testing.assert_close(a, c)
     assert set(stats) >= {"ar_seconds", "nar_seconds", "decode_seconds", "audio_seconds",
                           "ar_tokens"}
     assert stats["audio_seconds"] == pytest.approx(a.numel() / SR)
