@@ -333,10 +333,9 @@ def offline_transcribe(folder: str, files: list[Path]) -> tuple[float, float, li
     import soundfile as sf
 
     import multimodal as mm
-    from multimodal.pipelines.transcribe import load_transcriber
-
     seconds = sum(sf.info(str(f)).duration for f in files)
-    model, tok = load_transcriber(folder)  # loaded once, outside the timing
+    loaded = mm.load(folder)  # loaded once, outside the timing
+    model, tok = loaded.model, loaded.tokenizer
     mm.transcribe(model.eval(), files[:2], tokenizer=tok, show_progress=False)
     t0 = time.perf_counter()
     rows = mm.transcribe(model, files, tokenizer=tok, show_progress=False)

@@ -284,12 +284,7 @@ def stand_in(codec: MelRVQCodec, tts_root: Path, words_root: Path,
 def model_synth(ckpt: Path, tts_root: Path, temperature: float, top_k: int | None) -> Synth:
     import multimodal
 
-    try:  # load once when tts-model's loader is there; else synthesize loads the path
-        from multimodal.pipelines.speak import load_tts
-
-        model: Any = load_tts(ckpt)
-    except ImportError:
-        model = ckpt
+    model: Any = multimodal.load(ckpt)  # read once; synthesize takes what mm.load returned
 
     def synth(text: str, prompt: dict[str, str], seed: int, stats: dict[str, float]
               ) -> tuple[Tensor, int]:

@@ -21,7 +21,8 @@ import soundfile as sf
 import torch
 from torchaudio.functional import resample
 
-from multimodal.pipelines.speak import load_tts, synthesize
+from multimodal.pipelines._loaders import tts
+from multimodal.pipelines.speak import synthesize
 from multimodal.tokenizers.audio import load_audio
 
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = [r for r in csv.DictReader(fh) if r["split"] == "test" and r["kind"] == "phrase"]
     voices = sorted({r["voice"] for r in rows})[:: max(1, len({r["voice"] for r in rows})
                                                        // max(args.voices, 1))][: args.voices]
-    bundle = load_tts(args.ckpt)
+    bundle = tts(args.ckpt)  # read once: the bundle synthesize picks from mm.load
     listing = []
     for v, voice in enumerate(voices):
         row = next(r for r in rows if r["voice"] == voice and float(r["seconds"]) >= 1.2)

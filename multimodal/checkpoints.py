@@ -217,7 +217,8 @@ class TTSBundle:
     used in training (``max_prompt_frames``) and the mean number of frames per phoneme of
     the training speech (``frames_per_phoneme``, to bound the length of new speech). A
     :class:`~multimodal.tasks.tts.TTSTask` gives its own (``task.bundle()``);
-    :func:`multimodal.pipelines.speak.load_tts` reads one from a checkpoint."""
+    ``multimodal.synthesize`` reads one from a checkpoint (or what :func:`multimodal.load`
+    returned for it)."""
 
     model: CodecLM
     tokenizer: PhonemeTokenizer

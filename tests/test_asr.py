@@ -51,6 +51,8 @@ def test_transcribe_equals_the_models_own_decoding_window_by_window(model_dir, t
         want.append(tok.decode(model.text_tokens(ids)[0]).strip())
     assert results[0].text == " ".join(t for t in want if t)
     assert results[0].seconds == pytest.approx(2.5)
+    # what mm.load returned is a model too: the same transcripts
+    assert mm.transcribe(mm.load(model_dir), tmp_path, show_progress=False) == results
 
 
 def test_cli_writes_one_line_per_file_and_csv_jsonl(model_dir, tmp_path, capsys):

@@ -208,3 +208,96 @@ def test_transcribe_switches_that_do_nothing_say_so(flag: str, tmp_path: Path, c
         transcribe_main(["--model", str(tmp_path / "absent"), "--inputs", "x.wav", flag])
     assert f"note: {flag} is no longer needed (removed in {REMOVED_IN})" in \
         capsys.readouterr().err
+
+
+# The old public loaders (removed in 0.2): module, name, what the warning points to. Each is
+# answered by its module's ``__getattr__``; the package uses multimodal/pipelines/_loaders.py.
+OLD_LOADERS = [
+    ("multimodal.pipelines.transcribe", "load_transcriber", "multimodal.transcribe"),
+    ("multimodal.pipelines.speak", "load_tts", "multimodal.synthesize"),
+    ("multimodal.pipelines.caption", "load_captioner", "multimodal.caption"),
+    ("multimodal.pipelines.embed", "load_model_encoder", "multimodal.embed"),
+    ("multimodal.serve.models", "load_classifier", "multimodal.load"),
+    ("multimodal.serve.models", "load_served", "multimodal.load"),
+    ("multimodal.serve", "load_served", "multimodal.load"),
+    ("multimodal.tasks.pretrained", "load_pretrained", "multimodal.load"),
+]
+PACKAGE = Path(__file__).resolve().parents[1] / "multimodal"
+
+
+@pytest.mark.parametrize("module,name,use", OLD_LOADERS,
+                         ids=[f"{m.rpartition('.')[2]}.{n}" for m, n, _ in OLD_LOADERS])
+def test_every_old_loader_name_warns_naming_load_and_the_verb(module: str, name: str,
+                                                             use: str) -> None:
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning) as caught:
+        old = getattr(mod, name)
+    message = str(caught[0].message)
+    assert f"{name} is deprecated and will be removed in {REMOVED_IN}" in message, message
+    assert "multimodal.load(" in message and use in message, message
+    assert callable(old)
+    assert name not in dir(mod) and name not in getattr(mod, "__all__", [])
+
+
+def test_the_old_loader_names_are_all_counted() -> None:
+    """Every module-level ``__getattr__`` in the package that answers a ``load_*`` name is
+    in :data:`OLD_LOADERS` (read with ``ast``: an old loader added later is checked)."""
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__getattr__":
+                parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+                module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+                found |= {(module, n.value) for n in ast.walk(fn)
+                          if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                          and n.value.startswith("load_")}
+    assert found == {(m, n) for m, n, _ in OLD_LOADERS}
+
+
+def test_no_module_of_the_package_uses_an_old_loader_name() -> None:
+    """The package itself calls the pickers of ``multimodal.pipelines._loaders``: no name,
+    attribute or import of the package is an old loader name (the shims' ``MOVED`` tables
+    and the ``__getattr__`` answers are strings)."""
+    old = {n for _, n, _ in OLD_LOADERS}
+    used = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [node.id] if isinstance(node, ast.Name) else [node.attr] \
+                if isinstance(node, ast.Attribute) else [a.name for a in node.names] \
+                if isinstance(node, (ast.Import, ast.ImportFrom)) else [node.name] \
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else []
+            used += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {n}"
+                     for n in names if n in old]
+    assert used == []
+
+
+def test_the_old_loaders_still_load(tmp_path: Path) -> None:
+    """Until 0.2 the old names give what they gave: ``load_pretrained`` the model of
+    ``mm.load`` in train mode, ``load_served`` a ``Served`` of the path's kind, the others
+    the internal picker they became."""
+    from multimodal.pipelines import _loaders
+    from multimodal.serve.models import Served
+
+    vit = mm.ViT(mm.ViTConfig(image_size=8, patch_size=4, in_channels=1, num_classes=2,
+                              dim=16, depth=1, heads=2, mlp_dim=32)).eval()
+    vit.save_pretrained(tmp_path / "vit")
+    x = torch.randn(2, 1, 8, 8)
+    pretrained = importlib.import_module("multimodal.tasks.pretrained")
+    models = importlib.import_module("multimodal.serve.models")
+    with pytest.warns(DeprecationWarning):
+        source = pretrained.load_pretrained(tmp_path / "vit")
+    assert source.model.training and source.kind == "save_pretrained"
+    torch.testing.assert_close(source.model.eval()(x), vit(x))
+    with pytest.warns(DeprecationWarning):
+        served = models.load_served(tmp_path / "vit")
+    assert isinstance(served, Served) and served.kind == "embed"
+    torch.testing.assert_close(served.model.backbone.forward_features(x),
+                               vit.forward_features(x))
+    with pytest.warns(DeprecationWarning):
+        assert importlib.import_module("multimodal.pipelines.embed").load_model_encoder \
+            is _loaders.model_encoder
+    with pytest.warns(DeprecationWarning):
+        assert models.load_classifier is _loaders.classifier
+    with pytest.raises(AttributeError, match="no attribute 'load_nothing'"):
+        models.load_nothing

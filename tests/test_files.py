@@ -224,7 +224,7 @@ def test_the_scan_catches_a_second_classifier(tmp_path):
 
 
 # Who may ask files.py what a path is. Everyone else takes the parts of multimodal.load(path)
-# (load_encoder, load_transcriber, load_tts, chat, load_captioner are pickers of it), or asks
+# (load_encoder, chat and the pickers of pipelines/_loaders.py take parts of it), or asks
 # multimodal.loading.model_kind(path) what load would read it as (tasks/pretrained.py,
 # serve/models.py).
 CLASSIFIER_CALLERS = {

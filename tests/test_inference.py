@@ -19,7 +19,8 @@ import torch
 import multimodal as mm
 from multimodal.cli.main import main
 from multimodal.encoder import Encoder
-from multimodal.pipelines.caption import caption, load_captioner
+from multimodal.pipelines._loaders import captioner
+from multimodal.pipelines.caption import CaptionerBundle, caption
 from multimodal.pipelines.embed import embed, read_embeddings
 from multimodal.pipelines.inputs import UnreadableInput, collect_inputs
 from multimodal.pipelines.zero_shot import zero_shot
@@ -287,6 +288,10 @@ def test_zero_shot_probabilities_match_transformers_clip(tmp_path, clip_folder, 
         assert r["label"] == p[1] == labels[int(w.argmax())]
         assert float(p[2]) == pytest.approx(float(w.max()), abs=1e-4)
     assert len(set(r["label"] for r in rows)) > 1 or want.max(1).values.min() > 0.34
+    loaded = mm.zero_shot(mm.load(clip_folder), tmp_path / "photos", labels,
+                          stream=io.StringIO())  # mm.load + the verb
+    torch.testing.assert_close(torch.tensor([r.probabilities for r in loaded]), want,
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_zero_shot_siglip_probabilities_match_transformers(tmp_path, capsys):
@@ -412,7 +417,7 @@ def test_caption_a_task_checkpoint_measures_its_data_normalisation(tmp_path):
     task.on_save_checkpoint(ckpt)
     torch.save(ckpt, tmp_path / "cap.ckpt")
     files = _images(tmp_path / "photos")
-    bundle = load_captioner(tmp_path / "cap.ckpt")
+    bundle = CaptionerBundle(*captioner(tmp_path / "cap.ckpt"))
     torch.testing.assert_close(bundle.preprocessor.mean, dm.mean)
     rows = caption(bundle, tmp_path / "photos", max_new_tokens=5)
     from torchvision.transforms.v2 import functional as tvf
@@ -424,8 +429,12 @@ def test_caption_a_task_checkpoint_measures_its_data_normalisation(tmp_path):
                                        max_new_tokens=5)
     assert all(want)
     assert [r[1] for r in rows] == [w.strip() for w in want]
+    loaded = mm.load(tmp_path / "cap.ckpt")  # mm.load + the verb: the same captions
+    assert caption(loaded, tmp_path / "photos", max_new_tokens=5) == rows
+    with pytest.raises(ValueError, match="apply to a model path"):
+        caption(bundle, tmp_path / "photos", image_size=32)
     with pytest.raises(ValueError, match="not a captioner"):
-        load_captioner(_vit_ckpt(tmp_path))
+        caption(mm.load(_vit_ckpt(tmp_path)), tmp_path / "photos")
 
 
 def _vit_ckpt(tmp_path: Path) -> Path:
@@ -481,6 +490,10 @@ def test_embed_with_an_image_task_checkpoint_uses_its_data_normalisation(tmp_pat
         with torch.no_grad():
             want = vit.forward_features(x[None])[:, 0]
         torch.testing.assert_close(emb[i], want[0], atol=1e-5, rtol=1e-5)
+    # mm.load + the verb: the checkpoint's normalisation is measured for a Loaded too
+    again_ids, again = embed(mm.load(tmp_path / "vit.ckpt"), tmp_path / "train")
+    assert again_ids == ids
+    torch.testing.assert_close(again, emb)
 
 
 @pytest.mark.slow

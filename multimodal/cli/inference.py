@@ -76,9 +76,10 @@ def embed_main(args: list[str]) -> int:
     ns = parse(parser, args)
     check_out(ns.out, (".safetensors", ".npy"))
     ns.model = model_path(ns.model)  # after the cheap checks, before loading
-    from multimodal.pipelines.embed import embed, load_model_encoder
+    from multimodal.pipelines._loaders import model_encoder
+    from multimodal.pipelines.embed import embed
 
-    encoder = load_model_encoder(ns.model)
+    encoder = model_encoder(ns.model)
     encoder.to(_device(ns.device))
     ids, emb = embed(encoder, ns.inputs, ns.out, batch_size=ns.batch_size,
                      skip_corrupt=ns.skip_corrupt, model_name=str(ns.model))
@@ -108,10 +109,10 @@ def zero_shot_main(args: list[str]) -> int:
     labels = parse_labels(ns.labels)
     check_out(ns.out, (".csv",))
     ns.model = model_path(ns.model)  # after the cheap checks, before loading
-    from multimodal.pipelines.embed import load_model_encoder
+    from multimodal.pipelines._loaders import model_encoder
     from multimodal.pipelines.zero_shot import DEFAULT_TEMPLATES, zero_shot
 
-    encoder = load_model_encoder(ns.model)
+    encoder = model_encoder(ns.model)
     encoder.to(_device(ns.device))
     rows = zero_shot(encoder, ns.inputs, labels, ns.templates or DEFAULT_TEMPLATES,
                      batch_size=ns.batch_size,
@@ -154,10 +155,11 @@ def caption_main(args: list[str]) -> int:
     ns = parse(parser, args)
     check_out(ns.out, (".csv",))
     ns.model = model_path(ns.model)  # after the cheap checks, before loading
-    from multimodal.pipelines.caption import caption, load_captioner
+    from multimodal.pipelines._loaders import captioner
+    from multimodal.pipelines.caption import CaptionerBundle, caption
 
-    bundle = load_captioner(ns.model, image_size=ns.image_size, mean=_floats(ns.mean),
-                            std=_floats(ns.std))
+    bundle = CaptionerBundle(*captioner(ns.model, image_size=ns.image_size,
+                                        mean=_floats(ns.mean), std=_floats(ns.std)))
     bundle.model.to(_device(ns.device))
     rows = caption(bundle, ns.inputs, batch_size=ns.batch_size, skip_corrupt=ns.skip_corrupt,
                    max_new_tokens=ns.max_new_tokens, num_beams=ns.num_beams)

@@ -14,8 +14,9 @@ module         what it runs
 ``chat``       ``mm.chat``: one chat turn through a tokenizer's chat template
 =============  ====================================================================
 
-They sit above the loaders (:mod:`multimodal.loading`, :mod:`multimodal.encoder`; a verb's
-own picker of the parts of ``load(path)``, such as ``transcribe.load_transcriber`` or
-``speak.load_tts``, sits in its module) and below ``serve`` and ``cli``, which
-parse arguments and print. Nothing is imported here: ``import multimodal.pipelines.embed``.
+Each verb takes a model path or what :func:`multimodal.load` returned for it. They sit above
+the loaders (:mod:`multimodal.loading`, :mod:`multimodal.encoder`; the one picker per kind
+of model of the parts of ``load(path)``, which ``serve`` and ``cli`` use too, is internal:
+``_loaders``) and below ``serve`` and ``cli``, which parse arguments and print. Nothing is
+imported here: ``import multimodal.pipelines.embed``.
 """

@@ -30,8 +30,8 @@ from typing import IO, Any
 
 import torch
 
-from multimodal.encoder import Encoder, load_encoder
-from multimodal.loading import load
+from multimodal.encoder import Encoder
+from multimodal.pipelines._loaders import model_encoder, warn_old_loader
 from multimodal.pipelines.inputs import (
     InputItem,
     Reader,
@@ -39,13 +39,11 @@ from multimodal.pipelines.inputs import (
     UnreadableInput,
     check_kind,
     collect_inputs,
-    measured_image_preprocessor,
     read_batch,
 )
 from multimodal.progress import progress
 from multimodal.weights import save_safetensors
 
-# load_model_encoder: the verbs' picker of load(path) (zero-shot, serve), not an entry point
 __all__ = ["embed", "encode_batch", "read_embeddings"]
 
 PARTS_SUFFIX = ".parts"
@@ -78,23 +76,12 @@ def _kinds_of(encoder: Encoder) -> tuple[str, ...]:
     return ("image", "text") if encoder.modality == "image+text" else (encoder.modality,)
 
 
-def load_model_encoder(model: Any) -> Encoder:
-    """:func:`~multimodal.encoder.load_encoder` of ``model`` (a path is read once by
-    :func:`multimodal.load`), and for a task checkpoint that did not record its image
-    normalisation, the normalisation measured again by its data module (an
-    :class:`~multimodal.encoder.Encoder` is returned as it is)."""
-    if isinstance(model, Encoder):
-        return model
-    loaded = load(model) if isinstance(model, (str, os.PathLike)) else None
-    encoder = load_encoder(loaded if loaded is not None else model)
-    if encoder.preprocessor is None and encoder.modality in ("image", "image+text") \
-            and loaded is not None and loaded.kind == "checkpoint":
-        config = encoder.backbone.config
-        vision = getattr(config, "vision", config)
-        encoder.preprocessor = measured_image_preprocessor(
-            loaded.data_class, loaded.data_arguments, loaded.path,
-            int(getattr(vision, "in_channels", 3)), getattr(vision, "image_size", None))
-    return encoder
+def __getattr__(name: str) -> Any:
+    if name == "load_model_encoder":  # removed in 0.2
+        warn_old_loader(__name__, name, "multimodal.embed(multimodal.load(path), inputs) "
+                        "(or multimodal.load_encoder(path))")
+        return model_encoder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _ids_file(out: Path) -> Path:
@@ -191,14 +178,17 @@ def embed(model: Any, inputs: Any, out: str | Path | None = None, *, batch_size:
           model_name: str | None = None, on_batch: Callable[[int], None] | None = None
           ) -> tuple[list[str], torch.Tensor]:
     """Embed every input (see the module docstring): ``(ids, embeddings (N, D))`` in input
-    order, skipped inputs left out. ``model`` is an :class:`~multimodal.encoder.Encoder` or
-    anything :func:`~multimodal.encoder.load_encoder` reads. With ``out`` (``.safetensors`` or
+    order, skipped inputs left out. ``model`` is an :class:`~multimodal.encoder.Encoder`,
+    what :func:`multimodal.load` returned, or anything
+    :func:`~multimodal.encoder.load_encoder` reads (a task checkpoint that recorded no
+    image normalisation gets the one its data module measures). With ``out`` (``.safetensors`` or
     ``.npy``) the result is also written, batch by batch, and an interrupted run resumes;
     ``model_name`` (default: the model's path, else its class) is recorded with them and
     must match on resume. ``on_batch(n)`` is called after each batch."""
-    encoder = load_model_encoder(model)
+    path = getattr(model, "path", model)  # a Loaded: where it was read from
+    encoder = model_encoder(model)
     if model_name is None:
-        model_name = str(model) if isinstance(model, (str, os.PathLike)) \
+        model_name = str(path) if isinstance(path, (str, os.PathLike)) \
             else type(encoder.backbone).__name__
     if Path(model_name).exists():
         model_name = str(Path(model_name).resolve())

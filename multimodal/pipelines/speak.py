@@ -1,6 +1,6 @@
 """``mm.synthesize`` / ``multimodal speak``: text-to-speech with a trained
-:class:`~multimodal.models.codec_lm.CodecLM` (its checkpoint's parts:
-:func:`load_tts`).
+:class:`~multimodal.models.codec_lm.CodecLM` (its checkpoint, or what
+:func:`multimodal.load` returned for it).
 
 ``synthesize(model_or_ckpt, text, prompt)`` turns text into a mono waveform in the voice of
 the prompt (a few seconds of speech):
@@ -62,9 +62,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from multimodal.checkpoints import BUNDLE_KEY, TTSBundle
-from multimodal.models.codec_lm import CodecLM
-from multimodal.tokenizers.codec import MelRVQCodec
+from multimodal.checkpoints import TTSBundle
+from multimodal.pipelines._loaders import is_source, tts, warn_old_loader
 from multimodal.tokenizers.phonemes import (
     CLAUSE_BREAK,
     WORD_BREAK,
@@ -75,43 +74,30 @@ from multimodal.tokenizers.phonemes import (
 from multimodal.tokenizers.text import UNK_ID
 from multimodal.tokenizers.waveform import as_mono
 
-# load_tts: the verb's picker of load(path), not an entry point (mm.synthesize takes a path)
 __all__ = ["check_readable", "encode_prompt", "load_prompt", "split_sentences", "synthesize"]
 
 MIN_SPEECH_SECONDS = 0.1
 """The AR model may not end the speech before this (EOS is masked until then)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
 
-def load_tts(path: str | Path) -> TTSBundle:
-    """The :class:`~multimodal.checkpoints.TTSBundle` of a
-    :class:`~multimodal.tasks.tts.TTSTask` checkpoint: the parts of :func:`multimodal.load`
-    (its model, its phoneme tokenizer, its codec as the preprocessor, the prompt
-    settings)."""
-    from multimodal.loading import load  # the loaders are imported when a path is read
-
-    loaded = load(path)
-    if not isinstance(loaded.model, CodecLM):
-        raise ValueError(f"{loaded.path} holds a {type(loaded.model).__name__}, not a "
-                         "text-to-speech CodecLM")
-    settings = loaded.settings
-    if not isinstance(loaded.preprocessor, MelRVQCodec) \
-            or not isinstance(loaded.tokenizer, PhonemeTokenizer) \
-            or not {"max_prompt_frames", "frames_per_phoneme"} <= set(settings):
-        raise ValueError(f"{loaded.path} has no '{BUNDLE_KEY}' entry (phoneme tokenizer + "
-                         "codec): was it written by TTSTask after setup?")
-    return TTSBundle(loaded.model, loaded.tokenizer, loaded.preprocessor,
-                     int(settings["max_prompt_frames"]), float(settings["frames_per_phoneme"]))
+def __getattr__(name: str) -> Any:
+    if name == "load_tts":  # removed in 0.2
+        warn_old_loader(__name__, name, "multimodal.synthesize(multimodal.load(path), text, "
+                        "prompt)")
+        return tts
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _as_bundle(model_or_ckpt: Any) -> TTSBundle:
     if isinstance(model_or_ckpt, TTSBundle):
         return model_or_ckpt
-    if isinstance(model_or_ckpt, (str, Path)):
-        return load_tts(model_or_ckpt)
+    if is_source(model_or_ckpt):  # a path, or what mm.load returned
+        return tts(model_or_ckpt)
     bundle = getattr(model_or_ckpt, "bundle", None)  # a TTSTask
     if callable(bundle):
         return bundle()
-    raise TypeError("model_or_ckpt must be a checkpoint path, a TTSTask or a TTSBundle, got "
+    raise TypeError("model_or_ckpt must be a checkpoint path, what multimodal.load returned, "
+                    "a TTSTask or a TTSBundle, got "
                     f"{type(model_or_ckpt).__name__}")
 
 
@@ -241,12 +227,12 @@ def synthesize(
 ) -> tuple[Tensor, int]:
     """Speech for ``text`` in the voice of ``prompt``: ``(waveform (N,), sample_rate)``.
 
-    ``model_or_ckpt``: a TTSTask checkpoint path, a :class:`~multimodal.tasks.tts.TTSTask`
-    or a :class:`TTSBundle`. ``prompt``: a waveform tensor (rate ``prompt_sample_rate``,
-    default the codec's; any dtype, integer PCM rescaled; (channels, samples) or
-    (samples, channels); or a NumPy array) or an audio file. ``temperature`` (``0``: greedy;
-    negative: ``ValueError``), ``top_k``,
-    ``top_p`` and ``seed`` set the AR sampling (the default, temperature 1 with top-k 5,
+    ``model_or_ckpt``: a TTSTask checkpoint path, what ``mm.load`` returned for one, a
+    :class:`~multimodal.tasks.tts.TTSTask` or a :class:`TTSBundle`. ``prompt``: a waveform
+    tensor (rate ``prompt_sample_rate``, default the codec's; any dtype, integer PCM
+    rescaled; (channels, samples) or (samples, channels); or a NumPy array) or an audio
+    file. ``temperature`` (``0``: greedy; negative: ``ValueError``), ``top_k``, ``top_p``
+    and ``seed`` set the AR sampling (the default, temperature 1 with top-k 5,
     was the most intelligible of greedy, temperature 0.7, 1.0 and top-k 5 on 40 words
     after 4 epochs of configs/tts_voices.yaml; greedy decoding repeats itself). ``stats``,
     when a dict, receives ``ar_seconds``, ``nar_seconds``, ``decode_seconds``, ``audio_seconds`` and

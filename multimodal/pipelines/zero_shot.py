@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from multimodal.encoder import Encoder
-from multimodal.pipelines.embed import encode_batch, load_model_encoder
+from multimodal.pipelines._loaders import model_encoder
+from multimodal.pipelines.embed import encode_batch
 from multimodal.pipelines.inputs import Reader, Skipped, collect_inputs, read_batch
 from multimodal.progress import progress
 
@@ -102,7 +103,7 @@ def zero_shot(model: Any, inputs: Any, labels: Sequence[str],
         raise ValueError(f"give at least two labels, got {labels}")
     if not templates:
         raise ValueError("give at least one template")
-    encoder = load_model_encoder(model)
+    encoder = model_encoder(model)
     if encoder.modality != "image+text":
         raise ValueError(f"zero-shot needs a CLIP / SigLIP (image+text) model; "
                          f"{model if isinstance(model, (str, Path)) else 'the model'} is a "

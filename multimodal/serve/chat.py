@@ -133,11 +133,10 @@ class ChatAPI(ls.LitAPI):
         self.path, self.quantize, self.compile = path, quantize, compile
 
     def setup(self, device: str) -> None:
-        from multimodal.serve.models import load_served
+        from multimodal.pipelines._loaders import served
 
-        served = load_served(self.path, "chat", quantize=self.quantize)
-        self.model = served.model.backbone.to(device).eval()
-        self.tokenizer = served.tokenizer
+        encoder, self.tokenizer = served(self.path, "chat", quantize=self.quantize)
+        self.model = encoder.backbone.to(device).eval()
 
     def predict(self, request: Any, context: dict[str, Any]) -> Iterator[dict[str, Any]]:
         try:

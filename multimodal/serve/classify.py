@@ -19,9 +19,9 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
+from multimodal.pipelines._loaders import classifier
 from multimodal.serve.embeddings import TextRules, parse_texts
 from multimodal.serve.errors import ApiError
-from multimodal.serve.models import load_classifier
 from multimodal.serve.spec import CheckedRequestsAPI, QueueSpec, read_json
 
 
@@ -70,7 +70,7 @@ class ClassifyAPI(CheckedRequestsAPI):
         self.chunk = chunk
 
     def setup(self, device: str) -> None:
-        self.encoder, self.model, _ = load_classifier(self.path)
+        self.encoder, self.model, _ = classifier(self.path)
         self.encoder.to(device)
 
     def probabilities(self, texts: list[str]) -> np.ndarray:

@@ -323,10 +323,10 @@ class EmbeddingAPI(CheckedRequestsAPI):
         self.quantize = quantize
 
     def setup(self, device: str) -> None:
-        from multimodal.serve.models import load_served
+        from multimodal.pipelines._loaders import served
 
-        served = load_served(self.path, "embed", compile=self.compile, quantize=self.quantize)
-        self.encoder = served.model.to(device)
+        encoder, _ = served(self.path, "embed", compile=self.compile, quantize=self.quantize)
+        self.encoder = encoder.to(device)
 
     def embed_texts(self, texts: list[Any]) -> np.ndarray:
         """``(N, D)`` float32 embeddings of the items of :class:`EmbeddingJob`: texts

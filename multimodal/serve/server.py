@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multimodal.serve.models import kind_of, load_served
+from multimodal.pipelines._loaders import classifier, served
+from multimodal.serve.models import kind_of
 
 log = logging.getLogger("multimodal.serve")
 
@@ -76,10 +77,10 @@ def _apis(config: ServeConfig, kind: str) -> Any:
     if kind == "embed":
         from multimodal.serve.embeddings import EmbeddingAPI, EmbeddingSpec, TextRules
 
-        served = load_served(config.model, "embed")
-        rules = TextRules.of(served.model, config.max_inputs)
-        loss = getattr(served.model.backbone.config, "loss", None)
-        del served
+        encoder, _ = served(config.model, "embed")
+        rules = TextRules.of(encoder, config.max_inputs)
+        loss = getattr(encoder.backbone.config, "loss", None)
+        del encoder
         batching = dict(max_batch_size=config.max_batch_size, batch_timeout=timeout,
                         compile=config.compile, quantize=config.quantize)
         if rules.modality == "image+text" and rules.images:  # CLIP / SigLIP: /v1/zero-shot
@@ -95,9 +96,7 @@ def _apis(config: ServeConfig, kind: str) -> Any:
     if kind == "classify":
         from multimodal.serve.classify import ClassifyAPI, ClassifySpec
         from multimodal.serve.embeddings import TextRules
-        from multimodal.serve.models import load_classifier
-
-        encoder, _, names = load_classifier(config.model)
+        encoder, _, names = classifier(config.model)
         rules = TextRules.of(encoder, config.max_inputs)
         del encoder
         return ClassifyAPI(config.model, ClassifySpec(rules, names, config.name),

@@ -112,11 +112,10 @@ class TranscriptionAPI(CheckedRequestsAPI):
         self.path = path
 
     def setup(self, device: str) -> None:
-        from multimodal.serve.models import load_served
+        from multimodal.pipelines._loaders import served
 
-        served = load_served(self.path, "transcribe")
-        self.model = served.model.to(device).eval()
-        self.tokenizer = served.tokenizer
+        model, self.tokenizer = served(self.path, "transcribe")
+        self.model = model.to(device).eval()
         enc = self.model.config.encoder
         self.window = int(enc.max_frames) * round(enc.sample_rate * enc.hop_ms / 1000)
 

@@ -55,7 +55,7 @@ from multimodal.loading import Loaded, load, load_located, locate, select_part
 from multimodal.tasks.presets import preset_model, with_fields
 from multimodal.weights import build_model, is_tied_alias, meta_build, saved_parts
 
-__all__ = ["PretrainedSource", "data_settings", "head_names", "load_pretrained",
+__all__ = ["PretrainedSource", "data_settings", "head_names",
            "pretrained_source", "task_model"]
 
 # Top-level modules that make a model's head: re-initialised when their shape changes,
@@ -64,13 +64,23 @@ HEAD_MODULES = ("head", "head_dist", "head_norm", "attn_pool", "mlm", "visual_pr
                 "text_projection", "logit_scale", "logit_bias")
 
 
-def load_pretrained(path: str | Path) -> Loaded:
-    """PATH read by :func:`multimodal.loading.load` (module docstring), the model in train
-    mode. Errors name the path and the problem: missing, a file that is not a checkpoint, a
-    folder without a model."""
+def _load_pretrained(path: str | Path) -> Loaded:
+    """What the deprecated ``load_pretrained`` gives: :func:`multimodal.loading.load` of
+    PATH, the model in train mode."""
     source = load(path)
     source.model.train()
     return source
+
+
+def __getattr__(name: str) -> Any:
+    if name == "load_pretrained":  # removed in 0.2
+        import warnings
+
+        warnings.warn(f"{__name__}.load_pretrained is deprecated and will be removed in 0.2: "
+                      "use multimodal.load(path) (its .model, in eval mode: .train() it)",
+                      DeprecationWarning, stacklevel=2)
+        return _load_pretrained
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def head_names(model: nn.Module) -> list[str]:

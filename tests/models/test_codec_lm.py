@@ -325,15 +325,17 @@ def test_checkpoint_alone_synthesizes_the_same_audio(tmp_path: Path) -> None:
     b, rate_b = mm.synthesize(path, "the cat", prompt, SR, seed=3)
     assert rate == rate_b == SR and a.dim() == 1 and a.numel() > 0
     torch.testing.assert_close(a, b)
+    c, _ = mm.synthesize(mm.load(path), "the cat", prompt, SR, seed=3)  # mm.load + the verb
+    torch.testing.assert_close(a, c)
     assert set(stats) >= {"ar_seconds", "nar_seconds", "decode_seconds", "audio_seconds",
                           "ar_tokens"}
     assert stats["audio_seconds"] == pytest.approx(a.numel() / SR)
     hop = task.codec.config.features.hop_length
     win = task.codec.config.features.win_length
     assert a.numel() == (stats["ar_tokens"] - 1) * hop + win  # one frame per AR token
-    from multimodal.pipelines.speak import load_tts
+    from multimodal.pipelines._loaders import tts
 
-    bundle = load_tts(path)
+    bundle = tts(mm.load(path))  # what mm.synthesize(mm.load(path), ...) picks
     assert isinstance(bundle, TTSBundle)
     assert bundle.max_prompt_frames == round(0.3 * SR / hop)
     assert bundle.tokenizer.vocab == task.phoneme_tokenizer.vocab

@@ -152,10 +152,10 @@ def test_quantize_and_compile_reach_the_chat_decoder(tiny_chat, compile):
     the float one it used to ignore the switch for); ``--compile`` the compiled step, with the
     same replies, streamed too."""
     from multimodal.nn.quantized import QuantizedLinear
-    from multimodal.serve.models import load_served
+    from multimodal.pipelines._loaders import served
 
-    served = load_served(tiny_chat, "chat", quantize="int4")
-    assert any(isinstance(m, QuantizedLinear) for m in served.model.backbone.modules())
+    encoder, _ = served(tiny_chat, "chat", quantize="int4")
+    assert any(isinstance(m, QuantizedLinear) for m in encoder.backbone.modules())
     want = _offline_int4(tiny_chat)
     args = ["--quantize", "int4", *(["--compile"] if compile else [])]
     srv = Server(tiny_chat, *args)
@@ -170,7 +170,7 @@ def test_quantize_and_compile_reach_the_chat_decoder(tiny_chat, compile):
 
 
 def test_switches_a_kind_cannot_use_are_refused_in_one_line():
-    from multimodal.serve.models import load_served
+    from multimodal.pipelines._loaders import served
     from multimodal.serve.server import ServeConfig, _apis
 
     for kind in ("transcribe", "classify"):
@@ -180,4 +180,4 @@ def test_switches_a_kind_cannot_use_are_refused_in_one_line():
         with pytest.raises(ValueError, match="--compile applies"):
             _apis(ServeConfig(model="m", compile=True), kind)
     with pytest.raises(ValueError, match="dynamic-int8 applies to encoders"):
-        load_served("m.gguf", "chat", quantize="dynamic-int8")
+        served("m.gguf", "chat", quantize="dynamic-int8")

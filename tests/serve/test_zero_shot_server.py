@@ -206,8 +206,9 @@ def test_the_worker_equals_mm_zero_shot_on_siglip_a_transformers_clip_and_a_chec
     transformers CLIP folder and a contrastive task checkpoint (softmax), each as
     ``mm.zero_shot`` gives it offline."""
     import multimodal as mm
+    from multimodal.pipelines._loaders import served
     from multimodal.serve.embeddings import TextRules
-    from multimodal.serve.models import kind_of, load_served
+    from multimodal.serve.models import kind_of
     from multimodal.serve.zero_shot import ClipAPI, ClipSpec, parse_zero_shot
 
     folder = {"siglip": lambda: tiny_clip_folder(tmp_path / "siglip", loss="sigmoid"),
@@ -221,7 +222,7 @@ def test_the_worker_equals_mm_zero_shot_on_siglip_a_transformers_clip_and_a_chec
         (tmp_path / "photos" / f"{i}.png").write_bytes(raw)
     want = np.array([r.probabilities for r in mm.zero_shot(
         str(folder), tmp_path / "photos", labels, stream=io.StringIO())])
-    rules = TextRules.of(load_served(folder, "embed").model)  # as the server builds them
+    rules = TextRules.of(served(folder, "embed")[0])  # as the server builds them
     activation = "sigmoid" if which == "siglip" else "softmax"
     api = ClipAPI(str(folder), ClipSpec(rules, which, activation))
     api.setup("cpu")

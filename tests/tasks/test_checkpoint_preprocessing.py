@@ -18,7 +18,7 @@ import multimodal as mm
 from multimodal.cli.main import main as cli_main
 from multimodal.data.vision import ImageClassificationDataModule
 from multimodal.files import read_image
-from multimodal.pipelines.embed import load_model_encoder
+from multimodal.pipelines._loaders import model_encoder
 from multimodal.tasks import ClassificationTask
 
 DATA = {"image_size": 16, "resize": 20, "interpolation": "bicubic", "in_channels": 3,
@@ -52,7 +52,7 @@ def _fit_tensors(dm: ImageClassificationDataModule) -> tuple[list[str], torch.Te
 
 
 def _same_through_embed(ckpt: Path, files: list[str], want: torch.Tensor) -> None:
-    encoder = load_model_encoder(ckpt)  # what mm.embed / zero-shot / serve load
+    encoder = model_encoder(ckpt)  # what mm.embed / zero-shot / serve load
     got = encoder.preprocessor(files)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -13,8 +13,9 @@ from torch.utils.data import DataLoader
 
 import multimodal as mm
 from multimodal.convert.hf_pooling import FolderPooling, write_folder_pooling
+from multimodal.loading import load
 from multimodal.tasks import ClassificationTask
-from multimodal.tasks.pretrained import folder_tokenizer, load_pretrained
+from multimodal.tasks.pretrained import folder_tokenizer
 from tests.pretrained_folders import bert_folder
 
 pytest.importorskip("transformers")
@@ -29,7 +30,7 @@ def _st_folder(tmp_path, mode="mean", normalize=True):
 
 
 def _batch(folder, labels=(0, 1, 0, 1)):
-    tok = folder_tokenizer(load_pretrained(folder))
+    tok = folder_tokenizer(load(folder))
     return {**tok.encode_batch(TEXTS, max_length=16), "label": torch.tensor(labels)}
 
 
@@ -97,7 +98,7 @@ def test_minilm_task_features_are_sentence_transformers_encode():
     texts = ["I baked fresh bread this morning", "ok",
              "A cold wind blows from the north, bringing snow and hail over the hills tonight"]
     task = ClassificationTask(modality="text", pretrained=str(folder), num_classes=3).eval()
-    tok = folder_tokenizer(load_pretrained(folder))
+    tok = folder_tokenizer(load(folder))
     with torch.no_grad():
         ours = task.head_inputs(tok.encode_batch(texts, max_length=256))
     ref = st.SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_tensor=True)

@@ -11,8 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import multimodal as mm
+from multimodal.loading import load
 from multimodal.tasks import ClassificationTask
-from multimodal.tasks.pretrained import folder_tokenizer, load_pretrained
+from multimodal.tasks.pretrained import folder_tokenizer
 from tests.real_weights import real_weights
 
 MINILM = real_weights("all-MiniLM-L6-v2")
@@ -34,7 +35,7 @@ HELD_OUT = [("Our chef roasted a chicken with potatoes", 0),
 @pytest.mark.slow
 def test_minilm_lora_fine_tuning_tells_topics_apart(tmp_path):
     folder = MINILM
-    tokenizer = folder_tokenizer(load_pretrained(folder))
+    tokenizer = folder_tokenizer(load(folder))
 
     def batch(texts, labels):
         enc = tokenizer.encode_batch(texts, max_length=32)

@@ -39,9 +39,9 @@ def test_classification_task_from_ctranslate2_folder_keeps_whisper_encoder():
 
 
 def test_ctranslate2_folder_is_a_pretrained_path(tmp_path):
-    from multimodal.tasks.pretrained import load_pretrained
+    from multimodal.loading import load
 
     (tmp_path / "model.bin").write_bytes(b"not a CTranslate2 model")
     # read as a CTranslate2 folder (its own error), not "not a Hugging Face folder"
     with pytest.raises(FileNotFoundError, match=r"a CTranslate2 Whisper directory holds"):
-        load_pretrained(tmp_path)
+        load(tmp_path)

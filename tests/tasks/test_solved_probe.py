@@ -215,7 +215,8 @@ def test_minilm_contrastive_beats_the_untuned_probe():
     from multimodal.data.sources.corpora import load_corpus
     from multimodal.data.sources.fortunes import DEFAULT_FORTUNES_DIR
     from multimodal.data.sources.shakespeare import DEFAULT_ROOT
-    from multimodal.tasks.pretrained import folder_tokenizer, load_pretrained
+    from multimodal.loading import load
+    from multimodal.tasks.pretrained import folder_tokenizer
 
     sources = ("bible", "fortunes", "shakespeare")
     try:
@@ -233,7 +234,7 @@ def test_minilm_contrastive_beats_the_untuned_probe():
     train = pick(balanced_passages(train_docs, sources, 0), 8, 0)
     test = pick(balanced_passages(test_docs, sources, 2), 60, 1)
     folder = minilm.get_model_path()
-    tok = folder_tokenizer(load_pretrained(folder))
+    tok = folder_tokenizer(load(folder))
 
     def collate(items):
         return {**tok.encode_batch([t for t, _ in items], max_length=64),
