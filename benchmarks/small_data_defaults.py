@@ -33,10 +33,12 @@ Image-folder rows (#52), ``--images N ...``: ``configs/vit_imagefolder.yaml`` as
 N generated 64x64 PNGs of three classes (a circle, a square or a triangle of a random colour,
 size and place on a random ground; ``shapes_N/<class>/``), tested on 150 more drawn with
 another seed. ``steps`` = the same without the time budget (``--budget_minutes null``: the
-1000-step budget alone). Reported: steps, test macro accuracy (chance 0.333), wall time::
+1000-step budget alone); ``invert`` = the config with ``--data.init_args.invert 0.5`` (the
+switch for classes that neither colour nor lightness defines, as these). Reported: steps,
+test macro accuracy (chance 0.333), wall time (``--sizes`` with no number: no text rows)::
 
-    PYTHONPATH=. python benchmarks/small_data_defaults.py --images 60 600 --sizes \\
-        --out runs/small_data_defaults
+    PYTHONPATH=. python benchmarks/small_data_defaults.py --images 60 600 6000 \\
+        --image-configs new invert --sizes --out runs/small_data_defaults
 """
 
 from __future__ import annotations
@@ -153,7 +155,8 @@ def run_images(train: Path, test: Path, root: Path, extra: list[str]) -> dict[st
 
 
 def image_rows(out: Path, sizes: list[int], configs: list[str]) -> None:
-    extra = {"new": [], "steps": ["--budget_minutes", "null"]}
+    extra = {"new": [], "steps": ["--budget_minutes", "null"],
+             "invert": ["--data.init_args.invert", "0.5"]}
     test = make_shapes(out / "data" / "shapes_test", 150, seed=10_000)
     results_path = out / "image_results.jsonl"
     done = {(r["n"], r["config"]) for r in map(json.loads, results_path.read_text()
@@ -234,7 +237,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, nargs="*", default=[],
                         help="image-folder rows: these numbers of generated images")
     parser.add_argument("--image-configs", nargs="+", default=["new"],
-                        choices=["new", "steps"])
+                        choices=["new", "steps", "invert"])
     args = parser.parse_args()
     if args.images:
         image_rows(args.out, args.images, args.image_configs)
