@@ -483,14 +483,32 @@ def absolute_data_paths(config: Namespace) -> list[str]:
     return changed
 
 
-def _data_class_names(datamodule: Any) -> list[str] | None:
-    names = getattr(datamodule, "class_names", None)
-    return [str(n) for n in names] if names else None
+def agree(config: Namespace, datamodule: Any) -> Any:
+    """The one moment model and data agree in a run (:func:`multimodal.tasks.agreement.
+    reconcile`), called when the data module is made, before the task: the class names and
+    model sizes the task takes from the data and, with ``model.init_args.pretrained``, the
+    data checked against the part of that model the task trains (read from the source the
+    task builds from: :func:`multimodal.tasks.pretrained.pretrained_source`). A
+    contradiction is a :class:`UsageError` naming the data section."""
+    from multimodal.tasks.agreement import reconcile
 
+    init = config.get("model.init_args")
+    init = init.as_dict() if isinstance(init, Namespace) else dict(init or {})
+    task = _class_of(str(config.get("model.class_path") or ""))
+    source = None
+    if init.get("pretrained") is not None:
+        from multimodal.tasks.pretrained import pretrained_source
 
-def _data_model_sizes(datamodule: Any) -> dict[str, int] | None:
-    sizes = getattr(datamodule, "model_sizes", None)
-    return {str(k): int(v) for k, v in sizes.items() if v is not None} if sizes else None
+        try:
+            source = pretrained_source(init["pretrained"])
+        except (FileNotFoundError, ValueError, OSError):  # the task's own load reports it
+            source = None
+    try:
+        return reconcile(datamodule, task, init, source)
+    except UsageError:
+        raise
+    except ValueError as err:
+        raise UsageError(str(err), "--data.init_args") from None
 
 
 def apply_skip_corrupt(config: Namespace) -> None:
@@ -756,15 +774,17 @@ class MultimodalCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="after fit, run test on the best checkpoint")
-        # a classifier's classes come from its data module (tasks without the argument
-        # ignore the link; an explicit num_classes that disagrees is the task's error)
+        # model and data agree at one moment (multimodal.tasks.agreement.reconcile): when the
+        # data module is made, before the task. Its answer goes to the task through these
+        # two links: a classifier's class_names (tasks without the argument ignore the
+        # link; an explicit num_classes that disagrees is the task's error) and the sizes
+        # the data fixes (image_size, in_channels, n_mels, vocab_size, max_len, ...: the data
+        # module's model_sizes) for a preset's config: a config writes each once, in the
+        # data section
         parser.link_arguments("data", "model.init_args.class_names",
-                              compute_fn=_data_class_names, apply_on="instantiate")
-        # the sizes the data fixes (image_size, in_channels, n_mels, vocab_size, max_len,
-        # source/target_vocab_size, codebook_size, num_codebooks ...: the data module's
-        # model_sizes) go to a preset's config: a config writes each once, in the data section
+                              compute_fn=self._agreed_class_names, apply_on="instantiate")
         parser.link_arguments("data", "model.init_args.data_sizes",
-                              compute_fn=_data_model_sizes, apply_on="instantiate")
+                              compute_fn=self._agreed_data_sizes, apply_on="instantiate")
         parser.add_argument("--monitor", type=str | None, default=None,
                             help="metric the default ModelCheckpoint keeps the best of "
                                  "(default: the task's, e.g. val/acc_macro)")
@@ -792,6 +812,22 @@ class MultimodalCLI(LightningCLI):
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")
+
+    def agreement(self, datamodule: Any) -> Any:
+        """Model and data agreed for ``datamodule`` (:func:`agree`), once per data module:
+        both links read the one answer."""
+        held = getattr(self, "_agreement", None)
+        if held is None or held[0] is not datamodule:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            held = (datamodule, agree(config, datamodule))
+            self._agreement = held
+        return held[1]
+
+    def _agreed_class_names(self, datamodule: Any) -> list[str] | None:
+        return self.agreement(datamodule).class_names
+
+    def _agreed_data_sizes(self, datamodule: Any) -> dict[str, int] | None:
+        return self.agreement(datamodule).data_sizes
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
         """``ckpt_path`` checked before it is read: ``last`` is the newest whole checkpoint

@@ -1,0 +1,117 @@
+"""Model and data agree at one moment: :func:`reconcile`.
+
+The CLI calls it once per run, when the data module has been made and before the task's
+model is built (``multimodal.cli.main.MultimodalCLI``: the links from the data section to
+the task read its answer). It takes what the model needs from the data (the class names,
+the sizes a preset's config takes: ``model_sizes``) and, with a pretrained model, checks
+that the data can feed that model (:func:`check_data_fits`: the modality, the tokenizer's
+size against the embedding's rows, ``max_length`` against ``max_len``, a waveform's sampling
+rate against the model's front end) on the model's part built on ``meta`` (no weights),
+so a contradiction is one error before any weight is read or any step is taken.
+
+A data module it has checked is remembered with the source (:func:`agreed`): the task
+built from that source has nothing left to check in ``setup``. Without the CLI
+(``Trainer.fit(task, datamodule=...)``) a classifier's ``setup`` runs the same
+:func:`check_data_fits` on the built model: one rule, in one place.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+__all__ = ["Agreement", "agreed", "check_data_fits", "reconcile"]
+
+_AGREED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What :func:`reconcile` decided: the task's ``class_names`` and ``data_sizes``
+    (None where the data gives none), and whether the data was checked against the
+    pretrained model (``checked``)."""
+
+    class_names: list[str] | None
+    data_sizes: dict[str, int] | None
+    checked: bool = False
+
+
+def _class_names(datamodule: Any) -> list[str] | None:
+    names = getattr(datamodule, "class_names", None)  # the data-module contract
+    return [str(n) for n in names] if names else None
+
+
+def _model_sizes(datamodule: Any) -> dict[str, int] | None:
+    sizes = getattr(datamodule, "model_sizes", None)  # the data-module contract
+    return {str(k): int(v) for k, v in sizes.items() if v is not None} if sizes else None
+
+
+def check_data_fits(datamodule: Any, model: nn.Module) -> None:
+    """A ValueError where ``datamodule`` cannot feed ``model`` (built, or on ``meta``):
+    the data's ``modality`` is not the model's; a text model's tokenizer has more ids
+    (``vocab_size``) than its embedding has rows, or ``max_length`` > ``max_len``; the
+    data gives waveforms (``features`` false) at a ``sample_rate`` other than the model's
+    front end's."""
+    kind, ours = getattr(datamodule, "modality", None) or None, getattr(model, "modality", None)
+    if kind is not None and ours is not None and kind != ours:
+        raise ValueError(f"the model reads {ours} ({type(model).__name__}) but the "
+                         f"data module {type(datamodule).__name__} gives {kind}")
+    from multimodal.models.text import TextEncoder
+
+    cfg = getattr(model, "config", None)
+    if isinstance(model, TextEncoder):  # the data's tokens must fit the model
+        vocab = getattr(datamodule, "vocab_size", None)
+        length = getattr(datamodule, "max_length", None)
+        if isinstance(vocab, int) and vocab > cfg.vocab_size:
+            raise ValueError(f"the data's tokenizer has {vocab} tokens but the model's "
+                             f"embedding has {cfg.vocab_size} rows (vocab_size): use the "
+                             "model's own tokenizer (data tokenizer: the model folder)")
+        if isinstance(length, int) and length > cfg.max_len:
+            raise ValueError(f"data max_length {length} exceeds the model's max_len "
+                             f"{cfg.max_len}")
+    rate, wants = getattr(datamodule, "sample_rate", None), getattr(cfg, "sample_rate", None)
+    if getattr(datamodule, "features", True) is False and isinstance(rate, int) \
+            and isinstance(wants, int) and rate != wants:
+        raise ValueError(f"the data's waveforms are at {rate} Hz but the model's front end "
+                         f"expects {wants} Hz (its sample_rate)")
+
+
+def reconcile(datamodule: Any, task: type | None, init: Mapping[str, Any],
+              source: Any = None) -> Agreement:
+    """Model and data agreed, once (module docstring): the data's class names and model
+    sizes for ``task`` (its class; ``init``: its arguments as configured) and, for a task
+    whose ``checks_data`` is true (a classifier) with ``source`` (a
+    :class:`~multimodal.tasks.pretrained.PretrainedSource`), the data checked against the
+    part of its model ``task`` trains (:func:`check_data_fits`, on ``meta``). A ValueError
+    names the contradiction."""
+    checked = False
+    accepts = getattr(task, "accepts", None)
+    if source is not None and isinstance(accepts, tuple) and task is not None \
+            and getattr(task, "checks_data", False):
+        from multimodal.loading import select_part
+
+        try:  # the model on meta (a converted folder: its model, kept for the task's build)
+            whole = source._shadow()
+        except (FileNotFoundError, ValueError, OSError):  # the task's own build says why
+            return Agreement(_class_names(datamodule), _model_sizes(datamodule))
+        modality = init.get("modality") if "modality" in init else None
+        try:
+            part = select_part(whole, modality, accepts, source.path, task.__name__)
+        except ValueError:  # no part the task trains: the task's own build says so
+            return Agreement(_class_names(datamodule), _model_sizes(datamodule))
+        check_data_fits(datamodule, part)
+        checked = True
+        _AGREED[datamodule] = source
+    return Agreement(_class_names(datamodule), _model_sizes(datamodule), checked)
+
+
+def agreed(datamodule: Any, source: Any) -> bool:
+    """Whether :func:`reconcile` checked ``datamodule`` against ``source``'s model."""
+    try:
+        return source is not None and _AGREED.get(datamodule) is source
+    except TypeError:  # not weakly referable: never recorded
+        return False
