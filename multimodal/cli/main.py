@@ -489,8 +489,8 @@ def agree(config: Namespace, datamodule: Any) -> Any:
     model sizes the task takes from the data and, with ``model.init_args.pretrained``, the
     data checked against the part of that model the task trains (read from the source the
     task builds from: :func:`multimodal.tasks.pretrained.pretrained_source`). A
-    contradiction is a :class:`UsageError` naming the data section."""
-    from multimodal.tasks.agreement import reconcile
+    contradiction is a :class:`UsageError` naming the data argument at fault."""
+    from multimodal.tasks.agreement import DataMismatch, reconcile
 
     init = config.get("model.init_args")
     init = init.as_dict() if isinstance(init, Namespace) else dict(init or {})
@@ -505,10 +505,8 @@ def agree(config: Namespace, datamodule: Any) -> Any:
             source = None
     try:
         return reconcile(datamodule, task, init, source)
-    except UsageError:
-        raise
-    except ValueError as err:
-        raise UsageError(str(err), "--data.init_args") from None
+    except DataMismatch as err:
+        raise UsageError(str(err), f"--data.init_args.{err.key}") from None
 
 
 def apply_skip_corrupt(config: Namespace) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["Agreement", "agreed", "check_data_fits", "reconcile"]
+__all__ = ["Agreement", "DataMismatch", "agreed", "check_data_fits", "reconcile"]
 
 _AGREED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
@@ -40,6 +40,15 @@ class Agreement:
     checked: bool = False
 
 
+class DataMismatch(ValueError):
+    """The data cannot feed the model; ``key``: the data module argument at fault
+    (``modality``, ``tokenizer``, ``max_length``, ``sample_rate``)."""
+
+    def __init__(self, what: str, key: str) -> None:
+        super().__init__(what)
+        self.key = key
+
+
 def _class_names(datamodule: Any) -> list[str] | None:
     names = getattr(datamodule, "class_names", None)  # the data-module contract
     return [str(n) for n in names] if names else None
@@ -51,15 +60,15 @@ def _model_sizes(datamodule: Any) -> dict[str, int] | None:
 
 
 def check_data_fits(datamodule: Any, model: nn.Module) -> None:
-    """A ValueError where ``datamodule`` cannot feed ``model`` (built, or on ``meta``):
-    the data's ``modality`` is not the model's; a text model's tokenizer has more ids
-    (``vocab_size``) than its embedding has rows, or ``max_length`` > ``max_len``; the
-    data gives waveforms (``features`` false) at a ``sample_rate`` other than the model's
-    front end's."""
+    """A :class:`DataMismatch` (a ValueError) where ``datamodule`` cannot feed ``model``
+    (built, or on ``meta``): the data's ``modality`` is not the model's; a text model's
+    tokenizer has more ids (``vocab_size``) than its embedding has rows, or ``max_length``
+    > ``max_len``; the data gives waveforms (``features`` false) at a ``sample_rate`` other
+    than the model's front end's."""
     kind, ours = getattr(datamodule, "modality", None) or None, getattr(model, "modality", None)
     if kind is not None and ours is not None and kind != ours:
-        raise ValueError(f"the model reads {ours} ({type(model).__name__}) but the "
-                         f"data module {type(datamodule).__name__} gives {kind}")
+        raise DataMismatch(f"the model reads {ours} ({type(model).__name__}) but the data "
+                           f"module {type(datamodule).__name__} gives {kind}", "modality")
     from multimodal.models.text import TextEncoder
 
     cfg = getattr(model, "config", None)
@@ -67,17 +76,18 @@ def check_data_fits(datamodule: Any, model: nn.Module) -> None:
         vocab = getattr(datamodule, "vocab_size", None)
         length = getattr(datamodule, "max_length", None)
         if isinstance(vocab, int) and vocab > cfg.vocab_size:
-            raise ValueError(f"the data's tokenizer has {vocab} tokens but the model's "
-                             f"embedding has {cfg.vocab_size} rows (vocab_size): use the "
-                             "model's own tokenizer (data tokenizer: the model folder)")
+            raise DataMismatch(f"the data's tokenizer has {vocab} tokens but the model's "
+                               f"embedding has {cfg.vocab_size} rows (vocab_size): use the "
+                               "model's own tokenizer (data tokenizer: the model folder)",
+                               "tokenizer")
         if isinstance(length, int) and length > cfg.max_len:
-            raise ValueError(f"data max_length {length} exceeds the model's max_len "
-                             f"{cfg.max_len}")
+            raise DataMismatch(f"data max_length {length} exceeds the model's max_len "
+                               f"{cfg.max_len}", "max_length")
     rate, wants = getattr(datamodule, "sample_rate", None), getattr(cfg, "sample_rate", None)
     if getattr(datamodule, "features", True) is False and isinstance(rate, int) \
             and isinstance(wants, int) and rate != wants:
-        raise ValueError(f"the data's waveforms are at {rate} Hz but the model's front end "
-                         f"expects {wants} Hz (its sample_rate)")
+        raise DataMismatch(f"the data's waveforms are at {rate} Hz but the model's front "
+                           f"end expects {wants} Hz (its sample_rate)", "sample_rate")
 
 
 def reconcile(datamodule: Any, task: type | None, init: Mapping[str, Any],
@@ -86,8 +96,8 @@ def reconcile(datamodule: Any, task: type | None, init: Mapping[str, Any],
     sizes for ``task`` (its class; ``init``: its arguments as configured) and, for a task
     whose ``checks_data`` is true (a classifier) with ``source`` (a
     :class:`~multimodal.tasks.pretrained.PretrainedSource`), the data checked against the
-    part of its model ``task`` trains (:func:`check_data_fits`, on ``meta``). A ValueError
-    names the contradiction."""
+    part of its model ``task`` trains (:func:`check_data_fits`, on ``meta``). A
+    :class:`DataMismatch` names the contradiction."""
     checked = False
     accepts = getattr(task, "accepts", None)
     if source is not None and isinstance(accepts, tuple) and task is not None \
