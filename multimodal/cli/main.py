@@ -38,6 +38,11 @@ and writes each size once, in the data section: the data module's ``class_names`
 codebooks) are linked into the task when the data module is made (so ``--print_config``
 shows the preset, its overrides and the data section, where each size is written).
 
+With ``pretrained``, the data follows the model before the data module is made
+(:func:`follow_pretrained`: the settings the data module is built with), and model and data
+agree once, when it is made (:func:`agree`: the links above read its one answer; the data is
+checked against the pretrained model's part, built on ``meta``, before the task builds it).
+
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
 checkpoints go to ``<root>/version_N/checkpoints`` (N: the run's number, as its logs'; a
