@@ -102,16 +102,12 @@ def reconcile(datamodule: Any, task: type | None, init: Mapping[str, Any],
     accepts = getattr(task, "accepts", None)
     if source is not None and isinstance(accepts, tuple) and task is not None \
             and getattr(task, "checks_data", False):
-        from multimodal.loading import select_part
-
-        try:  # the model on meta (a converted folder: its model, kept for the task's build)
-            whole = source._shadow()
-        except (FileNotFoundError, ValueError, OSError):  # the task's own build says why
-            return Agreement(_class_names(datamodule), _model_sizes(datamodule))
         modality = init.get("modality") if "modality" in init else None
-        try:
-            part = select_part(whole, modality, accepts, source.path, task.__name__)
+        try:  # on meta: no weight read, nothing allocated
+            part = source.part_on_meta(modality, accepts, task.__name__)
         except ValueError:  # no part the task trains: the task's own build says so
+            part = None
+        if part is None:
             return Agreement(_class_names(datamodule), _model_sizes(datamodule))
         check_data_fits(datamodule, part)
         checked = True

@@ -117,3 +117,24 @@ def test_a_data_setting_the_model_cannot_take_is_one_error_at_the_agreement(
     assert errors == [f"error: {message} (--data.init_args.{key})"]
     assert calls.reconciles == 1 and calls.built == 0
     assert not any((tmp_path / "run").glob("version_*/checkpoints/*.ckpt"))
+
+
+def test_each_contradiction_names_its_data_argument():
+    """check_data_fits on its own: modality, tokenizer size, max_length, sampling rate, each
+    a DataMismatch whose key is the data argument at fault; data that fits passes."""
+    encoder = TextEncoder(TextEncoderConfig(vocab_size=40, max_len=16, dim=16, depth=1,
+                                            heads=2, mlp_dim=32, num_classes=2))
+    fits = SimpleNamespace(modality="text", vocab_size=40, max_length=16)
+    agreement.check_data_fits(fits, encoder)
+    cases = [(SimpleNamespace(modality="image"), encoder, "modality"),
+             (SimpleNamespace(vocab_size=41), encoder, "tokenizer"),
+             (SimpleNamespace(max_length=17), encoder, "max_length")]
+    audio = nn.Module()
+    audio.config = SimpleNamespace(sample_rate=16000)
+    agreement.check_data_fits(SimpleNamespace(features=False, sample_rate=16000), audio)
+    agreement.check_data_fits(SimpleNamespace(features=True, sample_rate=8000), audio)
+    cases.append((SimpleNamespace(features=False, sample_rate=8000), audio, "sample_rate"))
+    for data, model, key in cases:
+        with pytest.raises(agreement.DataMismatch) as info:
+            agreement.check_data_fits(data, model)
+        assert info.value.key == key
