@@ -38,10 +38,12 @@ and writes each size once, in the data section: the data module's ``class_names`
 codebooks) are linked into the task when the data module is made (so ``--print_config``
 shows the preset, its overrides and the data section, where each size is written).
 
-With ``pretrained``, the data follows the model before the data module is made
-(:func:`follow_pretrained`: the settings the data module is built with), and model and data
-agree once, when it is made (:func:`agree`: the links above read its one answer; the data is
-checked against the pretrained model's part, built on ``meta``, before the task builds it).
+Model and data agree at one moment, when the data module is made
+(:meth:`MultimodalCLI.make_data`, before the task): with ``pretrained``, the data module is
+built with the settings the model sets (:func:`follow_pretrained`), then the task's class
+names and sizes are taken from it and, with ``pretrained``, it is checked against the part of
+the model the task trains, built on ``meta`` (:func:`agree`); the links above read that one
+answer, and the task's ``setup`` has nothing left to check.
 
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
@@ -402,8 +404,7 @@ def follow_pretrained(config: Namespace) -> list[str]:
     data_cls = _class_of(str(data.get("class_path") or ""))
     if data_cls is None:
         return []
-    if "modality" in init and init.get("modality") is None:  # the data-module contract
-        init["modality"] = getattr(data_cls, "modality", None) or None
+    data_modality(config)
     if data.get("init_args") is None:
         data["init_args"] = Namespace()
     follow = getattr(data_cls, "follow", None)  # the data-module contract
@@ -422,6 +423,34 @@ def follow_pretrained(config: Namespace) -> list[str]:
     for line in warnings:
         rank_zero_warn(line)
     return warnings
+
+
+def data_modality(config: Namespace) -> None:
+    """With ``model.init_args.pretrained``, a task whose ``modality`` is unset gets the data
+    module's (image / audio / text: the data-module contract), which picks the tower of a
+    CLIP folder; in place, before anything is made."""
+    init = config.get("model.init_args")
+    if not isinstance(init, Namespace) or init.get("pretrained") is None \
+            or "modality" not in init or init.get("modality") is not None:
+        return
+    data_cls = _class_of(str(config.get("data.class_path") or ""))
+    if data_cls is not None:
+        init["modality"] = getattr(data_cls, "modality", None) or None
+
+
+def data_with_model(config: Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The data module's arguments ``kwargs`` (as the parser made them from ``config``)
+    with what the pretrained model sets (:func:`follow_pretrained`, paths made absolute:
+    :func:`absolute_data_paths`), written in ``config`` too (the run's config.yaml and the
+    checkpoint's data arguments record them)."""
+    args = config.get("data.init_args")
+    before = args.as_dict() if isinstance(args, Namespace) else {}
+    follow_pretrained(config)
+    absolute_data_paths(config)
+    args = config.get("data.init_args")
+    after = args.as_dict() if isinstance(args, Namespace) else {}
+    changed = {k: v for k, v in after.items() if k not in before or before[k] != v}
+    return {**kwargs, **changed}
 
 
 def check_model_source(config: Namespace) -> None:
@@ -722,7 +751,7 @@ class MultimodalCLI(LightningCLI):
             for key in ("preset", "overrides", "model", "init_from"):
                 if init.get(key) is not None:
                     init[key] = None
-        follow_pretrained(config)
+        data_modality(config)  # the data follows the model when the data module is made
         stored_optimizer_keys(config)
         apply_skip_corrupt(config)
         absolute_data_paths(config)
@@ -815,6 +844,31 @@ class MultimodalCLI(LightningCLI):
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")
+
+    def _add_instantiators(self) -> None:
+        """LightningCLI's, with :meth:`make_data` first for the data module."""
+        from lightning.pytorch.cli import _get_module_type
+
+        super()._add_instantiators()
+        self.parser.add_instantiator(self.make_data, _get_module_type(self._datamodule_class),
+                                     subclasses=self.subclass_mode_data, prepend=True)
+
+    def make_data(self, class_type: type, *args: Any, applied_instantiation_links: dict,
+                  **kwargs: Any) -> Any:
+        """The one moment model and data agree: the data module made with what the
+        pretrained model sets (:func:`data_with_model`), then the task's class names and
+        sizes taken from it and the data checked against the model (:func:`agree`), before
+        the task is made. Through LightningCLI's own instantiator (the data arguments it
+        stores with the checkpoint)."""
+        from lightning.pytorch.cli import _InstantiatorFn
+
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        kwargs = data_with_model(config, kwargs)
+        datamodule = _InstantiatorFn(cli=self, key="data")(
+            class_type, *args, applied_instantiation_links=applied_instantiation_links,
+            **kwargs)
+        self._agreement = (datamodule, agree(config, datamodule))
+        return datamodule
 
     def agreement(self, datamodule: Any) -> Any:
         """Model and data agreed for ``datamodule`` (:func:`agree`), once per data module:

@@ -1,13 +1,15 @@
 """Model and data agree at one moment: :func:`reconcile`.
 
-The CLI calls it once per run, when the data module has been made and before the task's
-model is built (``multimodal.cli.main.MultimodalCLI``: the links from the data section to
-the task read its answer). It takes what the model needs from the data (the class names,
-the sizes a preset's config takes: ``model_sizes``) and, with a pretrained model, checks
-that the data can feed that model (:func:`check_data_fits`: the modality, the tokenizer's
-size against the embedding's rows, ``max_length`` against ``max_len``, a waveform's sampling
-rate against the model's front end) on the model's part built on ``meta`` (no weights),
-so a contradiction is one error before any weight is read or any step is taken.
+The CLI calls it once per run, in the step that makes the data module
+(``multimodal.cli.main.MultimodalCLI.make_data``: the data module built with the settings
+the pretrained model sets, then this), before the task's model is built; the links from the
+data section to the task read its answer. It takes what the model needs from the data (the
+class names, the sizes a preset's config takes: ``model_sizes``) and, with a pretrained
+model, checks that the data can feed that model (:func:`check_data_fits`: the modality, the
+tokenizer's size against the embedding's rows, ``max_length`` against ``max_len``, a
+waveform's sampling rate against the model's front end) on the model's part built on
+``meta`` (no weights), so a contradiction is one error before any weight is read or any
+step is taken.
 
 A data module it has checked is remembered with the source (:func:`agreed`): the task
 built from that source has nothing left to check in ``setup``. Without the CLI

@@ -25,26 +25,48 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class Calls:
     """Counts :func:`reconcile` and :func:`check_data_fits` calls and the models built
-    (outside ``meta``) before the first reconcile returned."""
+    (outside ``meta``) before the first reconcile returned; ``events``: the order of the
+    data following the model (``follow``), the data module made (``data``), the agreement
+    (``reconcile``) and the model built (``model``)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, model_cls: type[nn.Module]) -> None:
+        import lightning as L
+
+        import multimodal.cli.main as cli
+
         self.reconciles = self.checks = self.built = self.built_before = 0
         self.answers: list[agreement.Agreement] = []
+        self.events: list[str] = []
         reconcile, check, init = agreement.reconcile, agreement.check_data_fits, \
             model_cls.__init__
+        follow, data_init = cli.follow_pretrained, L.LightningDataModule.__init__
 
         def counting_reconcile(*args, **kwargs):
             self.reconciles += 1
+            self.events.append("reconcile")
             self.built_before = self.built
             self.answers.append(reconcile(*args, **kwargs))
             return self.answers[-1]
+
+        def counting_follow(*args, **kwargs):
+            self.events.append("follow")
+            return follow(*args, **kwargs)
+
+        def counting_data_init(module, *args, **kwargs):
+            self.events.append("data")
+            data_init(module, *args, **kwargs)
+
+        monkeypatch.setattr(cli, "follow_pretrained", counting_follow)
+        monkeypatch.setattr(L.LightningDataModule, "__init__", counting_data_init)
 
         def counting_check(*args, **kwargs):
             self.checks += 1
             return check(*args, **kwargs)
 
         def counting_init(model, *args, **kwargs):
-            self.built += torch.empty(()).device.type != "meta"  # not a shape check's build
+            real = torch.empty(()).device.type != "meta"  # not a shape check's build
+            self.built += real
+            self.events += ["model"] * real
             init(model, *args, **kwargs)
 
         monkeypatch.setattr(agreement, "reconcile", counting_reconcile)
@@ -53,7 +75,8 @@ class Calls:
 
 
 def test_a_fit_from_a_checkpoint_reconciles_model_and_data_once(tmp_path, monkeypatch):
-    """3 classes of images, a 2-class checkpoint: the one agreement (before any model is
+    """3 classes of images, a 2-class checkpoint: the one agreement (the data module made
+    with the checkpoint's settings, then its class names and the check, before any model is
     built) gives the task the data's 3 class names, checks the data against the checkpoint's
     ViT once, and setup does not check again; the run trains a 3-class head."""
     train = _images(tmp_path / "photos")
@@ -63,6 +86,7 @@ def test_a_fit_from_a_checkpoint_reconciles_model_and_data_once(tmp_path, monkey
     _fit(path, train, tmp_path / "out")
     assert calls.reconciles == 1 and calls.checks == 1
     assert calls.built_before == 0 and calls.built == 1
+    assert calls.events == ["follow", "data", "reconcile", "model"]  # in one make_data
     (answer,) = calls.answers
     assert answer.checked and answer.class_names == ["ant", "bee", "cat"]
     (last,) = (tmp_path / "out").glob("version_*/checkpoints/last.ckpt")
