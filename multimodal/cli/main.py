@@ -752,6 +752,8 @@ class MultimodalCLI(LightningCLI):
                 if init.get(key) is not None:
                     init[key] = None
         data_modality(config)  # the data follows the model when the data module is made
+        if not getattr(self, "_makes_data", False):  # no instantiators (LightningCLI's
+            follow_pretrained(config)  # load_from_checkpoint_support=False): follow now
         stored_optimizer_keys(config)
         apply_skip_corrupt(config)
         absolute_data_paths(config)
@@ -850,6 +852,7 @@ class MultimodalCLI(LightningCLI):
         from lightning.pytorch.cli import _get_module_type
 
         super()._add_instantiators()
+        self._makes_data = True
         self.parser.add_instantiator(self.make_data, _get_module_type(self._datamodule_class),
                                      subclasses=self.subclass_mode_data, prepend=True)
 

@@ -162,3 +162,22 @@ def test_each_contradiction_names_its_data_argument():
         with pytest.raises(agreement.DataMismatch) as info:
             agreement.check_data_fits(data, model)
         assert info.value.key == key
+
+
+def test_without_lightnings_instantiators_the_data_still_follows_the_model(tmp_path):
+    """``load_from_checkpoint_support=False`` (no instantiators, so no make_data): the data
+    follows the checkpoint before instantiation, and the links still carry one agreement."""
+    from multimodal.cli.main import MultimodalCLI
+
+    train = _images(tmp_path / "photos")
+    path = _checkpoint(tmp_path / "run.ckpt", _vit(num_classes=2))
+    pretrained_mod.clear_sources()
+    cli = MultimodalCLI(args=["--config", str(ROOT / "configs" / "finetune_image.yaml"),
+                              "--model.init_args.pretrained", str(path),
+                              "--data.init_args.train", str(train),
+                              "--trainer.logger", "false", "--trainer.accelerator", "cpu",
+                              "--trainer.default_root_dir", str(tmp_path / "out")],
+                        run=False, load_from_checkpoint_support=False)
+    assert cli.datamodule.image_size == 8 and list(cli.datamodule.mean) == [0.5] * 3
+    assert cli.model.class_names == ["ant", "bee", "cat"]
+    assert agreement.agreed(cli.datamodule, cli.model.pretrained_source)
