@@ -271,6 +271,8 @@ def describe(exc: BaseException, verb: str | None = None) -> str:
             where = f"multimodal {verb} --help lists the options"
         return _clip(f"{what} ({where})" if where else what)
     root = _root(exc)
+    if isinstance(root, UsageError):  # raised while a class was built: it names its place
+        return _clip(str(root))
     text = str(root) or type(root).__name__
     worker = worker_error(text)
     if worker is not None:

@@ -38,6 +38,13 @@ and writes each size once, in the data section: the data module's ``class_names`
 codebooks) are linked into the task when the data module is made (so ``--print_config``
 shows the preset, its overrides and the data section, where each size is written).
 
+Model and data agree at one moment, when the data module is made
+(:meth:`MultimodalCLI.make_data`, before the task): with ``pretrained``, the data module is
+built with the settings the model sets (:func:`follow_pretrained`), then the task's class
+names and sizes are taken from it and, with ``pretrained``, it is checked against the part of
+the model the task trains, built on ``meta`` (:func:`agree`); the links above read that one
+answer, and the task's ``setup`` has nothing left to check.
+
 Everything a run writes lives under ``trainer.default_root_dir`` (``runs/<name>`` in the
 shipped configs), so ``--trainer.default_root_dir /some/dir`` moves the whole run:
 checkpoints go to ``<root>/version_N/checkpoints`` (N: the run's number, as its logs'; a
@@ -397,8 +404,7 @@ def follow_pretrained(config: Namespace) -> list[str]:
     data_cls = _class_of(str(data.get("class_path") or ""))
     if data_cls is None:
         return []
-    if "modality" in init and init.get("modality") is None:  # the data-module contract
-        init["modality"] = getattr(data_cls, "modality", None) or None
+    data_modality(config)
     if data.get("init_args") is None:
         data["init_args"] = Namespace()
     follow = getattr(data_cls, "follow", None)  # the data-module contract
@@ -417,6 +423,34 @@ def follow_pretrained(config: Namespace) -> list[str]:
     for line in warnings:
         rank_zero_warn(line)
     return warnings
+
+
+def data_modality(config: Namespace) -> None:
+    """With ``model.init_args.pretrained``, a task whose ``modality`` is unset gets the data
+    module's (image / audio / text: the data-module contract), which picks the tower of a
+    CLIP folder; in place, before anything is made."""
+    init = config.get("model.init_args")
+    if not isinstance(init, Namespace) or init.get("pretrained") is None \
+            or "modality" not in init or init.get("modality") is not None:
+        return
+    data_cls = _class_of(str(config.get("data.class_path") or ""))
+    if data_cls is not None:
+        init["modality"] = getattr(data_cls, "modality", None) or None
+
+
+def data_with_model(config: Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The data module's arguments ``kwargs`` (as the parser made them from ``config``)
+    with what the pretrained model sets (:func:`follow_pretrained`, paths made absolute:
+    :func:`absolute_data_paths`), written in ``config`` too (the run's config.yaml and the
+    checkpoint's data arguments record them)."""
+    args = config.get("data.init_args")
+    before = args.as_dict() if isinstance(args, Namespace) else {}
+    follow_pretrained(config)
+    absolute_data_paths(config)
+    args = config.get("data.init_args")
+    after = args.as_dict() if isinstance(args, Namespace) else {}
+    changed = {k: v for k, v in after.items() if k not in before or before[k] != v}
+    return {**kwargs, **changed}
 
 
 def check_model_source(config: Namespace) -> None:
@@ -483,14 +517,30 @@ def absolute_data_paths(config: Namespace) -> list[str]:
     return changed
 
 
-def _data_class_names(datamodule: Any) -> list[str] | None:
-    names = getattr(datamodule, "class_names", None)
-    return [str(n) for n in names] if names else None
+def agree(config: Namespace, datamodule: Any) -> Any:
+    """The one moment model and data agree in a run (:func:`multimodal.tasks.agreement.
+    reconcile`), called when the data module is made, before the task: the class names and
+    model sizes the task takes from the data and, with ``model.init_args.pretrained``, the
+    data checked against the part of that model the task trains (read from the source the
+    task builds from: :func:`multimodal.tasks.pretrained.pretrained_source`). A
+    contradiction is a :class:`UsageError` naming the data argument at fault."""
+    from multimodal.tasks.agreement import DataMismatch, reconcile
 
+    init = config.get("model.init_args")
+    init = init.as_dict() if isinstance(init, Namespace) else dict(init or {})
+    task = _class_of(str(config.get("model.class_path") or ""))
+    source = None
+    if init.get("pretrained") is not None:
+        from multimodal.tasks.pretrained import pretrained_source
 
-def _data_model_sizes(datamodule: Any) -> dict[str, int] | None:
-    sizes = getattr(datamodule, "model_sizes", None)
-    return {str(k): int(v) for k, v in sizes.items() if v is not None} if sizes else None
+        try:
+            source = pretrained_source(init["pretrained"])
+        except (FileNotFoundError, ValueError, OSError):  # the task's own load reports it
+            source = None
+    try:
+        return reconcile(datamodule, task, init, source)
+    except DataMismatch as err:
+        raise UsageError(str(err), f"--data.init_args.{err.key}") from None
 
 
 def apply_skip_corrupt(config: Namespace) -> None:
@@ -701,7 +751,9 @@ class MultimodalCLI(LightningCLI):
             for key in ("preset", "overrides", "model", "init_from"):
                 if init.get(key) is not None:
                     init[key] = None
-        follow_pretrained(config)
+        data_modality(config)  # the data follows the model when the data module is made
+        if not getattr(self, "_makes_data", False):  # no instantiators (LightningCLI's
+            follow_pretrained(config)  # load_from_checkpoint_support=False): follow now
         stored_optimizer_keys(config)
         apply_skip_corrupt(config)
         absolute_data_paths(config)
@@ -756,15 +808,17 @@ class MultimodalCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="after fit, run test on the best checkpoint")
-        # a classifier's classes come from its data module (tasks without the argument
-        # ignore the link; an explicit num_classes that disagrees is the task's error)
+        # model and data agree at one moment (multimodal.tasks.agreement.reconcile): when the
+        # data module is made, before the task. Its answer goes to the task through these
+        # two links: a classifier's class_names (tasks without the argument ignore the
+        # link; an explicit num_classes that disagrees is the task's error) and the sizes
+        # the data fixes (image_size, in_channels, n_mels, vocab_size, max_len, ...: the data
+        # module's model_sizes) for a preset's config: a config writes each once, in the
+        # data section
         parser.link_arguments("data", "model.init_args.class_names",
-                              compute_fn=_data_class_names, apply_on="instantiate")
-        # the sizes the data fixes (image_size, in_channels, n_mels, vocab_size, max_len,
-        # source/target_vocab_size, codebook_size, num_codebooks ...: the data module's
-        # model_sizes) go to a preset's config: a config writes each once, in the data section
+                              compute_fn=self._agreed_class_names, apply_on="instantiate")
         parser.link_arguments("data", "model.init_args.data_sizes",
-                              compute_fn=_data_model_sizes, apply_on="instantiate")
+                              compute_fn=self._agreed_data_sizes, apply_on="instantiate")
         parser.add_argument("--monitor", type=str | None, default=None,
                             help="metric the default ModelCheckpoint keeps the best of "
                                  "(default: the task's, e.g. val/acc_macro)")
@@ -792,6 +846,48 @@ class MultimodalCLI(LightningCLI):
         parser.add_argument("--checkpoint_every_minutes", type=float | None, default=None,
                             help="also save <checkpoints>/last.ckpt every N minutes of "
                                  "training (long epochs; see docs/cluster.md)")
+
+    def _add_instantiators(self) -> None:
+        """LightningCLI's, with :meth:`make_data` first for the data module."""
+        from lightning.pytorch.cli import _get_module_type
+
+        super()._add_instantiators()
+        self._makes_data = True
+        self.parser.add_instantiator(self.make_data, _get_module_type(self._datamodule_class),
+                                     subclasses=self.subclass_mode_data, prepend=True)
+
+    def make_data(self, class_type: type, *args: Any, applied_instantiation_links: dict,
+                  **kwargs: Any) -> Any:
+        """The one moment model and data agree: the data module made with what the
+        pretrained model sets (:func:`data_with_model`), then the task's class names and
+        sizes taken from it and the data checked against the model (:func:`agree`), before
+        the task is made. Through LightningCLI's own instantiator (the data arguments it
+        stores with the checkpoint)."""
+        from lightning.pytorch.cli import _InstantiatorFn
+
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        kwargs = data_with_model(config, kwargs)
+        datamodule = _InstantiatorFn(cli=self, key="data")(
+            class_type, *args, applied_instantiation_links=applied_instantiation_links,
+            **kwargs)
+        self._agreement = (datamodule, agree(config, datamodule))
+        return datamodule
+
+    def agreement(self, datamodule: Any) -> Any:
+        """Model and data agreed for ``datamodule`` (:func:`agree`), once per data module:
+        both links read the one answer."""
+        held = getattr(self, "_agreement", None)
+        if held is None or held[0] is not datamodule:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            held = (datamodule, agree(config, datamodule))
+            self._agreement = held
+        return held[1]
+
+    def _agreed_class_names(self, datamodule: Any) -> list[str] | None:
+        return self.agreement(datamodule).class_names
+
+    def _agreed_data_sizes(self, datamodule: Any) -> dict[str, int] | None:
+        return self.agreement(datamodule).data_sizes
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
         """``ckpt_path`` checked before it is read: ``last`` is the newest whole checkpoint

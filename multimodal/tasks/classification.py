@@ -19,6 +19,7 @@ from multimodal.models.audio import AudioClassifier
 from multimodal.models.text import TextEncoder
 from multimodal.models.vit import ViT
 from multimodal.plots.figures import plot_confusion_matrix
+from multimodal.tasks.agreement import agreed, check_data_fits
 from multimodal.tasks.base import ModelTask, loader_examples
 from multimodal.tasks.finetune import apply_regime, choose_regime
 from multimodal.tasks.optim import OptimizerConfig
@@ -94,6 +95,7 @@ class ClassificationTask(ModelTask):
 
     default_monitor = ("val/acc_macro", "max")  # the CLI's default ModelCheckpoint ranks by it
     solves_head = True
+    checks_data = True  # the data must fit its model: multimodal.tasks.agreement
     preset_defaults: ClassVar[dict[str, Any]] = {"mlm_head": False}  # text presets: no MLM head
 
     def __init__(
@@ -270,27 +272,8 @@ class ClassificationTask(ModelTask):
                 raise ValueError("the model has no classifier head and there is no data "
                                  "module to take the class count from: set num_classes")
             return
-        # the data-module contract (multimodal.data.contract): modality, class_names
-        kind, ours = getattr(dm, "modality", None) or None, getattr(self.model, "modality", None)
-        if kind is not None and ours is not None and kind != ours:
-            raise ValueError(f"the model reads {ours} ({type(self.model).__name__}) but the "
-                             f"data module {type(dm).__name__} gives {kind}")
-        if isinstance(self.model, TextEncoder):  # the data's tokens must fit the model
-            vocab, length = getattr(dm, "vocab_size", None), getattr(dm, "max_length", None)
-            cfg = self.model.config
-            if isinstance(vocab, int) and vocab > cfg.vocab_size:
-                raise ValueError(f"the data's tokenizer has {vocab} tokens but the model's "
-                                 f"embedding has {cfg.vocab_size} rows (vocab_size): use the "
-                                 "model's own tokenizer (data tokenizer: the model folder)")
-            if isinstance(length, int) and length > cfg.max_len:
-                raise ValueError(f"data max_length {length} exceeds the model's max_len "
-                                 f"{cfg.max_len}")
-        rate, wants = getattr(dm, "sample_rate", None), getattr(self.model.config,
-                                                               "sample_rate", None)
-        if getattr(dm, "features", True) is False and isinstance(rate, int) \
-                and isinstance(wants, int) and rate != wants:
-            raise ValueError(f"the data's waveforms are at {rate} Hz but the model's front end "
-                             f"expects {wants} Hz (its sample_rate)")
+        if not agreed(dm, self.pretrained_source):  # the CLI's agreement checked it
+            check_data_fits(dm, self.model)  # the data-module contract: modality, sizes
         names = getattr(dm, "class_names", None)
         n = len(names) if names else None
         if n is not None and n != self.num_classes:

@@ -243,11 +243,18 @@ class PretrainedSource:
         holds and what the task needs, :func:`~multimodal.loading.select_part`), decided on a
         model built on ``meta`` (nothing allocated, no weights read). A path whose model
         cannot be described passes: the task's own load says why."""
+        self.part_on_meta(modality, accept, task)
+
+    def part_on_meta(self, modality: str | None, accept: tuple[type, ...],
+                     task: str) -> nn.Module | None:
+        """The part of PATH's model ``task`` trains, built on ``meta`` (a converted path: of
+        its converted model, kept for :meth:`model_for`); None where the model cannot be
+        described (the task's own load says why); a ValueError where it has no such part."""
         try:
             whole = self._shadow()
         except (FileNotFoundError, ValueError, OSError):
-            return
-        select_part(whole, modality, accept, self.path, task)
+            return None
+        return select_part(whole, modality, accept, self.path, task)
 
     def _shadow(self, blueprint: tuple[type[nn.Module], Any] | None = None) -> nn.Module:
         """The whole model on ``meta`` (a converted path: its converted model)."""
