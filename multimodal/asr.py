@@ -7,9 +7,7 @@ are defined in :mod:`multimodal.pipelines.transcribe`.
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from multimodal.moved import deprecated, moved_names
 
 # name -> the module that defines it now (resolved on first use)
 MOVED: dict[str, str] = {
@@ -19,12 +17,7 @@ MOVED: dict[str, str] = {
     ], "multimodal.pipelines.transcribe"),
 }
 
-warnings.warn("multimodal.asr is deprecated and will be removed in 0.2: use "
-              "multimodal.transcribe, or import from multimodal.pipelines.transcribe",
-              DeprecationWarning, stacklevel=2)
+deprecated("multimodal.asr",
+           "multimodal.transcribe, or import from multimodal.pipelines.transcribe")
 
-
-def __getattr__(name: str) -> Any:
-    if name in MOVED:
-        return getattr(importlib.import_module(MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, MOVED)

@@ -9,9 +9,7 @@ module warns; it is removed in 0.2.
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from multimodal.moved import deprecated, moved_names
 
 # name -> the module that defines it now (resolved on first use)
 MOVED: dict[str, str] = {
@@ -27,14 +25,9 @@ MOVED: dict[str, str] = {
     **dict.fromkeys(["Encoder", "TokenFeatures", "load_encoder"], "multimodal.encoder"),
 }
 
-warnings.warn("multimodal.hub is deprecated and will be removed in 0.2: use "
-              "multimodal.from_pretrained / multimodal.create_model / multimodal.list_presets "
-              "(defined in multimodal.loading and multimodal.models), the checkpoint readers of"
-              " multimodal.checkpoints, multimodal.load_encoder",
-              DeprecationWarning, stacklevel=2)
+deprecated("multimodal.hub",
+           "multimodal.from_pretrained / multimodal.create_model / multimodal.list_presets "
+           "(defined in multimodal.loading and multimodal.models), the checkpoint readers of "
+           "multimodal.checkpoints, multimodal.load_encoder")
 
-
-def __getattr__(name: str) -> Any:
-    if name in MOVED:
-        return getattr(importlib.import_module(MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, MOVED)

@@ -7,9 +7,7 @@ warns; it is removed in 0.2.
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from multimodal.moved import deprecated, moved_names
 
 # name -> the module that defines it now (resolved on first use)
 MOVED: dict[str, str] = {
@@ -20,13 +18,8 @@ MOVED: dict[str, str] = {
     ], "multimodal.pipelines.speak"),
 }
 
-warnings.warn("multimodal.synthesis is deprecated and will be removed in 0.2: use "
-              "multimodal.synthesize, or import from multimodal.pipelines.speak (TTSBundle: "
-              "multimodal.checkpoints)",
-              DeprecationWarning, stacklevel=2)
+deprecated("multimodal.synthesis",
+           "multimodal.synthesize, or import from multimodal.pipelines.speak (TTSBundle: "
+           "multimodal.checkpoints)")
 
-
-def __getattr__(name: str) -> Any:
-    if name in MOVED:
-        return getattr(importlib.import_module(MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, MOVED)

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from multimodal.cli.errors import UsageError
+from multimodal.moved import REMOVED_IN
 
-__all__ = ["REMOVED_IN", "VerbParser", "add_alias", "check_out", "model_path", "parse",
+__all__ = ["VerbParser", "add_alias", "check_out", "model_path", "parse",
            "parse_labels"]
 
 
@@ -33,7 +34,6 @@ class VerbParser(argparse.ArgumentParser):
         raise UsageError(message, f"{self.prog} --help lists the options")
 
 
-REMOVED_IN = "0.2"
 """The release that drops the old spellings (:func:`add_alias`)."""
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from multimodal.cli.flags import (
-    REMOVED_IN,
     VerbParser,
     add_alias,
     check_out,
@@ -33,6 +32,7 @@ from multimodal.cli.flags import (
     parse,
     parse_labels,
 )
+from multimodal.moved import REMOVED_IN
 
 __all__ = ["caption_main", "embed_main", "speak_main", "transcribe_main", "zero_shot_main"]
 

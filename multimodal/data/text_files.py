@@ -4,14 +4,8 @@ in 0.2)."""
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from multimodal.moved import deprecated, moved_names
 
-_NEW = "multimodal.data.readers.text"
-warnings.warn(f"{__name__} moved to {_NEW}; import from there (the old module goes in 0.2)",
-              DeprecationWarning, stacklevel=2)
+deprecated(__name__, "multimodal.data.readers.text")
 
-
-def __getattr__(name: str) -> Any:
-    return getattr(importlib.import_module(_NEW), name)
+__getattr__ = moved_names(__name__, "multimodal.data.readers.text")

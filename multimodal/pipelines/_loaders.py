@@ -23,7 +23,6 @@ The loaders themselves are imported when a path is read (``import`` of a verb st
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,8 +35,6 @@ if TYPE_CHECKING:
 
 Source = Any
 """A model path (``str`` / ``os.PathLike``, an installed model's name) or a ``Loaded``."""
-
-REMOVED_IN = "0.2"
 
 
 def loaded(source: Source, **load_kwargs: Any) -> Loaded:
@@ -218,10 +215,3 @@ def served(path: str | Path, kind: str, *, compile: bool = False,
     # module measures, as `multimodal embed` / `zero-shot` use
     enc = model_encoder(path, compile=compile, quantize=quantize)
     return enc, enc.tokenizer
-
-
-def warn_old_loader(module: str, name: str, use: str) -> None:
-    """The ``DeprecationWarning`` of an old loader name (``module.name``), naming what to
-    use instead and the release that removes it; warned at the caller's line."""
-    warnings.warn(f"{module}.{name} is deprecated and will be removed in {REMOVED_IN}: "
-                  f"use {use}", DeprecationWarning, stacklevel=3)

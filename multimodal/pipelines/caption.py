@@ -13,7 +13,8 @@ import torch
 
 from multimodal.convert.hf_preprocess import ImagePreprocessor
 from multimodal.models.captioner import Captioner, decode_captions
-from multimodal.pipelines._loaders import captioner, warn_old_loader
+from multimodal.moved import old_names
+from multimodal.pipelines._loaders import captioner
 from multimodal.pipelines.inputs import Reader, Skipped, UnreadableInput, collect_inputs, read_batch
 from multimodal.progress import progress
 
@@ -36,12 +37,10 @@ def _load_captioner(path: str | Path, *, image_size: int | None = None,
     return CaptionerBundle(*captioner(path, image_size=image_size, mean=mean, std=std))
 
 
-def __getattr__(name: str) -> Any:
-    if name == "load_captioner":  # removed in 0.2
-        warn_old_loader(__name__, name, "multimodal.caption(multimodal.load(path), images) "
-                        "(image_size / mean / std: keywords of caption)")
-        return _load_captioner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {
+    "load_captioner": (lambda: _load_captioner,
+                       "multimodal.caption(multimodal.load(path), images) (image_size / mean / "
+                       "std: keywords of caption)")})
 
 
 def caption(model: Any, inputs: Any, *, batch_size: int = 16, skip_corrupt: bool = False,

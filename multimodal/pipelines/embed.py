@@ -31,7 +31,8 @@ from typing import IO, Any
 import torch
 
 from multimodal.encoder import Encoder
-from multimodal.pipelines._loaders import model_encoder, warn_old_loader
+from multimodal.moved import old_names
+from multimodal.pipelines._loaders import model_encoder
 from multimodal.pipelines.inputs import (
     InputItem,
     Reader,
@@ -76,12 +77,10 @@ def _kinds_of(encoder: Encoder) -> tuple[str, ...]:
     return ("image", "text") if encoder.modality == "image+text" else (encoder.modality,)
 
 
-def __getattr__(name: str) -> Any:
-    if name == "load_model_encoder":  # removed in 0.2
-        warn_old_loader(__name__, name, "multimodal.embed(multimodal.load(path), inputs) "
-                        "(or multimodal.load_encoder(path))")
-        return model_encoder
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {
+    "load_model_encoder": (lambda: model_encoder,
+                           "multimodal.embed(multimodal.load(path), inputs) (or "
+                           "multimodal.load_encoder(path))")})
 
 
 def _ids_file(out: Path) -> Path:

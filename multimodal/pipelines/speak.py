@@ -63,7 +63,8 @@ import torch
 from torch import Tensor
 
 from multimodal.checkpoints import TTSBundle
-from multimodal.pipelines._loaders import is_source, tts, warn_old_loader
+from multimodal.moved import old_names
+from multimodal.pipelines._loaders import is_source, tts
 from multimodal.tokenizers.phonemes import (
     CLAUSE_BREAK,
     WORD_BREAK,
@@ -80,12 +81,8 @@ MIN_SPEECH_SECONDS = 0.1
 """The AR model may not end the speech before this (EOS is masked until then)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
 
-def __getattr__(name: str) -> Any:
-    if name == "load_tts":  # removed in 0.2
-        warn_old_loader(__name__, name, "multimodal.synthesize(multimodal.load(path), text, "
-                        "prompt)")
-        return tts
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {
+    "load_tts": (lambda: tts, "multimodal.synthesize(multimodal.load(path), text, prompt)")})
 
 
 def _as_bundle(model_or_ckpt: Any) -> TTSBundle:

@@ -37,7 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from multimodal.pipelines._loaders import is_source, transcriber, warn_old_loader
+from multimodal.moved import old_names
+from multimodal.pipelines._loaders import is_source, transcriber
 from multimodal.pipelines.inputs import check_kind, collect_inputs
 from multimodal.progress import progress
 
@@ -47,11 +48,9 @@ SAMPLE_RATE = 16000
 SILENCE_PEAK = 1e-4
 
 
-def __getattr__(name: str) -> Any:
-    if name == "load_transcriber":  # removed in 0.2
-        warn_old_loader(__name__, name, "multimodal.transcribe(multimodal.load(path), files)")
-        return transcriber
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {
+    "load_transcriber": (lambda: transcriber,
+                         "multimodal.transcribe(multimodal.load(path), files)")})
 
 
 @dataclass

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from multimodal.pipelines._loaders import SERVED_KINDS, classifier, served, warn_old_loader
+from multimodal.moved import old_names
+from multimodal.pipelines._loaders import SERVED_KINDS, classifier, served
 
 Kind = Literal["embed", "chat", "transcribe", "classify"]
 KINDS: tuple[str, ...] = SERVED_KINDS
@@ -66,14 +67,10 @@ def _load_served(path: str | Path, kind: str | None = None, *, compile: bool = F
     return Served(kind, *served(path, kind, compile=compile, quantize=quantize))
 
 
-def __getattr__(name: str) -> Any:
-    # the old loaders, removed in 0.2: the package uses multimodal.pipelines._loaders
-    if name == "load_served":
-        warn_old_loader(__name__, name, "multimodal.load(path) (or the verb that runs it: "
-                        "multimodal.embed / chat / transcribe)")
-        return _load_served
-    if name == "load_classifier":
-        warn_old_loader(__name__, name, "multimodal.load(path) (.model, .tokenizer, "
-                        ".class_names)")
-        return classifier
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the old loaders, removed in 0.2: the package uses multimodal.pipelines._loaders
+__getattr__ = old_names(__name__, {
+    "load_served": (lambda: _load_served,
+                    "multimodal.load(path) (or the verb that runs it: multimodal.embed / chat / "
+                    "transcribe)"),
+    "load_classifier": (lambda: classifier,
+                        "multimodal.load(path) (.model, .tokenizer, .class_names)")})

@@ -52,6 +52,7 @@ from multimodal.checkpoints import (
 )
 from multimodal.files import CONFIG_NAME, PathKind
 from multimodal.loading import Loaded, load, load_located, locate, select_part
+from multimodal.moved import old_names
 from multimodal.tasks.presets import preset_model, with_fields
 from multimodal.weights import build_model, is_tied_alias, meta_build, saved_parts
 
@@ -72,15 +73,9 @@ def _load_pretrained(path: str | Path) -> Loaded:
     return source
 
 
-def __getattr__(name: str) -> Any:
-    if name == "load_pretrained":  # removed in 0.2
-        import warnings
-
-        warnings.warn(f"{__name__}.load_pretrained is deprecated and will be removed in 0.2: "
-                      "use multimodal.load(path) (its .model, in eval mode: .train() it)",
-                      DeprecationWarning, stacklevel=2)
-        return _load_pretrained
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {
+    "load_pretrained": (lambda: _load_pretrained,
+                        "multimodal.load(path) (its .model, in eval mode: .train() it)")})
 
 
 def head_names(model: nn.Module) -> list[str]:

@@ -36,7 +36,8 @@ def test_the_package_answers_the_old_names_without_a_warning():
 ])
 def test_a_moved_module_warns_on_import_and_forwards(old, new, name):
     sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {new}.*0\.2"):
+    with pytest.warns(DeprecationWarning,
+                      match=rf"{old} is deprecated and will be removed in 0\.2: use {new}"):
         module = importlib.import_module(old)
     assert getattr(module, name) is getattr(importlib.import_module(new), name)
     with pytest.raises(AttributeError):
