@@ -19,7 +19,7 @@ import json
 import os
 import re
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -471,6 +471,20 @@ def is_tied_alias(model: nn.Module, key: str, state: Mapping[str, torch.Tensor])
     return any(params[key] is p and k in state for k, p in params.items() if k != key)
 
 
+def retie(model: nn.Module, groups: Iterable[list[str]], given: Container[str]) -> None:
+    """Tie weights again after ``load_state_dict(..., assign=True)``, which gives every name
+    its own tensor: each group of parameter names that shared one parameter (from
+    ``named_parameters(remove_duplicate=False)``) points at the parameter of its first name
+    in ``given`` (a group with none given, or of one name, is left as it is)."""
+    for names in groups:
+        present = [n for n in names if n in given]
+        if len(names) > 1 and present:
+            param = model.get_parameter(present[0])
+            for name in names:
+                owner, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(owner), attr, param)
+
+
 __all__ = [
     "CONFIG_NAME",
     "FORMAT_VERSION",
@@ -490,5 +504,6 @@ __all__ = [
     "name_list",
     "read_meta",
     "read_safetensors_header",
+    "retie",
     "saved_parts",
 ]

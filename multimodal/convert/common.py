@@ -20,6 +20,7 @@ from multimodal.weights import (
     load_state_dict_checked,
     meta_build,
     name_list,
+    retie,
 )
 
 SUPPORTED = {
@@ -331,13 +332,7 @@ def load_converted(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
     token = _ASSIGNING.set(True)  # the assigned parameters must stay real
     try:
         load_state_dict_checked(model, state, assign=True)
-        for names in shared.values():
-            given = [n for n in names if n in state]
-            if len(names) > 1 and given:
-                param = model.get_parameter(given[0])
-                for name in names:
-                    owner, _, attr = name.rpartition(".")
-                    setattr(model.get_submodule(owner), attr, param)
+        retie(model, shared.values(), state)
     finally:
         _ASSIGNING.reset(token)
     still = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

@@ -54,7 +54,7 @@ from multimodal.files import CONFIG_NAME, PathKind
 from multimodal.loading import Loaded, load, load_located, locate, select_part
 from multimodal.moved import old_names
 from multimodal.tasks.presets import preset_model, with_fields
-from multimodal.weights import build_model, is_tied_alias, meta_build, saved_parts
+from multimodal.weights import build_model, is_tied_alias, meta_build, retie, saved_parts
 
 __all__ = ["PretrainedSource", "data_settings", "head_names",
            "pretrained_source", "task_model"]
@@ -365,13 +365,7 @@ def _build_loaded(model_cls: type[nn.Module], config: Any,
         else:
             held.setdefault(where, group_of.get(key))
     model.load_state_dict(state, strict=False, assign=True)
-    for group in names.values():  # tied weights: one parameter again
-        given = [n for n in group if n in state]
-        if len(group) > 1 and given:
-            param = model.get_parameter(given[0])
-            for name in group:
-                owner, _, attr = name.rpartition(".")
-                setattr(model.get_submodule(owner), attr, param)
+    retie(model, names.values(), state)  # tied weights: one parameter again
     device = next((t.device for t in state.values()), torch.device("cpu"))
     for module in owners:
         module.to_empty(device=device, recurse=False)
