@@ -126,7 +126,14 @@ class Word2Vec(nn.Module):
                  mask: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
         """One fused SGD step of the negative-sampling loss on a batch: the closed-form
         gradients applied with ``index_add_`` to the rows the batch touches. Returns the
-        batch's summed loss (before the step)."""
+        batch's summed loss (before the step). Done in the weights' dtype whatever autocast
+        is on (a ``bf16-mixed`` run): the update is arithmetic on the weights, not a layer's
+        forward, and ``index_add_`` needs the update in their dtype."""
+        with torch.autocast(self.in_embed.weight.device.type, enabled=False):
+            return self._sgd_step(inputs, targets, lr, mask, valid)
+
+    def _sgd_step(self, inputs: Tensor, targets: Tensor, lr: float,
+                  mask: Tensor | None, valid: Tensor | None) -> Tensor:
         E, U = self.in_embed.weight, self.out_embed.weight
         d = E.shape[1]
         cbow = self.config.mode == "cbow"
